@@ -1,0 +1,169 @@
+"""The run configuration: one typed tree, saved as ``config.json`` in every run folder.
+
+Each leaf field carries its documentation in ``metadata["doc"]``; the command line
+of ``config-n-run.py`` is generated from the tree (``--save-interval`` sets
+``train.save_interval``), so a field added here is an option there, with its help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field with its documentation (and how it appears on the command line)."""
+    return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices})
+
+
+@dataclass
+class ModelConfig:
+    preset: str = opt("tiny", "Model preset: tiny, small (CPU shapes) or 3B, 7B, 13B, 33B, 70B.", positional=True)
+    dtype: str = opt(
+        "bf16",
+        "Training precision. bf16 is the study's setting; fp32 is much faster on CPUs without bf16 units.",
+        choices=("bf16", "fp32"),
+    )
+    seq_len: int | None = opt(None, "Sequence length; default: the preset's.")
+    activation_checkpoint_interval: int = opt(
+        0, "Recompute activations every N decoder layers (0 = off); needed for the big presets."
+    )
+
+
+@dataclass
+class LayoutConfig:
+    layout: str = opt(
+        "tp2pp2", "Parallel layout such as tp2pp4, tp2pp4dp2, dp4; dp is inferred from --nproc-per-node x --nnodes.",
+        positional=True,
+    )
+    nproc_per_node: int | None = opt(None, "Ranks per node; default: the layout's tp·pp·dp on one node.")
+    nnodes: int = opt(1, "Number of nodes.")
+
+
+@dataclass
+class TrainConfig:
+    iters: int = opt(4, "Iterations of phase 1 (train and checkpoint) before the restart.")
+    save_interval: int = opt(2, "Checkpoint every N iterations (and always after the last one).")
+    micro_batch: int = opt(1, "Micro-batch size per rank.")
+    grad_accum: int | None = opt(None, "Micro-batches per iteration; default: pp (each pipeline stage busy).")
+    seed: int = opt(1234, "Seed of the weights and of the synthetic token stream.")
+    lr: float = opt(1e-3, "Peak learning rate of AdamW (reached after a 2-iteration warm-up).")
+
+
+@dataclass
+class EngineConfig:
+    engine: str = opt("torch", "Checkpoint engine, by name (see restartbench.engines).")
+
+
+@dataclass
+class StorageConfig:
+    checkpoint_dir: str | None = opt(None, "Where checkpoints are written; default: <run folder>/checkpoints.")
+
+
+@dataclass
+class PathsConfig:
+    logs: str = opt("logs", "Root of the run folders: <logs>/<preset>/<layout>/<engine>/<timestamp>/.")
+    run_dir: str | None = opt(None, "This run's folder; default: made under --logs.")
+
+
+@dataclass
+class LaunchConfig:
+    device: str = opt("auto", "cpu (gloo), cuda (NCCL), or auto: cuda when a GPU is visible.", choices=("auto", "cpu", "cuda"))
+    master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.")
+    verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")
+    memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
+    phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.")
+    dry_run: bool = opt(False, "Print the rendered DeepSpeed JSON and launch script, and launch nothing.")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Build from a (possibly partial) nested dict; unknown keys are an error naming them."""
+        sections = {}
+        for section in dataclasses.fields(cls):
+            values = dict(data.get(section.name, {}))
+            known = {f.name for f in dataclasses.fields(section.default_factory)}
+            unknown = set(values) - known
+            if unknown:
+                raise ValueError(f"unknown key(s) in config section {section.name!r}: {sorted(unknown)}")
+            sections[section.name] = section.default_factory(**values)
+        unknown_sections = set(data) - set(sections)
+        if unknown_sections:
+            raise ValueError(f"unknown config section(s): {sorted(unknown_sections)}")
+        return cls(**sections)
+
+    @classmethod
+    def load(cls, path: Path) -> "RunConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --- command line, generated from the tree ----------------------------------------------
+
+
+def _leaf_fields():
+    """(section name, field) for every leaf of RunConfig, in declaration order."""
+    for section in dataclasses.fields(RunConfig):
+        for leaf in dataclasses.fields(section.default_factory):
+            yield section.name, leaf
+
+
+def _leaf_type(leaf: dataclasses.Field, owner: type) -> type:
+    hint = typing.get_type_hints(owner)[leaf.name]
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def build_parser(prog: str = "config-n-run.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Render the DeepSpeed config and launch script for a checkpoint/restart study run, then run it: "
+        "train and checkpoint, end the job, relaunch, restore, resume, measuring every phase on every rank.",
+    )
+    for section_name, leaf in _leaf_fields():
+        owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section_name)
+        kind = _leaf_type(leaf, owner)
+        meta = leaf.metadata
+        dest = f"{section_name}.{leaf.name}"
+        if meta["positional"]:
+            parser.add_argument(dest, metavar=leaf.name.upper(), nargs="?", default=leaf.default,
+                                help=f"{meta['doc']} (default: {leaf.default})")
+        elif kind is bool:
+            parser.add_argument(f"--{leaf.name.replace('_', '-')}", dest=dest, default=leaf.default,
+                                action=argparse.BooleanOptionalAction, help=meta["doc"])
+        else:
+            parser.add_argument(f"--{leaf.name.replace('_', '-')}", dest=dest, type=kind, default=leaf.default,
+                                choices=meta["choices"], metavar=None if meta["choices"] else kind.__name__.upper(),
+                                help=f"{meta['doc']} (default: {leaf.default})")
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> RunConfig:
+    args = vars(build_parser().parse_args(argv))
+    nested: dict[str, dict[str, Any]] = {}
+    for dest, value in args.items():
+        section, name = dest.split(".")
+        nested.setdefault(section, {})[name] = value
+    return RunConfig.from_dict(nested)

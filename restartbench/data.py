@@ -1,0 +1,20 @@
+"""Synthetic token batches, a pure function of (seed, step, data-parallel rank, micro-batch).
+
+Because a batch depends only on those numbers, a resumed run sees exactly the batch the
+uninterrupted run saw at the same step, with no data-loader state to checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def micro_batches(*, vocab_size: int, seq_len: int, micro_batch: int, grad_accum: int,
+                  step: int, dp_rank: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens, labels) pairs for one iteration of one data-parallel replica; labels are tokens shifted by one."""
+    batches = []
+    for micro in range(grad_accum):
+        generator = torch.Generator().manual_seed(hash((seed, step, dp_rank, micro)) & 0x7FFF_FFFF_FFFF_FFFF)
+        tokens = torch.randint(vocab_size, (micro_batch, seq_len + 1), generator=generator)
+        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return batches

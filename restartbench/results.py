@@ -1,0 +1,150 @@
+"""Read a run folder's structured results: checkpoints, restart phases, file inventory.
+
+Aggregation rules (the same everywhere a figure is printed):
+- a checkpoint's stall is the max over ranks of the time ``save`` blocked training;
+- its durable time is the time from the start of the save until rank 0 committed it
+  (after every rank had fsync'd its files): the moment the checkpoint is safe;
+- a restart's time is, over ranks, the max of (end of the first resumed iteration − launch);
+  each restart part is reported as its max over ranks, so parts need not add up to the total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from restartbench.events import read_events
+
+RESTART_PARTS = (
+    ("process.start", "launch to process start"),
+    ("startup.imports", "imports"),
+    ("startup.dist_init", "distributed init"),
+    ("startup.model_build", "model build"),
+    ("startup.ds_initialize", "deepspeed.initialize"),
+    ("restore.load", "checkpoint load"),
+    ("train.iteration", "first iteration"),
+)
+
+_KINDS = (
+    (re.compile(r"^layer_\d+-.*model_states\.pt"), "layer"),
+    (re.compile(r"^mp_rank_\d+_model_states\.pt"), "model"),
+    (re.compile(r"optim_states\.pt"), "optimizer"),
+)
+
+
+def file_kind(name: str) -> str:
+    """layer / model / optimizer / other, from DeepSpeed's file naming."""
+    base = os.path.basename(name)
+    return next((kind for pattern, kind in _KINDS if pattern.search(base)), "other")
+
+
+def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per checkpoint tag of phase 1."""
+    by_tag: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        if e["phase"] == "train" and e["event"].startswith("checkpoint."):
+            by_tag[e["tag"]][e["event"]].append(e)
+    rows = []
+    for tag, kinds in by_tag.items():
+        saves, durable, commit = kinds["checkpoint.save"], kinds["checkpoint.durable"], kinds["checkpoint.commit"]
+        stalls = [e["duration_s"] for e in saves]
+        rows.append({
+            "tag": tag,
+            "step": saves[0]["step"] if saves else None,
+            "ranks": len(saves),
+            "stall_max_s": max(stalls, default=None),
+            "stall_min_s": min(stalls, default=None),
+            "fsync_max_s": max((e["duration_s"] for e in kinds["checkpoint.fsync"]), default=None),
+            "durable_rank_max_s": max((e["since_save_start_s"] for e in durable), default=None),
+            "committed_s": commit[0]["since_save_start_s"] if commit else None,
+            "bytes": sum(e["bytes"] for e in durable),
+            "files": sum(e["n_files"] for e in durable),
+            "bytes_per_rank_max": max((e["bytes"] for e in durable), default=0),
+        })
+    return sorted(rows, key=lambda r: r["step"] or 0)
+
+
+def restart(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Restart parts (max over ranks) and the total, from the restore phase's events."""
+    restore = [e for e in events if e["phase"] == "restore"]
+    if not restore:
+        return None
+    parts = {}
+    for event, label in RESTART_PARTS:
+        durations = [e["duration_s"] for e in restore if e["event"] == event
+                     and (event != "train.iteration" or e.get("first_after_restore"))]
+        parts[label] = max(durations, default=None)
+    launch = {e["rank"]: e["start"] for e in restore if e["event"] == "process.start"}
+    ends = [e["start"] + e["duration_s"] - launch[e["rank"]] for e in restore
+            if e["event"] == "train.iteration" and e.get("first_after_restore") and e["rank"] in launch]
+    loads = [e for e in restore if e["event"] == "restore.load"]
+    results = [e for e in restore if e["event"] == "restore.result"]
+    return {
+        "total_s": max(ends, default=None),
+        "parts": parts,
+        "tag": loads[0]["tag"] if loads else None,
+        "bytes_read": sum(e.get("bytes", 0) for e in loads),
+        "files_read": sum(e.get("n_files", 0) for e in loads),
+        "cache": loads[0].get("cache") if loads else None,
+        "exact": all(e.get("exact") for e in results) if results and results[0].get("verified") else None,
+    }
+
+
+def iteration_time(events: list[dict[str, Any]]) -> float | None:
+    """Median phase-1 iteration time (max over ranks per step), checkpoints excluded (they are separate spans)."""
+    per_step: dict[int, float] = defaultdict(float)
+    for e in events:
+        if e["phase"] == "train" and e["event"] == "train.iteration" and e["step"] > 1:
+            per_step[e["step"]] = max(per_step[e["step"]], e["duration_s"])
+    return statistics.median(per_step.values()) if per_step else None
+
+
+def inventory(run_dir: Path) -> list[dict[str, Any]]:
+    """Every file under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it (None if not recorded)."""
+    plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    root = Path(plan["checkpoint_dir"])
+    writers = {}
+    for e in read_events(run_dir):
+        if e["event"] == "checkpoint.durable":
+            for f in e["files"]:
+                writers[f["path"]] = e["rank"]
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(root))
+        tag = rel.split(os.sep)[0] if os.sep in rel else None
+        files.append({"tag": tag, "path": rel, "bytes": path.stat().st_size, "kind": file_kind(rel),
+                      "rank": writers.get(rel)})
+    return files
+
+
+def write_inventory(run_dir: Path) -> None:
+    (Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=1) + "\n")
+
+
+def summarize_run(run_dir: Path) -> list[str]:
+    """A few lines for the terminal, every figure saying what it is."""
+    events = read_events(run_dir)
+    lines = []
+    iteration = iteration_time(events)
+    if iteration is not None:
+        lines.append(f"iteration time without checkpoint: {iteration:.3f} s (median; max over ranks)")
+    for row in checkpoints(events):
+        lines.append(
+            f"checkpoint {row['tag']}: {row['bytes'] / 1e6:.1f} MB in {row['files']} files from {row['ranks']} ranks; "
+            f"training stalled {row['stall_max_s']:.3f} s (max over ranks); durable and committed after "
+            f"{row['committed_s']:.3f} s (fsync'd on every rank)"
+        )
+    info = restart(events)
+    if info and info["total_s"] is not None:
+        parts = ", ".join(f"{label} {value:.2f}" for label, value in info["parts"].items() if value is not None)
+        exact = {True: "restore exact (state and resumed loss verified)", False: "RESTORE NOT EXACT",
+                 None: "restore not verified"}[info["exact"]]
+        lines.append(f"restart from {info['tag']}: {info['total_s']:.2f} s from launch to end of first iteration "
+                     f"(max over ranks; {info['cache']} page cache); parts (s, max over ranks): {parts}")
+        lines.append(exact)
+    return lines

@@ -1,0 +1,67 @@
+"""What a rank needs from torch and DeepSpeed at start-up (imported after the import span)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from restartbench.config import RunConfig
+from restartbench.presets import ModelPreset, get_preset
+
+
+def preset_for(cfg: RunConfig) -> ModelPreset:
+    """The preset with the run's overrides (sequence length) applied."""
+    preset = get_preset(cfg.model.preset)
+    if cfg.model.seq_len:
+        preset = dataclasses.replace(preset, seq_len=cfg.model.seq_len)
+    return preset
+
+
+def skip_shm_comm_build() -> None:
+    """Stop ``deepspeed.init_distributed`` from JIT-compiling its shared-memory op on CPU.
+
+    The op (about 100 s of g++ on these machines) only serves inference all-reduce; the
+    study's collectives go through gloo. ``deepspeed.comm.torch`` is looked up in
+    ``sys.modules`` because ``import deepspeed.comm.torch as m`` yields the real ``torch``
+    (the package re-exports the name).
+    """
+    import deepspeed.comm.torch  # noqa: F401
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+
+
+def init_distributed(backend: str, timeout_s: int) -> None:
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def runtime_info() -> dict[str, Any]:
+    import deepspeed
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def write_runtime_info(run_dir: Path, plan: dict[str, Any]) -> None:
+    (Path(run_dir) / "runtime.json").write_text(json.dumps({**runtime_info(), "world_size": plan["world_size"]}, indent=2))

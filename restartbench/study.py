@@ -1,0 +1,412 @@
+"""Plan, render and run one study run: phase 1 (train + checkpoint), then a fresh launch (restore + resume).
+
+``plan_run`` checks every input before anything is written or launched and raises
+``StudyError`` with what was wrong and what to do. ``render`` fills the Jinja templates
+and parses the DeepSpeed JSON back. ``run_study`` writes the run folder, launches each
+phase, and marks the run ``complete`` or ``failed`` in ``metadata.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from restartbench import engines
+from restartbench.config import RunConfig
+from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
+from restartbench.layout import LayoutError, validate_layout
+from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
+from restartbench.progress import PREFIX, say
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO_ROOT / "templates"
+PHASES = ("train", "restore")
+GPUS_PER_NODE_DEFAULT = 8
+
+
+class StudyError(RuntimeError):
+    """A problem found before launching; the message says what to do."""
+
+
+@dataclass
+class Plan:
+    """Everything derived from the config that the launch and the ranks need (saved as plan.json)."""
+
+    preset: dict[str, Any]
+    layout: dict[str, int]
+    layout_name: str
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    device: str
+    backend: str
+    grad_accum: int
+    run_dir: str
+    checkpoint_dir: str
+    master_port: int
+    checkpoint_bytes_estimate: int
+    memory_per_rank_estimate: str
+
+
+def plan_run(cfg: RunConfig) -> Plan:
+    preset = _preset(cfg)
+    device = _device(cfg, preset)
+    nnodes, nproc = _ranks(cfg)
+    try:
+        layout = validate_layout(cfg.layout.layout, preset, nnodes * nproc if nproc else None)
+    except LayoutError as error:
+        raise StudyError(str(error)) from None
+    if not nproc:
+        nnodes, nproc = _default_nodes(layout.world_size, device, nnodes)
+    _check_engine(cfg.engine.engine)
+    _check_train(cfg)
+    grad_accum = cfg.train.grad_accum or layout.pp
+    memory = memory_per_rank(preset, layout, dtype=cfg.model.dtype, micro_batch=cfg.train.micro_batch,
+                             grad_accum=grad_accum, device=device,
+                             activation_checkpoint_interval=cfg.model.activation_checkpoint_interval)
+    run_dir = Path(cfg.paths.run_dir) if cfg.paths.run_dir else _new_run_dir(cfg, layout.name)
+    checkpoint_dir = Path(cfg.storage.checkpoint_dir) if cfg.storage.checkpoint_dir else run_dir / "checkpoints"
+    plan = Plan(
+        preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
+        nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
+        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=str(checkpoint_dir.resolve()),
+        master_port=cfg.launch.master_port or (_free_port() if nnodes == 1 else 29500),
+        checkpoint_bytes_estimate=checkpoint_bytes(preset, cfg.model.dtype),
+        memory_per_rank_estimate=memory.describe(),
+    )
+    if not cfg.launch.dry_run and cfg.launch.memory_check:
+        _check_memory(preset, plan, memory.total)
+    return plan
+
+
+def _preset(cfg: RunConfig) -> ModelPreset:
+    try:
+        preset = get_preset(cfg.model.preset)
+    except UnknownPresetError as error:
+        raise StudyError(str(error)) from None
+    cfg.model.preset = preset.name
+    return preset
+
+
+def _device(cfg: RunConfig, preset: ModelPreset) -> str:
+    """auto: cuda where a GPU is visible; without one, cpu for the CPU shapes and cuda (render only) for the big ones."""
+    if cfg.launch.device != "auto":
+        return cfg.launch.device
+    if _gpu_count() > 0:
+        return "cuda"
+    return "cpu" if preset.param_count() < 1e9 else "cuda"
+
+
+def _gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return listing.stdout.count("GPU ") if listing.returncode == 0 else 0
+
+
+def _ranks(cfg: RunConfig) -> tuple[int, int | None]:
+    if cfg.layout.nnodes < 1 or (cfg.layout.nproc_per_node is not None and cfg.layout.nproc_per_node < 1):
+        raise StudyError("--nnodes and --nproc-per-node must be at least 1")
+    return cfg.layout.nnodes, cfg.layout.nproc_per_node
+
+
+def _default_nodes(world_size: int, device: str, nnodes: int) -> tuple[int, int]:
+    """Ranks per node when not given: all on one node on CPU; on GPUs at most 8 per node."""
+    if nnodes > 1:
+        if world_size % nnodes:
+            raise StudyError(f"{world_size} ranks do not divide over {nnodes} nodes; give --nproc-per-node")
+        return nnodes, world_size // nnodes
+    if device == "cuda" and world_size > GPUS_PER_NODE_DEFAULT:
+        return math.ceil(world_size / GPUS_PER_NODE_DEFAULT), GPUS_PER_NODE_DEFAULT
+    return 1, world_size
+
+
+def _check_engine(name: str) -> None:
+    try:
+        engines.engine_info(name)
+    except engines.UnknownEngineError as error:
+        raise StudyError(str(error)) from None
+    missing = engines.missing_requirements(name)
+    if missing:
+        raise StudyError("\n".join(missing))
+
+
+def _check_train(cfg: RunConfig) -> None:
+    train = cfg.train
+    for name in ("iters", "save_interval", "micro_batch"):
+        if getattr(train, name) < 1:
+            raise StudyError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(train, name)})")
+    if train.grad_accum is not None and train.grad_accum < 1:
+        raise StudyError(f"--grad-accum must be at least 1 (got {train.grad_accum})")
+
+
+def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
+    have, what = _memory_per_rank_available(plan)
+    if need > have:
+        raise StudyError(
+            f"{preset.name} with {plan.layout_name} needs about {plan.memory_per_rank_estimate} per rank, "
+            f"but {what} gives {have / GiB:.2f} GiB per rank. Use a smaller preset, more tp/pp, "
+            "--activation-checkpoint-interval 1, or --no-memory-check if the estimate is wrong for your machine."
+        )
+
+
+def _memory_per_rank_available(plan: Plan) -> tuple[float, str]:
+    if plan.device == "cuda":
+        query = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+        if query is None or query.returncode != 0 or not query.stdout.strip():
+            raise StudyError("device cuda was chosen but no GPU is visible here (nvidia-smi found none); "
+                             "run on a GPU node, use --device cpu with a CPU preset, or add --dry-run to only render")
+        return float(query.stdout.split()[0]) * 1024**2, "this node's GPU"
+    available = _meminfo_available()
+    return available / plan.nproc_per_node, f"this machine's {available / GiB:.1f} GiB available memory over {plan.nproc_per_node} ranks"
+
+
+def _meminfo_available() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return float(line.split()[1]) * 1024
+    return float("inf")
+
+
+def _new_run_dir(cfg: RunConfig, layout_name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.paths.logs) / cfg.model.preset / layout_name / cfg.engine.engine / stamp
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{stamp}-{n}")
+    return candidate
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+@dataclass
+class Rendered:
+    ds_config: dict[str, Any]
+    ds_config_text: str
+    launch_script: str
+
+
+def render(cfg: RunConfig, plan: Plan) -> Rendered:
+    env = _environment()
+    ds_text = env.get_template("ds_config.json.j2").render(
+        micro_batch=cfg.train.micro_batch, grad_accum=plan.grad_accum, dp=plan.layout["dp"], dtype=cfg.model.dtype,
+        lr=cfg.train.lr, checkpoint_block=engines.checkpoint_block(cfg.engine.engine),
+    )
+    try:
+        ds_config = json.loads(ds_text)
+    except json.JSONDecodeError as error:
+        raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
+    launch = env.get_template("launch.sh.j2").render(
+        preset=cfg.model.preset, layout=plan.layout_name, engine=cfg.engine.engine, world_size=plan.world_size,
+        nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
+        accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine),
+        python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir,
+    )
+    return Rendered(ds_config, json.dumps(ds_config, indent=2) + "\n", launch)
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+def dry_run(cfg: RunConfig) -> int:
+    plan = plan_run(cfg)
+    rendered = render(cfg, plan)
+    print(f"# run folder (not created): {plan.run_dir}")
+    print(f"# {plan.world_size} ranks = {plan.nnodes} node(s) x {plan.nproc_per_node}, {plan.device}/{plan.backend}")
+    print(f"# estimated memory per rank: {plan.memory_per_rank_estimate}")
+    print(f"# estimated checkpoint size: {plan.checkpoint_bytes_estimate / GiB:.2f} GiB")
+    print("# --- ds_config.json ---")
+    print(rendered.ds_config_text, end="")
+    print("# --- launch.sh ---")
+    print(rendered.launch_script, end="")
+    return 0
+
+
+def run_study(cfg: RunConfig) -> int:
+    if cfg.launch.dry_run:
+        return dry_run(cfg)
+    plan = plan_run(cfg)
+    rendered = render(cfg, plan)
+    run_dir = _prepare_run_dir(cfg, plan, rendered)
+    meta = _metadata(cfg, plan)
+    _write_json(run_dir / "metadata.json", meta)
+    say(f"run folder {run_dir}")
+    say(f"{cfg.model.preset} {plan.layout_name} engine={cfg.engine.engine}: {plan.world_size} ranks on "
+        f"{plan.device}/{plan.backend}; {cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
+    status, error = "complete", None
+    for phase in PHASES:
+        result = run_phase(run_dir, phase, cfg.launch.phase_timeout_s)
+        meta["phases"][phase] = result
+        if result["exit_code"] != 0:
+            status, error = "failed", f"phase {phase} failed: {result['error']}"
+            break
+    _finalize(run_dir, meta, status, error)
+    return 0 if status == "complete" else 1
+
+
+def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
+    run_dir = Path(plan.run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+        Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StudyError(f"run folder {run_dir} already exists; choose another --run-dir or leave it out") from None
+    except OSError as error:
+        raise StudyError(f"cannot create the run folder or checkpoint folder: {error}; "
+                         "choose a writable --logs / --checkpoint-dir") from None
+    _check_free_space(cfg, plan)
+    cfg.paths.run_dir = str(run_dir)
+    cfg.save(run_dir / "config.json")
+    _write_json(run_dir / "plan.json", asdict(plan))
+    (run_dir / "ds_config.json").write_text(rendered.ds_config_text)
+    (run_dir / "launch.sh").write_text(rendered.launch_script)
+    (run_dir / "launch.sh").chmod(0o755)
+    return run_dir
+
+
+def _check_free_space(cfg: RunConfig, plan: Plan) -> None:
+    saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
+    need = saves * plan.checkpoint_bytes_estimate
+    free = shutil.disk_usage(plan.checkpoint_dir).free
+    if need > free:
+        raise StudyError(f"checkpoint folder {plan.checkpoint_dir} has {free / GiB:.2f} GiB free, but {saves} "
+                         f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need {need / GiB:.2f} GiB; "
+                         "free space, point --checkpoint-dir elsewhere, or raise --save-interval")
+
+
+def _metadata(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+    return {
+        "status": "running",
+        "error": None,
+        "start": time.time(),
+        "end": None,
+        "host": socket.gethostname(),
+        "command": sys.argv,
+        "versions": {name: _version(name) for name in ("torch", "deepspeed", "restartbench")}
+        | {"python": sys.version.split()[0]},
+        "preset": cfg.model.preset,
+        "layout": plan.layout_name,
+        "engine": cfg.engine.engine,
+        "world_size": plan.world_size,
+        "device": plan.device,
+        "phases": {},
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def run_phase(run_dir: Path, phase: str, timeout_s: float) -> dict[str, Any]:
+    """Launch one phase (a fresh torchrun), stream its progress lines, keep its output in the run folder."""
+    say(f"phase {phase}: launching")
+    start = time.time()
+    process = subprocess.Popen(["bash", str(run_dir / "launch.sh"), phase], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO_ROOT)
+    pumps = [
+        threading.Thread(target=_pump, args=(process.stdout, run_dir / f"{phase}.stdout.log", True)),
+        threading.Thread(target=_pump, args=(process.stderr, run_dir / f"{phase}.stderr.log", False)),
+    ]
+    for pump in pumps:
+        pump.start()
+    try:
+        exit_code = process.wait(timeout=timeout_s)
+        error = None if exit_code == 0 else _error_summary(run_dir, phase, exit_code)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        exit_code, error = -9, f"timed out after {timeout_s:.0f} s (--phase-timeout-s); the ranks were killed"
+    except KeyboardInterrupt:
+        _kill_group(process)
+        exit_code, error = -2, "interrupted by the user"
+    for pump in pumps:
+        pump.join()
+    if error:
+        say(f"phase {phase}: FAILED: {error}")
+    return {"exit_code": exit_code, "wall_s": time.time() - start, "start": start, "error": error}
+
+
+def _pump(stream, path: Path, echo_progress: bool) -> None:
+    with path.open("w") as out:
+        for line in stream:
+            out.write(line)
+            if echo_progress and line.startswith(PREFIX):
+                print(line, end="", flush=True)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    for signal_number, grace in ((15, 10), (9, 10)):
+        try:
+            os.killpg(process.pid, signal_number)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
+    """The first rank error recorded in the events, else the last lines of stderr."""
+    for path in sorted((run_dir / "events").glob(f"{phase}-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["event"] == "phase.error":
+                return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
+    tail = (run_dir / f"{phase}.stderr.log").read_text().strip().splitlines()[-5:]
+    return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
+
+
+def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> None:
+    from restartbench.results import summarize_run, write_inventory
+
+    runtime = run_dir / "runtime.json"
+    if runtime.exists():
+        meta["runtime"] = json.loads(runtime.read_text())
+    if status == "complete":
+        write_inventory(run_dir)
+    meta.update(status=status, error=error, end=time.time())
+    _write_json(run_dir / "metadata.json", meta)
+    if status == "complete":
+        for line in summarize_run(run_dir):
+            say(line)
+    say(f"run {status}: {run_dir}")
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,222 @@
+"""The program every rank runs: ``python -m restartbench.train --run-dir DIR --phase train|restore``.
+
+Phase ``train`` trains K iterations, checkpointing every I, then runs iteration K+1 (the
+uninterrupted run's next step) and records its loss and the state it leaves.
+Phase ``restore`` is a fresh launch: it restores the latest committed checkpoint, proves the
+state equal to what was saved, runs iteration K+1 and proves loss and state equal to phase 1's.
+
+Only the standard library is imported at module level: the time to import torch and
+DeepSpeed is one of the restart phases measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+PROCESS_START = time.time()
+
+from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
+from restartbench.events import EventLog  # noqa: E402
+from restartbench.progress import say  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--phase", required=True, choices=("train", "restore"))
+    args = parser.parse_args(argv)
+
+    rank = int(os.environ.get("RANK", "0"))
+    log = EventLog(args.run_dir, args.phase, rank)
+    launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
+    log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0,
+             host=os.uname().nodename, pid=os.getpid(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        rank_run = RankRun(RunConfig.load(args.run_dir / "config.json"), args.run_dir, rank, log)
+        rank_run.start()
+        if args.phase == "train":
+            rank_run.train_phase()
+        else:
+            rank_run.restore_phase()
+        rank_run.finish()
+    except BaseException as error:
+        log.emit("phase.error", error=f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        log.close()
+    return 0
+
+
+class RankRun:
+    """One rank's state across the steps of a phase."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int, log: EventLog):
+        self.cfg, self.run_dir, self.rank, self.log = cfg, run_dir, rank, log
+        self.phase = log.phase
+        self.plan = json.loads((run_dir / "plan.json").read_text())
+        self.ckpt_dir = self.plan["checkpoint_dir"]
+
+    # -- start-up: each part is a restart phase -----------------------------------------
+
+    def start(self) -> None:
+        with self.log.span("startup.imports"):
+            import deepspeed  # noqa: F401
+            import torch  # noqa: F401
+
+            from restartbench import runtime
+        runtime.skip_shm_comm_build()
+        with self.log.span("startup.dist_init", backend=self.plan["backend"]):
+            runtime.init_distributed(self.plan["backend"], self.cfg.launch.phase_timeout_s)
+        self._say(f"{self.phase}: {self.plan['world_size']} ranks up ({self.plan['backend']}); building the model")
+        with self.log.span("startup.model_build"):
+            from restartbench.layout import Layout
+            from restartbench.model import build_pipeline_module
+
+            layout = Layout(**self.plan["layout"])
+            module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
+                                           activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
+        with self.log.span("startup.ds_initialize"):
+            ds_config = json.loads((self.run_dir / "ds_config.json").read_text())
+            self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
+        from restartbench.engines import create_engine
+
+        self.ckpt_engine = create_engine(self.cfg.engine.engine)
+        self.dp_rank = self.engine.grid.get_data_parallel_rank()
+        if self.rank == 0 and self.phase == "train":
+            runtime.write_runtime_info(self.run_dir, self.plan)
+
+    # -- phase 1 -------------------------------------------------------------------------
+
+    def train_phase(self) -> None:
+        train = self.cfg.train
+        for step in range(1, train.iters + 1):
+            loss = self._iteration(step)
+            self._say(f"train: iteration {step}/{train.iters} loss {loss:.4f}")
+            if step % train.save_interval == 0 or step == train.iters:
+                self._checkpoint(step)
+        self._reference_step(train.iters + 1)
+
+    def _checkpoint(self, step: int) -> None:
+        import torch.distributed as dist
+
+        from restartbench.engines import commit_latest
+        from restartbench.engines.deepspeed_engines import records_as_dicts
+
+        tag = f"step{step}"
+        self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
+        save_start = time.perf_counter()
+        with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
+            self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
+        with self.log.span("checkpoint.fsync", step=step, tag=tag):
+            self.ckpt_engine.wait_until_durable()
+        written = records_as_dicts(self.ckpt_engine.written(), self.ckpt_dir)
+        self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start,
+                      files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
+        dist.barrier()
+        if self.rank == 0:
+            commit_latest(self.ckpt_dir, tag)
+            self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
+        dist.barrier()
+        if self.cfg.launch.verify:
+            from restartbench.verify import training_state_digest, write_digest
+
+            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
+        self._say(f"train: checkpoint {tag} committed in {time.perf_counter() - save_start:.2f} s (rank 0's view)")
+
+    def _reference_step(self, step: int) -> None:
+        """Iteration K+1 of the uninterrupted run: the restore phase must reproduce it exactly."""
+        loss = self._iteration(step, reference=True)
+        self._say(f"train: iteration {step} (reference for the restore) loss {loss:.6f}")
+        if self.cfg.launch.verify:
+            from restartbench.verify import module_digest, write_digest
+
+            write_digest(self.run_dir, f"after-step{step}", self.rank, module_digest(self.engine))
+
+    # -- phase 2 -------------------------------------------------------------------------
+
+    def restore_phase(self) -> None:
+        tag = _latest_tag(self.ckpt_dir)
+        step = int(tag.removeprefix("step"))
+        self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine})")
+        with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, cache="warm") as extra:
+            self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
+            read = self.ckpt_engine.read()
+            extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
+                         read_deserialize_s=sum(r.seconds for r in read))
+        problems = self._verify_restored(tag) if self.cfg.launch.verify else []
+        loss = self._iteration(step + 1, first_after_restore=True)
+        if self.cfg.launch.verify:
+            problems += self._verify_resumed(step + 1, loss)
+        self.log.emit("restore.result", tag=tag, exact=not problems if self.cfg.launch.verify else None,
+                      verified=self.cfg.launch.verify, problems=problems, loss=loss)
+        if problems:
+            raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
+        self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
+                  + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+
+    def _verify_restored(self, tag: str) -> list[str]:
+        from restartbench.verify import compare, read_digest, training_state_digest
+
+        with self.log.span("restore.verify", tag=tag):
+            return compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine))
+
+    def _verify_resumed(self, step: int, loss: float) -> list[str]:
+        from restartbench.verify import compare, module_digest, read_digest
+
+        reference = self._reference_loss(step)
+        problems = [] if loss == reference else [f"loss of iteration {step}: {loss!r} resumed vs {reference!r} uninterrupted"]
+        return problems + compare(read_digest(self.run_dir, f"after-step{step}", self.rank), module_digest(self.engine))
+
+    def _reference_loss(self, step: int) -> float:
+        for line in (self.run_dir / "events" / f"train-rank{self.rank:05d}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            if record["event"] == "train.iteration" and record.get("step") == step:
+                return record["loss"]
+        raise RestoreMismatch(f"phase 1 recorded no iteration {step} on rank {self.rank}")
+
+    # -- shared --------------------------------------------------------------------------
+
+    def _iteration(self, step: int, **flags: bool) -> float:
+        from restartbench.data import micro_batches
+        from restartbench.runtime import preset_for
+
+        preset = preset_for(self.cfg)
+        batches = micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len,
+                                micro_batch=self.cfg.train.micro_batch, grad_accum=self.engine.gradient_accumulation_steps(),
+                                step=step, dp_rank=self.dp_rank, seed=self.cfg.train.seed)
+        with self.log.span("train.iteration", step=step, **flags) as extra:
+            loss = float(self.engine.train_batch(data_iter=iter(batches)))
+            extra["loss"] = loss
+        return loss
+
+    def finish(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        self.log.emit("phase.end")
+        dist.destroy_process_group()
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            say(message)
+
+
+class RestoreMismatch(RuntimeError):
+    pass
+
+
+def _latest_tag(ckpt_dir: str) -> str:
+    latest = Path(ckpt_dir) / "latest"
+    if not latest.is_file():
+        raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}: 'latest' is missing "
+                                "(phase 1 never committed one); rerun phase 1 or point --checkpoint-dir elsewhere")
+    return latest.read_text().strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
