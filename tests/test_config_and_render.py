@@ -1,0 +1,112 @@
+"""The run configuration tree, its generated CLI, planning checks, and template rendering (no launch)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from restartbench.config import RunConfig, build_parser, config_from_args
+from restartbench.study import StudyError, plan_run, render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cli_is_generated_from_the_tree_with_docs():
+    help_text = build_parser().format_help()
+    for option in ("--engine", "--save-interval", "--checkpoint-dir", "--dry-run", "--no-verify", "--dtype"):
+        assert option in help_text
+    assert "Checkpoint every N iterations" in help_text
+
+
+def test_cli_values_land_in_their_sections():
+    cfg = config_from_args(["13B", "tp2pp4", "--iters", "8", "--save-interval", "4", "--dtype", "fp32", "--no-verify"])
+    assert (cfg.model.preset, cfg.layout.layout) == ("13B", "tp2pp4")
+    assert (cfg.train.iters, cfg.train.save_interval, cfg.model.dtype, cfg.launch.verify) == (8, 4, "fp32", False)
+
+
+def test_defaults_are_the_embedded_demo():
+    cfg = config_from_args([])
+    assert (cfg.model.preset, cfg.layout.layout, cfg.engine.engine) == ("tiny", "tp2pp2", "torch")
+
+
+def test_json_round_trip_and_unknown_keys(tmp_path):
+    cfg = config_from_args(["tiny", "pp2dp2", "--iters", "3"])
+    cfg.save(tmp_path / "config.json")
+    assert RunConfig.load(tmp_path / "config.json") == cfg
+    with pytest.raises(ValueError, match=r"unknown key\(s\) in config section 'train': \['itres'\]"):
+        RunConfig.from_dict({"train": {"itres": 3}})
+
+
+def _plan(*argv):
+    cfg = config_from_args([*argv, "--dry-run"])
+    return cfg, plan_run(cfg)
+
+
+def test_70b_tp8pp8_renders_for_64_gpus():
+    cfg, plan = _plan("70B", "tp8pp8")
+    rendered = render(cfg, plan)
+    assert (plan.world_size, plan.nnodes, plan.nproc_per_node, plan.backend) == (64, 8, 8, "nccl")
+    ds = json.loads(rendered.ds_config_text)
+    assert ds["zero_optimization"]["stage"] == 1 and ds["bf16"]["enabled"] is True
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 1
+    assert "--nnodes 8 --nproc-per-node 8" in rendered.launch_script
+    assert subprocess.run(["bash", "-n"], input=rendered.launch_script, text=True).returncode == 0
+
+
+def test_dp_is_inferred_from_ranks_given():
+    _, plan = _plan("tiny", "pp2", "--nproc-per-node", "4")
+    assert plan.layout == {"tp": 1, "pp": 2, "dp": 2}
+
+
+def test_paths_with_spaces_are_quoted(tmp_path):
+    cfg, plan = _plan("tiny", "tp2pp2", "--logs", str(tmp_path / "my logs"))
+    script = render(cfg, plan).launch_script
+    assert f"'{plan.run_dir}'" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["175B", "tp2"], "unknown model preset '175B'; known presets"),
+    (["tiny", "tp2pp2", "--engine", "nebula"], "unknown checkpoint engine 'nebula'; known engines: torch"),
+    (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
+    (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
+    (["tiny", "tp2pp2", "--iters", "0"], "--iters must be at least 1"),
+])
+def test_bad_input_is_refused_before_anything_is_written(argv, message, tmp_path):
+    cfg = config_from_args([*argv, "--logs", str(tmp_path)])
+    with pytest.raises(StudyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_run(cfg)
+    assert not any(tmp_path.iterdir())
+
+
+def test_memory_check_refuses_a_preset_too_big_for_this_machine(tmp_path):
+    cfg = config_from_args(["13B", "dp1", "--device", "cpu", "--logs", str(tmp_path)])
+    with pytest.raises(StudyError, match="needs about .* GiB per rank"):
+        plan_run(cfg)
+
+
+def test_templates_refuse_undefined_variables():
+    from restartbench.study import _environment
+
+    with pytest.raises(jinja2.UndefinedError):
+        _environment().get_template("ds_config.json.j2").render(micro_batch=1)
+
+
+def test_config_n_run_dry_run_prints_json_and_script():
+    out = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "13B", "tp2pp4", "--dry-run"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "# --- ds_config.json ---" in out and "torch.distributed.run" in out and "8 ranks" in out
+
+
+def test_dry_run_creates_nothing(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp2pp2", "--dry-run", "--logs", str(tmp_path)],
+                   capture_output=True, text=True, check=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_config_n_run_reports_errors_with_exit_code_2():
+    proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "huge"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown model preset 'huge'" in proc.stdout

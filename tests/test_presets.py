@@ -1,0 +1,45 @@
+"""Preset arithmetic, checked against transformers' LlamaForCausalLM built on the meta device."""
+
+import pytest
+
+from restartbench.presets import PRESETS, UnknownPresetError, get_preset
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_param_count_matches_transformers_llama(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    p = PRESETS[name]
+    config = transformers.LlamaConfig(
+        vocab_size=p.vocab_size, hidden_size=p.hidden, intermediate_size=p.ffn_hidden,
+        num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+    )
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    assert p.param_count() == sum(t.numel() for t in model.parameters())
+
+
+@pytest.mark.parametrize("name, billions", [("3B", 3.6), ("7B", 6.7), ("13B", 13.0), ("33B", 32.5), ("70B", 70.6)])
+def test_study_sizes_are_what_their_names_say(name, billions):
+    assert PRESETS[name].param_count() / 1e9 == pytest.approx(billions, abs=0.05)
+
+
+def test_published_dimensions():
+    p = PRESETS["70B"]
+    assert (p.vocab_size, p.hidden, p.ffn_hidden, p.layers, p.heads, p.kv_heads) == (128256, 8192, 28672, 80, 64, 8)
+    p = PRESETS["13B"]
+    assert (p.hidden, p.ffn_hidden, p.layers, p.heads, p.kv_heads) == (5120, 13824, 40, 40, 40)
+    p = PRESETS["3B"]
+    assert (p.hidden, p.ffn_hidden, p.layers, p.heads, p.kv_heads) == (3072, 8192, 28, 24, 8)
+
+
+def test_lookup_is_case_insensitive_and_unknown_lists_known():
+    assert get_preset("70b").name == "70B"
+    with pytest.raises(UnknownPresetError, match="known presets: tiny, small, 3B"):
+        get_preset("175B")
+
+
+def test_presets_are_frozen():
+    with pytest.raises(AttributeError):
+        PRESETS["tiny"].hidden = 1

@@ -1,0 +1,83 @@
+"""Real multi-rank DeepSpeed runs on gloo (tiny preset): files DeepSpeed wrote, events, exact restore.
+
+Each case is two real `torchrun` launches (train, then restore) through config-n-run.py.
+"""
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from restartbench.events import read_events
+from restartbench.presets import PRESETS
+from restartbench.results import checkpoints, restart
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.multirank
+
+
+def run_study(tmp_path, *argv):
+    proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), *argv, "--logs", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=600)
+    run_dirs = sorted((tmp_path / "logs").glob("*/*/*/*"))
+    return proc, (run_dirs[-1] if run_dirs else None)
+
+
+def expected_files(tp, pp, dp, dtype):
+    """DeepSpeed's naming for a PipelineModule checkpoint (per tag)."""
+    layers = PRESETS["tiny"].layers + 3  # embedding, decoder layers, final norm, head
+    prefix = "bf16_" if dtype == "bf16" else ""
+    names = {f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(layers) for t in range(tp)}
+    names |= {f"mp_rank_{m:02d}_model_states.pt" for m in range(tp * pp)}
+    names |= {f"{prefix}zero_pp_rank_{d}_mp_rank_{m:02d}_optim_states.pt" for d in range(dp) for m in range(tp * pp)}
+    return names
+
+
+@pytest.mark.parametrize("layout, tp, pp, dp, dtype", [
+    ("tp2pp2", 2, 2, 1, "bf16"),
+    ("pp2dp2", 1, 2, 2, "fp32"),
+    ("tp1pp1dp2", 1, 1, 2, "fp32"),
+])
+def test_train_checkpoint_relaunch_restore_is_exact(tmp_path, layout, tp, pp, dp, dtype):
+    proc, run_dir = run_study(tmp_path, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["world_size"] == tp * pp * dp
+    for name in ("config.json", "plan.json", "ds_config.json", "launch.sh", "inventory.json", "runtime.json"):
+        assert (run_dir / name).is_file(), name
+
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step4"
+    for tag in ("step2", "step4"):
+        written = {p.name for p in (ckpt / tag).iterdir() if p.name.endswith(".pt")}
+        assert written == expected_files(tp, pp, dp, dtype)
+
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    layer_writers = {f["rank"] for f in inventory if f["kind"] == "layer"}
+    assert layer_writers <= set(range(tp * pp)), "layer files come from data-parallel rank 0 only"
+    assert Counter(f["kind"] for f in inventory if f["tag"] == "step4")["optimizer"] == tp * pp * dp
+
+    events = read_events(run_dir)
+    rows = checkpoints(events)
+    assert [r["tag"] for r in rows] == ["step2", "step4"]
+    for row in rows:
+        assert row["ranks"] == tp * pp * dp and row["files"] == len(expected_files(tp, pp, dp, dtype))
+        assert 0 < row["stall_max_s"] <= row["committed_s"]
+        assert row["bytes"] == sum(f["bytes"] for f in inventory if f["tag"] == row["tag"] and f["kind"] != "other")
+    info = restart(events)
+    assert info["exact"] is True and info["tag"] == "step4"
+    assert info["total_s"] > 0 and all(v is not None for v in info["parts"].values())
+    assert "restore exact" in proc.stdout
+
+
+def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
+    proc, run_dir = run_study(tmp_path, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    (run_dir / "checkpoints" / "latest").unlink()
+    result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
+    assert errors and "no complete checkpoint" in errors[0]["error"]
