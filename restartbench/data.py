@@ -6,7 +6,14 @@ uninterrupted run saw at the same step, with no data-loader state to checkpoint.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed from any parts, the same in every process (unlike ``hash`` of strings)."""
+    return zlib.crc32("/".join(map(str, parts)).encode()) | (len(parts) << 32)
 
 
 def micro_batches(*, vocab_size: int, seq_len: int, micro_batch: int, grad_accum: int,
@@ -14,7 +21,7 @@ def micro_batches(*, vocab_size: int, seq_len: int, micro_batch: int, grad_accum
     """(tokens, labels) pairs for one iteration of one data-parallel replica; labels are tokens shifted by one."""
     batches = []
     for micro in range(grad_accum):
-        generator = torch.Generator().manual_seed(hash((seed, step, dp_rank, micro)) & 0x7FFF_FFFF_FFFF_FFFF)
+        generator = torch.Generator().manual_seed(stable_seed("data", seed, step, dp_rank, micro))
         tokens = torch.randint(vocab_size, (micro_batch, seq_len + 1), generator=generator)
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     return batches
