@@ -11,6 +11,7 @@ ranks of launch -> end of the first resumed iteration. Failed or incomplete runs
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", type=Path, help="folder holding run folders (searched recursively)")
     parser.add_argument("--out", type=Path, help="where tables and plots go (default: <logs>/summary)")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns))
     if not args.logs.is_dir():
         console.print(f"[red]error:[/] {args.logs} is not a folder")
         return 2
@@ -55,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _checkpoint_table(table) -> Table:
-    view = Table(title="Checkpoints (stall and durable: max over ranks, seconds)")
+    view = Table(title="Checkpoints: stall = max over ranks of time save blocked training; "
+                       "durable = until committed after every rank's fsync")
     for column in ("preset", "layout", "engine", "tag", "ranks", "MB", "files", "stall s", "durable s", "MB/s durable"):
         view.add_column(column, justify="right" if column not in ("preset", "layout", "engine", "tag") else "left")
     for row in table[table["kind"] == "checkpoint"].itertuples():
         view.add_row(row.preset, row.layout, row.engine, row.tag, str(row.ranks), f"{row.bytes / 1e6:.1f}",
-                     str(row.files), f"{row.stall_max_s:.3f}", f"{row.committed_s:.3f}",
+                     str(int(row.files)), f"{row.stall_max_s:.3f}", f"{row.committed_s:.3f}",
                      f"{row.bytes / 1e6 / row.committed_s:.1f}")
     return view
 
@@ -68,9 +70,9 @@ def _checkpoint_table(table) -> Table:
 def _restart_table(table) -> Table:
     restarts = table[table["kind"] == "restart"]
     parts = [c for c in restarts.columns if c.startswith("restart ") and c.endswith(" s")]
-    view = Table(title="Restarts (launch -> end of first resumed iteration; each part max over ranks, seconds)")
-    for column in ("preset", "layout", "engine", "total s", *[p[len("restart "):-2] for p in parts], "cache", "exact"):
-        view.add_column(column)
+    view = Table(title="Restarts: launch -> end of first resumed iteration, seconds; each part max over ranks")
+    for column in ("preset", "layout", "engine", "total", *[p[len("restart "):-2] for p in parts], "cache", "exact"):
+        view.add_column(column, overflow="fold")
     for _, row in restarts.iterrows():
         view.add_row(row["preset"], row["layout"], row["engine"], f"{row['restart_s']:.2f}",
                      *[f"{row[p]:.2f}" for p in parts], str(row["cache"]), str(row["exact"]))

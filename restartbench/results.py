@@ -21,13 +21,13 @@ from typing import Any
 from restartbench.events import read_events
 
 RESTART_PARTS = (
-    ("process.start", "launch to process start"),
+    ("process.start", "launch"),  # launcher start -> our first line running in the rank
     ("startup.imports", "imports"),
-    ("startup.dist_init", "distributed init"),
+    ("startup.dist_init", "dist init"),
     ("startup.model_build", "model build"),
-    ("startup.ds_initialize", "deepspeed.initialize"),
-    ("restore.load", "checkpoint load"),
-    ("train.iteration", "first iteration"),
+    ("startup.ds_initialize", "ds init"),  # deepspeed.initialize
+    ("restore.load", "ckpt load"),
+    ("train.iteration", "1st iter"),
 )
 
 _KINDS = (

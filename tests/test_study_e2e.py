@@ -57,7 +57,8 @@ def test_train_checkpoint_relaunch_restore_is_exact(tmp_path, layout, tp, pp, dp
 
     inventory = json.loads((run_dir / "inventory.json").read_text())
     layer_writers = {f["rank"] for f in inventory if f["kind"] == "layer"}
-    assert layer_writers <= set(range(tp * pp)), "layer files come from data-parallel rank 0 only"
+    dp_rank_zero = {r for r in range(tp * pp * dp) if (r // tp) % dp == 0}  # ranks ordered (pipe, data, model)
+    assert layer_writers == dp_rank_zero, "layer files come from data-parallel rank 0 only"
     assert Counter(f["kind"] for f in inventory if f["tag"] == "step4")["optimizer"] == tp * pp * dp
 
     events = read_events(run_dir)
