@@ -5,25 +5,16 @@ Each case is two real `torchrun` launches (train, then restore) through config-n
 
 import json
 import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from conftest import run_study
 
 from restartbench.events import read_events
 from restartbench.presets import PRESETS
 from restartbench.results import checkpoints, restart
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multirank
-
-
-def run_study(tmp_path, *argv):
-    proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), *argv, "--logs", str(tmp_path / "logs")],
-                          capture_output=True, text=True, timeout=600)
-    run_dirs = sorted((tmp_path / "logs").glob("*/*/*/*"))
-    return proc, (run_dirs[-1] if run_dirs else None)
 
 
 def expected_files(tp, pp, dp, dtype):
@@ -37,12 +28,13 @@ def expected_files(tp, pp, dp, dtype):
 
 
 @pytest.mark.parametrize("layout, tp, pp, dp, dtype", [
-    ("tp2pp2", 2, 2, 1, "bf16"),
-    ("pp2dp2", 1, 2, 2, "fp32"),
+    ("tp2pp2", 2, 2, 1, "fp32"),
+    ("pp2dp2", 1, 2, 2, "bf16"),
     ("tp1pp1dp2", 1, 1, 2, "fp32"),
 ])
-def test_train_checkpoint_relaunch_restore_is_exact(tmp_path, layout, tp, pp, dp, dtype):
-    proc, run_dir = run_study(tmp_path, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2")
+def test_train_checkpoint_relaunch_restore_is_exact(study_runs, layout, tp, pp, dp, dtype):
+    proc, run_dir = study_runs[layout]
+    assert json.loads((run_dir / "config.json").read_text())["model"]["dtype"] == dtype
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["world_size"] == tp * pp * dp
@@ -74,8 +66,30 @@ def test_train_checkpoint_relaunch_restore_is_exact(tmp_path, layout, tp, pp, dp
     assert "restore exact" in proc.stdout
 
 
+@pytest.mark.parametrize("layout", ["tp2pp2", "tp1pp1dp2"])
+def test_parallel_run_computes_the_single_process_loss(study_runs, layout):
+    """Iteration 1's loss on the real multi-rank run equals the same model's loss in one process (fp32)."""
+    import torch
+    from test_model_vs_transformers import our_stack
+
+    from restartbench.data import micro_batches
+    from restartbench.model import cross_entropy
+
+    _, run_dir = study_runs[layout]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    preset, dp, grad_accum = PRESETS["tiny"], plan["layout"]["dp"], plan["grad_accum"]
+    model = our_stack(preset, seed=1234)
+    with torch.no_grad():
+        losses = [cross_entropy(model(tokens), labels).item()
+                  for dp_rank in range(dp)
+                  for tokens, labels in micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len, micro_batch=1,
+                                                      grad_accum=grad_accum, step=1, dp_rank=dp_rank, seed=1234)]
+    measured = [e["loss"] for e in read_events(run_dir) if e["event"] == "train.iteration" and e["step"] == 1]
+    assert measured and all(loss == pytest.approx(sum(losses) / len(losses), abs=1e-5) for loss in measured)
+
+
 def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
-    proc, run_dir = run_study(tmp_path, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
     result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)

@@ -1,0 +1,34 @@
+"""Shared fixtures: real tiny-preset study runs, made once per test session and read by several tests."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (layout, dtype): the three layouts the suite proves, one of them in bf16 (slow on these CPUs).
+STUDY_CASES = [("tp2pp2", "fp32"), ("pp2dp2", "bf16"), ("tp1pp1dp2", "fp32")]
+
+
+def run_study(logs: Path, *argv: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, Path | None]:
+    """Run config-n-run.py with a fresh logs root; return the process and the run folder it made."""
+    before = set(logs.glob("*/*/*/*"))
+    proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), *argv, "--logs", str(logs)],
+                          capture_output=True, text=True, timeout=timeout)
+    made = sorted(set(logs.glob("*/*/*/*")) - before)
+    return proc, (made[-1] if made else None)
+
+
+@pytest.fixture(scope="session")
+def study_runs(tmp_path_factory):
+    """{layout: (process, run folder)} for STUDY_CASES, all under one logs root."""
+    logs = tmp_path_factory.mktemp("study") / "logs"
+    return {layout: run_study(logs, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2")
+            for layout, dtype in STUDY_CASES}
+
+
+@pytest.fixture(scope="session")
+def study_logs(study_runs):
+    return next(iter(study_runs.values()))[1].parents[3]
