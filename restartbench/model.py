@@ -235,6 +235,9 @@ def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
     tp = TensorParallel(layout.tp, topology.get_coord(dist.get_rank()).model)
     module = PipelineModule(layers=layer_specs(preset, tp, seed), topology=topology, loss_fn=cross_entropy,
                             partition_method="type:DecoderLayerPipe",
-                            activation_checkpoint_interval=activation_checkpoint_interval)
+                            activation_checkpoint_interval=activation_checkpoint_interval,
+                            # Only decoder layers are recomputed: the embedding's input (token ids) carries no
+                            # gradient, and DeepSpeed's reentrant checkpoint would then cut the graph.
+                            checkpointable_layers=["DecoderLayerPipe"])
     tp.group = module._grid.get_slice_parallel_group()
     return module

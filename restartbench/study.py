@@ -275,16 +275,18 @@ def run_study(cfg: RunConfig) -> int:
 
 
 def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
+    """Check the target folders, then create the run folder; nothing is left behind when a check fails."""
     run_dir = Path(plan.run_dir)
+    if run_dir.exists():
+        raise StudyError(f"run folder {run_dir} already exists; choose another --run-dir or leave it out")
+    _check_free_space(cfg, plan)
     try:
-        run_dir.mkdir(parents=True, exist_ok=False)
+        run_dir.mkdir(parents=True)
         Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise StudyError(f"run folder {run_dir} already exists; choose another --run-dir or leave it out") from None
     except OSError as error:
+        shutil.rmtree(run_dir, ignore_errors=True)
         raise StudyError(f"cannot create the run folder or checkpoint folder: {error}; "
                          "choose a writable --logs / --checkpoint-dir") from None
-    _check_free_space(cfg, plan)
     cfg.paths.run_dir = str(run_dir)
     cfg.save(run_dir / "config.json")
     _write_json(run_dir / "plan.json", asdict(plan))
@@ -297,11 +299,21 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
 def _check_free_space(cfg: RunConfig, plan: Plan) -> None:
     saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
     need = saves * plan.checkpoint_bytes_estimate
-    free = shutil.disk_usage(plan.checkpoint_dir).free
+    target = _nearest_existing(Path(plan.checkpoint_dir))
+    if not target.is_dir() or not os.access(target, os.W_OK):
+        raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable folder); "
+                         "choose a writable --checkpoint-dir / --logs")
+    free = shutil.disk_usage(target).free
     if need > free:
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} has {free / GiB:.2f} GiB free, but {saves} "
                          f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need {need / GiB:.2f} GiB; "
                          "free space, point --checkpoint-dir elsewhere, or raise --save-interval")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def _metadata(cfg: RunConfig, plan: Plan) -> dict[str, Any]:

@@ -8,8 +8,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (layout, dtype): the three layouts the suite proves, one of them in bf16 (slow on these CPUs).
-STUDY_CASES = [("tp2pp2", "fp32"), ("pp2dp2", "bf16"), ("tp1pp1dp2", "fp32")]
+# (layout, dtype, extra options): the three layouts the suite proves, one in bf16 (slow on these CPUs),
+# one with activation recomputation.
+STUDY_CASES = [("tp2pp2", "fp32", ()), ("pp2dp2", "bf16", ()),
+               ("tp1pp1dp2", "fp32", ("--activation-checkpoint-interval", "1"))]
 
 
 def run_study(logs: Path, *argv: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, Path | None]:
@@ -25,8 +27,8 @@ def run_study(logs: Path, *argv: str, timeout: int = 600) -> tuple[subprocess.Co
 def study_runs(tmp_path_factory):
     """{layout: (process, run folder)} for STUDY_CASES, all under one logs root."""
     logs = tmp_path_factory.mktemp("study") / "logs"
-    return {layout: run_study(logs, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2")
-            for layout, dtype in STUDY_CASES}
+    return {layout: run_study(logs, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2", *extra)
+            for layout, dtype, extra in STUDY_CASES}
 
 
 @pytest.fixture(scope="session")

@@ -110,3 +110,24 @@ def test_dry_run_creates_nothing(tmp_path):
 def test_config_n_run_reports_errors_with_exit_code_2():
     proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "huge"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown model preset 'huge'" in proc.stdout
+
+
+def test_unwritable_checkpoint_folder_is_refused_and_leaves_nothing(tmp_path):
+    from restartbench.study import run_study
+
+    cfg = config_from_args(["tiny", "pp2dp2", "--logs", str(tmp_path / "logs"), "--checkpoint-dir", "/dev/null/ckpt"])
+    with pytest.raises(StudyError, match="cannot be created"):
+        run_study(cfg)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_full_disk_is_refused_before_launch_with_bytes_needed(tmp_path, monkeypatch):
+    import shutil as shutil_module
+
+    from restartbench import study
+
+    monkeypatch.setattr(study.shutil, "disk_usage", lambda _: shutil_module._ntuple_diskusage(10, 10, 1024))
+    cfg = config_from_args(["tiny", "pp2dp2", "--logs", str(tmp_path / "logs"), "--iters", "4", "--save-interval", "2"])
+    with pytest.raises(StudyError, match=r"has 0.00 GiB free, but 2 checkpoint\(s\) of about"):
+        study.run_study(cfg)
+    assert not (tmp_path / "logs").exists()
