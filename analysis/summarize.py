@@ -3,8 +3,8 @@
 
     python analysis/summarize.py logs/ [--out logs/summary]
 
-Figures: stall = max over ranks of the time checkpointing blocked training; durable = from the
-start of the save until the checkpoint was committed after every rank's fsync; restart = max over
+Figures: stall = max over ranks of the time checkpointing blocked training; durable = max over
+ranks of the time from the start of the save until the rank's files were fsync'd; restart = max over
 ranks of launch -> end of the first resumed iteration. Failed or incomplete runs are listed and skipped.
 """
 
@@ -56,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _checkpoint_table(table) -> Table:
-    view = Table(title="Checkpoints: stall = max over ranks of time save blocked training; "
-                       "durable = until committed after every rank's fsync")
+    view = Table(title="Checkpoints: stall = max over ranks of the time save blocked training; "
+                       "durable = max over ranks of save start -> files fsync'd")
     for column in ("preset", "layout", "engine", "tag", "ranks", "MB", "files", "stall s", "durable s", "MB/s durable"):
         view.add_column(column, justify="right" if column not in ("preset", "layout", "engine", "tag") else "left")
     for row in table[table["kind"] == "checkpoint"].itertuples():
         view.add_row(row.preset, row.layout, row.engine, row.tag, str(row.ranks), f"{row.bytes / 1e6:.1f}",
-                     str(int(row.files)), f"{row.stall_max_s:.3f}", f"{row.committed_s:.3f}",
-                     f"{row.bytes / 1e6 / row.committed_s:.1f}")
+                     str(int(row.files)), f"{row.stall_max_s:.3f}", f"{row.durable_rank_max_s:.3f}",
+                     f"{row.bytes / 1e6 / row.durable_rank_max_s:.1f}")
     return view
 
 
@@ -81,12 +81,13 @@ def _restart_table(table) -> Table:
 
 def _plot_checkpoints(table, out: Path) -> None:
     ckpt = table[table["kind"] == "checkpoint"]
-    means = ckpt.groupby(["preset", "layout", "engine"])[["stall_max_s", "committed_s"]].mean()
+    means = ckpt.groupby(["preset", "layout", "engine"])[["stall_max_s", "durable_rank_max_s"]].mean()
     labels = [" ".join(index) for index in means.index]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
     positions = range(len(labels))
     ax.bar([p - 0.2 for p in positions], means["stall_max_s"], width=0.4, label="training stall (max over ranks)")
-    ax.bar([p + 0.2 for p in positions], means["committed_s"], width=0.4, label="until durable and committed")
+    ax.bar([p + 0.2 for p in positions], means["durable_rank_max_s"], width=0.4,
+           label="until durable (fsync'd; max over ranks)")
     ax.set_xticks(list(positions), labels, rotation=20, ha="right")
     ax.set_ylabel("seconds (mean over checkpoints)")
     ax.set_title("Checkpoint cost per preset, layout and engine")

@@ -58,7 +58,15 @@ class TrainConfig:
 
 @dataclass
 class EngineConfig:
-    engine: str = opt("torch", "Checkpoint engine, by name (see restartbench.engines).")
+    engine: str = opt(
+        "torch", "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async."
+    )
+    io_buffer_mb: int = opt(64, "fastpersist/decoupled: size of each aligned I/O buffer, MiB.")
+    writer_data_parallel: str = opt(
+        "replica", "fastpersist/decoupled: which data-parallel ranks write (DeepSpeed's writer.data_parallel).",
+        choices=("replica", "socket", "machine"),
+    )
+    host_cache_gb: float = opt(4.0, "datastates: pinned host cache per rank, GB.")
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 Aggregation rules (the same everywhere a figure is printed):
 - a checkpoint's stall is the max over ranks of the time ``save`` blocked training;
-- its durable time is the time from the start of the save until rank 0 committed it
-  (after every rank had fsync'd its files): the moment the checkpoint is safe;
+- its durable time is the max over ranks of the time from the start of the save until that
+  rank's files were on stable storage (fsync'd) — for an asynchronous engine, when its
+  background write finished; ``committed_s`` is when rank 0 then wrote ``latest``;
 - a restart's time is, over ranks, the max of (end of the first resumed iteration − launch);
   each restart part is reported as its max over ranks, so parts need not add up to the total.
 """
@@ -59,7 +60,7 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "ranks": len(saves),
             "stall_max_s": max(stalls, default=None),
             "stall_min_s": min(stalls, default=None),
-            "fsync_max_s": max((e["duration_s"] for e in kinds["checkpoint.fsync"]), default=None),
+            "wait_durable_max_s": max((e["duration_s"] for e in kinds["checkpoint.wait_durable"]), default=None),
             "durable_rank_max_s": max((e["since_save_start_s"] for e in durable), default=None),
             "committed_s": commit[0]["since_save_start_s"] if commit else None,
             "bytes": sum(e["bytes"] for e in durable),
@@ -136,15 +137,16 @@ def summarize_run(run_dir: Path) -> list[str]:
     for row in checkpoints(events):
         lines.append(
             f"checkpoint {row['tag']}: {row['bytes'] / 1e6:.1f} MB in {row['files']} files from {row['ranks']} ranks; "
-            f"training stalled {row['stall_max_s']:.3f} s (max over ranks); durable and committed after "
-            f"{row['committed_s']:.3f} s (fsync'd on every rank)"
+            f"training stalled {row['stall_max_s']:.3f} s (max over ranks); durable after "
+            f"{row['durable_rank_max_s']:.3f} s (fsync'd, max over ranks); committed after {row['committed_s']:.3f} s"
         )
     info = restart(events)
     if info and info["total_s"] is not None:
         parts = ", ".join(f"{label} {value:.2f}" for label, value in info["parts"].items() if value is not None)
         exact = {True: "restore exact (state and resumed loss verified)", False: "RESTORE NOT EXACT",
                  None: "restore not verified"}[info["exact"]]
-        lines.append(f"restart from {info['tag']}: {info['total_s']:.2f} s from launch to end of first iteration "
-                     f"(max over ranks; {info['cache']} page cache); parts (s, max over ranks): {parts}")
+        source = f"from {info['tag']} ({info['cache']} page cache)" if info["tag"] else "without a checkpoint (engine none)"
+        lines.append(f"restart {source}: {info['total_s']:.2f} s from launch to end of first iteration "
+                     f"(max over ranks); parts (s, max over ranks): {parts}")
         lines.append(exact)
     return lines

@@ -135,14 +135,36 @@ def _default_nodes(world_size: int, device: str, nnodes: int) -> tuple[int, int]
     return 1, world_size
 
 
-def _check_engine(name: str) -> None:
+def _check_engine_name(name: str) -> None:
     try:
         engines.engine_info(name)
     except engines.UnknownEngineError as error:
         raise StudyError(str(error)) from None
+
+
+def _check_engine(name: str) -> None:
+    """Unknown engine, or a required package missing (optional engines are skipped later instead)."""
+    _check_engine_name(name)
     missing = engines.missing_requirements(name)
-    if missing:
+    if missing and not engines.engine_info(name).skip_when_missing:
         raise StudyError("\n".join(missing))
+
+
+def _optional_engine_missing(cfg: RunConfig, plan: Plan) -> bool:
+    """An optional engine (datastates) whose package is absent: record the run as skipped, with the reason."""
+    missing = engines.missing_requirements(cfg.engine.engine)
+    if not missing:
+        return False
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    cfg.paths.run_dir = str(run_dir)
+    cfg.save(run_dir / "config.json")
+    reason = "; ".join(missing)
+    meta = _metadata(cfg, plan) | {"status": "skipped", "error": reason, "end": time.time()}
+    _write_json(run_dir / "metadata.json", meta)
+    say(f"SKIPPED: {reason}")
+    say(f"run marked skipped: {run_dir}")
+    return True
 
 
 def _check_train(cfg: RunConfig) -> None:
@@ -220,7 +242,7 @@ def render(cfg: RunConfig, plan: Plan) -> Rendered:
     env = _environment()
     ds_text = env.get_template("ds_config.json.j2").render(
         micro_batch=cfg.train.micro_batch, grad_accum=plan.grad_accum, dp=plan.layout["dp"], dtype=cfg.model.dtype,
-        lr=cfg.train.lr, checkpoint_block=engines.checkpoint_block(cfg.engine.engine),
+        lr=cfg.train.lr, engine_sections=engines.ds_config_sections(cfg.engine),
     )
     try:
         ds_config = json.loads(ds_text)
@@ -256,6 +278,8 @@ def run_study(cfg: RunConfig) -> int:
     if cfg.launch.dry_run:
         return dry_run(cfg)
     plan = plan_run(cfg)
+    if _optional_engine_missing(cfg, plan):
+        return 0
     rendered = render(cfg, plan)
     run_dir = _prepare_run_dir(cfg, plan, rendered)
     meta = _metadata(cfg, plan)

@@ -85,7 +85,8 @@ class RankRun:
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
         from restartbench.engines import create_engine
 
-        self.ckpt_engine = create_engine(self.cfg.engine.engine)
+        self.ckpt_engine = create_engine(self.cfg.engine)
+        self.pending: tuple[int, str, float] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
             runtime.write_runtime_info(self.run_dir, self.plan)
@@ -97,36 +98,50 @@ class RankRun:
         for step in range(1, train.iters + 1):
             loss = self._iteration(step)
             self._say(f"train: iteration {step}/{train.iters} loss {loss:.4f}")
-            if step % train.save_interval == 0 or step == train.iters:
+            if self.ckpt_engine.saves_state and (step % train.save_interval == 0 or step == train.iters):
                 self._checkpoint(step)
+        self._commit_pending()
         self._reference_step(train.iters + 1)
 
     def _checkpoint(self, step: int) -> None:
-        import torch.distributed as dist
-
-        from restartbench.engines import commit_latest
-        from restartbench.engines.deepspeed_engines import records_as_dicts
-
+        """Save (the stall); a synchronous engine is then made durable and committed at once,
+        an asynchronous one before its next save or at the end of training."""
+        self._commit_pending()
         tag = f"step{step}"
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
         save_start = time.perf_counter()
         with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
             self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
-        with self.log.span("checkpoint.fsync", step=step, tag=tag):
-            self.ckpt_engine.wait_until_durable()
+        self.pending = (step, tag, save_start)
+        if self.cfg.launch.verify:  # the state as saved; taken outside the timed spans
+            from restartbench.verify import training_state_digest, write_digest
+
+            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
+        if not self.ckpt_engine.asynchronous:
+            self._commit_pending()
+
+    def _commit_pending(self) -> None:
+        """Wait until this rank's files of the pending save are durable; once every rank's are, commit."""
+        if self.pending is None:
+            return
+        import torch.distributed as dist
+
+        from restartbench.engines import commit_latest
+        from restartbench.engines.deepspeed_engines import records_as_dicts
+
+        step, tag, save_start = self.pending
+        self.pending = None
+        with self.log.span("checkpoint.wait_durable", step=step, tag=tag):
+            durable_at = self.ckpt_engine.wait_until_durable()
         written = records_as_dicts(self.ckpt_engine.written(), self.ckpt_dir)
-        self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start,
+        self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=durable_at - save_start,
                       files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
         dist.barrier()
         if self.rank == 0:
             commit_latest(self.ckpt_dir, tag)
             self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
         dist.barrier()
-        if self.cfg.launch.verify:
-            from restartbench.verify import training_state_digest, write_digest
-
-            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
-        self._say(f"train: checkpoint {tag} committed in {time.perf_counter() - save_start:.2f} s (rank 0's view)")
+        self._say(f"train: checkpoint {tag} durable on every rank and committed")
 
     def _reference_step(self, step: int) -> None:
         """Iteration K+1 of the uninterrupted run: the restore phase must reproduce it exactly."""
@@ -140,6 +155,8 @@ class RankRun:
     # -- phase 2 -------------------------------------------------------------------------
 
     def restore_phase(self) -> None:
+        if not self.ckpt_engine.saves_state:
+            return self._restart_without_checkpoint()
         tag = _latest_tag(self.ckpt_dir)
         step = int(tag.removeprefix("step"))
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine})")
@@ -158,6 +175,13 @@ class RankRun:
             raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
         self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                   + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+
+    def _restart_without_checkpoint(self) -> None:
+        """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
+        loss = self._iteration(1, first_after_restore=True)
+        self.log.emit("restore.result", tag=None, exact=None, verified=False, loss=loss,
+                      problems=[], note="engine none: nothing was saved, nothing restored")
+        self._say("restore: relaunched without a checkpoint (engine none): start-up cost only")
 
     def _verify_restored(self, tag: str) -> list[str]:
         from restartbench.verify import compare, read_digest, training_state_digest

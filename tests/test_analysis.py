@@ -56,7 +56,8 @@ def test_summarize_writes_tables_and_plots(mixed_logs, tmp_path):
         assert (out / name).stat().st_size > 0, name
     table = pd.read_parquet(out / "study.parquet")
     ckpt = table[table["kind"] == "checkpoint"]
-    assert (ckpt["stall_max_s"] <= ckpt["committed_s"]).all()
+    assert (ckpt["stall_max_s"] <= ckpt["durable_rank_max_s"]).all()
+    assert (ckpt["durable_rank_max_s"] <= ckpt["committed_s"]).all()
     files = pd.read_csv(out / "files.csv")
     assert set(files["kind"]) >= {"layer", "model", "optimizer"}
 

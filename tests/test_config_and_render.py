@@ -70,7 +70,7 @@ def test_paths_with_spaces_are_quoted(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["175B", "tp2"], "unknown model preset '175B'; known presets"),
-    (["tiny", "tp2pp2", "--engine", "nebula"], "unknown checkpoint engine 'nebula'; known engines: torch"),
+    (["tiny", "tp2pp2", "--engine", "nebula"], "unknown checkpoint engine 'nebula'; known engines: none, torch, fastpersist"),
     (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
     (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
     (["tiny", "tp2pp2", "--iters", "0"], "--iters must be at least 1"),

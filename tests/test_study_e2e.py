@@ -58,7 +58,7 @@ def test_train_checkpoint_relaunch_restore_is_exact(study_runs, layout, tp, pp, 
     assert [r["tag"] for r in rows] == ["step2", "step4"]
     for row in rows:
         assert row["ranks"] == tp * pp * dp and row["files"] == len(expected_files(tp, pp, dp, dtype))
-        assert 0 < row["stall_max_s"] <= row["committed_s"]
+        assert 0 < row["stall_max_s"] <= row["durable_rank_max_s"] <= row["committed_s"]
         assert row["bytes"] == sum(f["bytes"] for f in inventory if f["tag"] == row["tag"] and f["kind"] != "other")
     info = restart(events)
     assert info["exact"] is True and info["tag"] == "step4"

@@ -5,10 +5,14 @@ An engine is registered with an ``EngineInfo``: its name, the class that runs it
 harness calls, on every rank:
 
 - ``save(ds_engine, save_dir, tag)``: returns when training may continue (the *stall*);
-- ``wait_until_durable()``: returns when this rank's bytes are on stable storage (fsync'd);
+- ``wait_until_durable()``: blocks until this rank's bytes are on stable storage (fsync'd) and
+  returns the ``time.perf_counter()`` at which they were. A synchronous engine is waited on right
+  after ``save``; an ``asynchronous`` one only before its next save or at the end of training,
+  so that its background write overlaps training as it would in a real job;
 - ``load(ds_engine, load_dir, tag)``: restores model, optimizer and scheduler state;
 - ``written()``: the files this rank wrote for the last save, with sizes.
 
+Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``none``).
 After every rank is durable the harness commits the checkpoint (``commit_latest``), so
 a checkpoint is named ``latest`` only once all of its files are on disk.
 
@@ -24,22 +28,26 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from restartbench.config import EngineConfig
 
 
 @dataclass(frozen=True)
 class EngineInfo:
     name: str
     module: str
-    """Module (under restartbench.engines) that defines the engine class."""
+    """Module that defines the engine class (imported only on the ranks)."""
     cls: str
     summary: str
-    checkpoint_block: dict[str, Any] = field(default_factory=dict)
-    """The ``checkpoint`` section of the DeepSpeed JSON that selects this engine."""
+    ds_config: Callable[[EngineConfig], dict[str, Any]] = lambda options: {}
+    """Top-level sections this engine adds to the DeepSpeed JSON, built from the engine options."""
     launch_env: dict[str, str] = field(default_factory=dict)
     """Environment variables the engine needs in every rank (exported by the launch script)."""
     requires: tuple[tuple[str, str], ...] = ()
     """(importable module, how to install it) pairs the engine cannot run without."""
+    skip_when_missing: bool = False
+    """A missing requirement marks the run skipped (the engine is optional to the study), not failed."""
 
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -49,8 +57,41 @@ def register(info: EngineInfo) -> None:
     _REGISTRY[info.name] = info
 
 
-register(EngineInfo("torch", "restartbench.engines.deepspeed_engines", "TorchEngine",
-                         "DeepSpeed's default engine: torch.save of every file, synchronous"))
+def _writer_block(decoupled: bool) -> Callable[[EngineConfig], dict[str, Any]]:
+    def block(options: EngineConfig) -> dict[str, Any]:
+        return {"checkpoint": {"writer": {"type": "fast", "decoupled": decoupled,
+                                          "io_buffer_size": options.io_buffer_mb * 2**20,
+                                          "io_buffer_double": True, "show_statistics": False,
+                                          "data_parallel": options.writer_data_parallel}}}
+    return block
+
+
+# Outside DeepSpeed's own launcher its writer engines read these (one node: cross rank 0 of 1).
+_WRITER_ENV = {"CROSS_RANK": "0", "CROSS_SIZE": "1"}
+_DS = "restartbench.engines.deepspeed_engines"
+
+register(EngineInfo("none", "restartbench.engines.baseline", "NoCheckpoint",
+                    "no checkpoint: the baseline iteration time, and a relaunch that restores nothing"))
+register(EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous"))
+register(EngineInfo("fastpersist", _DS, "FastPersistEngine",
+                    "DeepSpeed FastPersist writer: aligned buffers, libaio", ds_config=_writer_block(False),
+                    launch_env=_WRITER_ENV))
+register(EngineInfo("decoupled", _DS, "DecoupledEngine",
+                    "DeepSpeed decoupled writer: background writer processes", ds_config=_writer_block(True),
+                    launch_env=_WRITER_ENV))
+register(EngineInfo("datastates", _DS, "DataStatesEngine",
+                    "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
+                    ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
+                    requires=(("datastates", "build it from https://github.com/DataStates/datastates-llm "
+                                             "(not on PyPI; needs CMake, nanobind and CUDA)"),),
+                    skip_when_missing=True))
+register(EngineInfo("torchsnapshot", "restartbench.engines.torchsnapshot_engine", "TorchSnapshotEngine",
+                    "TorchSnapshot 0.1.0 with the study's patch (every rank saves its own distinct state)",
+                    requires=(("torchsnapshot", "pip install torchsnapshot==0.1.0"),)))
+register(EngineInfo("dcp", "restartbench.engines.dcp_engine", "DCPEngine",
+                    "PyTorch Distributed Checkpoint, synchronous save"))
+register(EngineInfo("dcp-async", "restartbench.engines.dcp_engine", "AsyncDCPEngine",
+                    "PyTorch Distributed Checkpoint, async_save (staging, then a background write)"))
 
 
 class UnknownEngineError(ValueError):
@@ -77,18 +118,17 @@ def missing_requirements(name: str) -> list[str]:
     ]
 
 
-def checkpoint_block(name: str) -> dict[str, Any]:
-    return dict(engine_info(name).checkpoint_block)
+def ds_config_sections(options: EngineConfig) -> dict[str, Any]:
+    return engine_info(options.engine).ds_config(options)
 
 
 def launch_env(name: str) -> dict[str, str]:
     return dict(engine_info(name).launch_env)
 
 
-def create_engine(name: str, options: dict[str, Any] | None = None):
-    info = engine_info(name)
-    cls = getattr(importlib.import_module(info.module), info.cls)
-    return cls(**(options or {}))
+def create_engine(options: EngineConfig):
+    info = engine_info(options.engine)
+    return getattr(importlib.import_module(info.module), info.cls)(options)
 
 
 def commit_latest(save_dir: str | Path, tag: str) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from restartbench.config import EngineConfig
 from restartbench.engines import fsync_files
 
 
@@ -58,9 +59,10 @@ def _size_or_zero(path: str) -> int:
 class DeepSpeedEngine:
     """Base for engines that are DeepSpeed checkpoint engines selected by the ``checkpoint`` JSON block."""
 
-    name = "deepspeed"
+    asynchronous = False
+    saves_state = True
 
-    def __init__(self, **options: Any):
+    def __init__(self, options: EngineConfig):
         self.options = options
         self._recorder: RecordingCheckpointEngine | None = None
 
@@ -76,8 +78,9 @@ class DeepSpeedEngine:
         # The harness, not DeepSpeed, writes `latest`: only after every rank is durable.
         ds_engine.save_checkpoint(save_dir, tag=tag, save_latest=False)
 
-    def wait_until_durable(self) -> None:
+    def wait_until_durable(self) -> float:
         fsync_files([record.path for record in self.written()])
+        return time.perf_counter()
 
     def written(self) -> list[FileRecord]:
         """Files this rank wrote in the last save, sizes read now (after durability they are final)."""
@@ -98,8 +101,6 @@ class DeepSpeedEngine:
 
 class TorchEngine(DeepSpeedEngine):
     """DeepSpeed's default TorchCheckpointEngine: torch.save per file, synchronous, no fsync of its own."""
-
-    name = "torch"
 
 
 def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any]]:

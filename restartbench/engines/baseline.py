@@ -1,0 +1,35 @@
+"""The ``none`` engine: no checkpoint at all.
+
+Phase 1 gives the iteration time without any checkpoint cost; phase 2 is a relaunch that
+restores nothing, so its start-up parts are the floor any restart pays before loading.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from restartbench.config import EngineConfig
+
+
+class NoCheckpoint:
+    asynchronous = False
+    saves_state = False
+
+    def __init__(self, options: EngineConfig):
+        self.options = options
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        raise RuntimeError("engine 'none' saves nothing; the harness must not call save")
+
+    def wait_until_durable(self) -> float:
+        return time.perf_counter()
+
+    def written(self) -> list:
+        return []
+
+    def read(self) -> list:
+        return []
+
+    def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
+        raise RuntimeError("engine 'none' restores nothing; the harness must not call load")
