@@ -82,6 +82,16 @@ class PathsConfig:
 
 @dataclass
 class LaunchConfig:
+    launcher: str = opt(
+        "auto", "local, slurm or pbs; auto: the batch system whose allocation this runs in, else local.",
+        choices=("auto", "local", "slurm", "pbs"),
+    )
+    submit: bool = opt(False, "slurm/pbs: submit the rendered job script (sbatch/qsub) and print the job id.")
+    gpus_per_node: int | None = opt(None, "GPUs per node of the cluster (default 8 for cuda); checked against the layout.")
+    account: str | None = opt(None, "slurm/pbs: account (project) to charge.")
+    partition: str | None = opt(None, "slurm partition or pbs queue.")
+    walltime: str = opt("01:00:00", "slurm/pbs: wall-clock limit of the job, HH:MM:SS.")
+    setup: str | None = opt(None, "slurm/pbs: shell lines run at the start of the job (modules, env), separated by ';'.")
     device: str = opt("auto", "cpu (gloo), cuda (NCCL), or auto: cuda when a GPU is visible.", choices=("auto", "cpu", "cuda"))
     master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.")
     verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")

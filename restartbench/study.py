@@ -28,6 +28,7 @@ import jinja2
 from restartbench import engines
 from restartbench.config import RunConfig
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
+from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher
 from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
@@ -60,6 +61,7 @@ class Plan:
     master_port: int
     checkpoint_bytes_estimate: int
     memory_per_rank_estimate: str
+    launcher: str
 
 
 def plan_run(cfg: RunConfig) -> Plan:
@@ -70,8 +72,12 @@ def plan_run(cfg: RunConfig) -> Plan:
         layout = validate_layout(cfg.layout.layout, preset, nnodes * nproc if nproc else None)
     except LayoutError as error:
         raise StudyError(str(error)) from None
+    gpus_per_node = cfg.launch.gpus_per_node or GPUS_PER_NODE_DEFAULT
     if not nproc:
-        nnodes, nproc = _default_nodes(layout.world_size, device, nnodes)
+        nnodes, nproc = _default_nodes(layout.world_size, device, nnodes, gpus_per_node)
+    launcher = resolve_launcher(cfg.launch.launcher)
+    if device == "cuda":
+        _check_gpus(layout.world_size, nnodes, nproc, gpus_per_node, launcher)
     _check_engine(cfg.engine.engine)
     _check_train(cfg)
     grad_accum = cfg.train.grad_accum or layout.pp
@@ -86,7 +92,7 @@ def plan_run(cfg: RunConfig) -> Plan:
         grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=str(checkpoint_dir.resolve()),
         master_port=cfg.launch.master_port or (_free_port() if nnodes == 1 else 29500),
         checkpoint_bytes_estimate=checkpoint_bytes(preset, cfg.model.dtype),
-        memory_per_rank_estimate=memory.describe(),
+        memory_per_rank_estimate=memory.describe(), launcher=launcher.name,
     )
     if not cfg.launch.dry_run and cfg.launch.memory_check:
         _check_memory(preset, plan, memory.total)
@@ -124,15 +130,26 @@ def _ranks(cfg: RunConfig) -> tuple[int, int | None]:
     return cfg.layout.nnodes, cfg.layout.nproc_per_node
 
 
-def _default_nodes(world_size: int, device: str, nnodes: int) -> tuple[int, int]:
-    """Ranks per node when not given: all on one node on CPU; on GPUs at most 8 per node."""
+def _default_nodes(world_size: int, device: str, nnodes: int, gpus_per_node: int) -> tuple[int, int]:
+    """Ranks per node when not given: all on one node on CPU; on GPUs one rank per GPU."""
     if nnodes > 1:
         if world_size % nnodes:
             raise StudyError(f"{world_size} ranks do not divide over {nnodes} nodes; give --nproc-per-node")
         return nnodes, world_size // nnodes
-    if device == "cuda" and world_size > GPUS_PER_NODE_DEFAULT:
-        return math.ceil(world_size / GPUS_PER_NODE_DEFAULT), GPUS_PER_NODE_DEFAULT
+    if device == "cuda" and world_size > gpus_per_node:
+        return math.ceil(world_size / gpus_per_node), gpus_per_node
     return 1, world_size
+
+
+def _check_gpus(world_size: int, nnodes: int, nproc: int, gpus_per_node: int, launcher: Launcher) -> None:
+    """One rank per GPU: the layout must fit the nodes asked for, and the allocation we are in."""
+    if nproc > gpus_per_node:
+        raise StudyError(f"{nproc} ranks per node but {gpus_per_node} GPUs per node; "
+                         f"use --nnodes {math.ceil(world_size / gpus_per_node)} or a smaller layout")
+    allocated = allocation_gpus(launcher)
+    if allocated is not None and world_size > allocated:
+        raise StudyError(f"the layout needs {world_size} GPUs but this Slurm allocation has {allocated}; "
+                         "ask for more nodes/GPUs or choose a smaller layout")
 
 
 def _check_engine_name(name: str) -> None:
@@ -236,6 +253,8 @@ class Rendered:
     ds_config: dict[str, Any]
     ds_config_text: str
     launch_script: str
+    job_script: str | None
+    """The batch job script (sbatch or PBS) where the launcher has one."""
 
 
 def render(cfg: RunConfig, plan: Plan) -> Rendered:
@@ -254,7 +273,15 @@ def render(cfg: RunConfig, plan: Plan) -> Rendered:
         accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine),
         python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir,
     )
-    return Rendered(ds_config, json.dumps(ds_config, indent=2) + "\n", launch)
+    launcher = LAUNCHERS[plan.launcher]
+    job = env.get_template(launcher.job_template).render(
+        preset=cfg.model.preset, layout=plan.layout_name, engine=cfg.engine.engine, nnodes=plan.nnodes,
+        cpus_per_task=max(plan.nproc_per_node, 1), gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
+        account=cfg.launch.account, partition=cfg.launch.partition, walltime=cfg.launch.walltime,
+        setup=[line.strip() for line in (cfg.launch.setup or "").split(";") if line.strip()],
+        python=sys.executable, run_dir=plan.run_dir, repo_root=str(REPO_ROOT),
+    ) if launcher.job_template else None
+    return Rendered(ds_config, json.dumps(ds_config, indent=2) + "\n", launch, job)
 
 
 # --- running ------------------------------------------------------------------------------
@@ -271,13 +298,21 @@ def dry_run(cfg: RunConfig) -> int:
     print(rendered.ds_config_text, end="")
     print("# --- launch.sh ---")
     print(rendered.launch_script, end="")
+    if rendered.job_script:
+        print(f"# --- {LAUNCHERS[plan.launcher].job_file} ---")
+        print(rendered.job_script, end="")
     return 0
 
 
 def run_study(cfg: RunConfig) -> int:
+    """Plan, write the run folder, then run the phases here, or hand them to a batch job."""
     if cfg.launch.dry_run:
         return dry_run(cfg)
     plan = plan_run(cfg)
+    launcher = LAUNCHERS[plan.launcher]
+    if launcher.job_template and cfg.launch.submit and shutil.which(launcher.submit_command) is None:
+        raise StudyError(f"--launcher {launcher.name} --submit needs {launcher.submit_command!r}, which is not on PATH "
+                         "here; run on a login node of the cluster, or leave out --submit to only write the job script")
     if _optional_engine_missing(cfg, plan):
         return 0
     rendered = render(cfg, plan)
@@ -285,17 +320,55 @@ def run_study(cfg: RunConfig) -> int:
     meta = _metadata(cfg, plan)
     _write_json(run_dir / "metadata.json", meta)
     say(f"run folder {run_dir}")
-    say(f"{cfg.model.preset} {plan.layout_name} engine={cfg.engine.engine}: {plan.world_size} ranks on "
-        f"{plan.device}/{plan.backend}; {cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
+    if launcher.job_template and not launcher.inside_allocation():
+        return _hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
+    return execute(run_dir)
+
+
+def execute(run_dir: Path) -> int:
+    """Run the phases of a prepared run folder, each a fresh launch, and mark the run complete or failed."""
+    run_dir = Path(run_dir)
+    cfg = RunConfig.load(run_dir / "config.json")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    launcher = LAUNCHERS[plan["launcher"]]
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    meta.update(status="running", start=time.time(), host=socket.gethostname(),
+                job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or meta.get("job_id"))
+    _write_json(run_dir / "metadata.json", meta)
+    say(f"{cfg.model.preset} {plan['layout_name']} engine={cfg.engine.engine}: {plan['world_size']} ranks on "
+        f"{plan['nnodes']} node(s), {plan['device']}/{plan['backend']}, launcher {launcher.name}; "
+        f"{cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
     status, error = "complete", None
     for phase in PHASES:
-        result = run_phase(run_dir, phase, cfg.launch.phase_timeout_s)
+        result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan["nnodes"]),
+                           cfg.launch.phase_timeout_s)
         meta["phases"][phase] = result
         if result["exit_code"] != 0:
             status, error = "failed", f"phase {phase} failed: {result['error']}"
             break
     _finalize(run_dir, meta, status, error)
     return 0 if status == "complete" else 1
+
+
+def _hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rendered: Rendered,
+                          meta: dict[str, Any]) -> int:
+    job_file = run_dir / launcher.job_file
+    if not cfg.launch.submit:
+        meta["status"] = "prepared"
+        _write_json(run_dir / "metadata.json", meta)
+        say(f"wrote {job_file}; submit it with: {launcher.submit_command} {shlex.quote(str(job_file))}")
+        return 0
+    submitted = subprocess.run([launcher.submit_command, str(job_file)], capture_output=True, text=True, cwd=run_dir)
+    if submitted.returncode != 0:
+        meta.update(status="failed", error=f"{launcher.submit_command} refused the job: {submitted.stderr.strip()}")
+        _write_json(run_dir / "metadata.json", meta)
+        raise StudyError(meta["error"])
+    job_id = submitted.stdout.strip().split(";")[0].split()[-1]
+    meta.update(status="submitted", job_id=job_id)
+    _write_json(run_dir / "metadata.json", meta)
+    say(f"submitted job {job_id} ({launcher.name}); the run folder fills in as it runs: {run_dir}")
+    print(job_id)
+    return 0
 
 
 def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
@@ -317,6 +390,8 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     (run_dir / "ds_config.json").write_text(rendered.ds_config_text)
     (run_dir / "launch.sh").write_text(rendered.launch_script)
     (run_dir / "launch.sh").chmod(0o755)
+    if rendered.job_script:
+        (run_dir / LAUNCHERS[plan.launcher].job_file).write_text(rendered.job_script)
     return run_dir
 
 
@@ -366,11 +441,11 @@ def _version(package: str) -> str | None:
         return None
 
 
-def run_phase(run_dir: Path, phase: str, timeout_s: float) -> dict[str, Any]:
-    """Launch one phase (a fresh torchrun), stream its progress lines, keep its output in the run folder."""
+def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -> dict[str, Any]:
+    """Launch one phase (a fresh torchrun on every node), stream its progress lines, keep its output."""
     say(f"phase {phase}: launching")
     start = time.time()
-    process = subprocess.Popen(["bash", str(run_dir / "launch.sh"), phase], stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO_ROOT)
     pumps = [
         threading.Thread(target=_pump, args=(process.stdout, run_dir / f"{phase}.stdout.log", True)),
