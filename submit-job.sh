@@ -2,11 +2,17 @@
 # Entry point of the restart study.
 #   ./submit-job.sh                      the embedded default: tiny model, tp2pp2 on 4 CPU ranks
 #   ./submit-job.sh 13B tp2pp4 [options] any preset and layout; options go to config-n-run.py (--help)
-# Sets up the Python environment on first use (scripts/setup-env.sh), then hands over to config-n-run.py.
+#   ./submit-job.sh --sweep FILE         a sweep (sweeps/*.yaml), resumable: rerun to finish what is missing
+# Sets up the Python environment on first use (scripts/setup-env.sh), then hands over to Python.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PRESET="${1:-${PRESET:-tiny}}"
-LAYOUT="${2:-${LAYOUT:-tp2pp2}}"
-shift $(( $# < 2 ? $# : 2 ))
+PYTHON="${RESTARTBENCH_VENV:-$ROOT/.venv}/bin/python"
 "$ROOT/scripts/setup-env.sh"
-exec "${RESTARTBENCH_VENV:-$ROOT/.venv}/bin/python" "$ROOT/config-n-run.py" "$PRESET" "$LAYOUT" "$@"
+if [[ "${1:-}" == "--sweep" ]]; then
+    shift
+    exec "$PYTHON" -m restartbench.sweep "$@"
+fi
+if [[ $# -eq 0 || "$1" == -* ]]; then
+    set -- "${PRESET:-tiny}" "${LAYOUT:-tp2pp2}" "$@"
+fi
+exec "$PYTHON" "$ROOT/config-n-run.py" "$@"

@@ -140,7 +140,7 @@ class RunConfig:
 # --- command line, generated from the tree ----------------------------------------------
 
 
-def _leaf_fields():
+def leaf_fields():
     """(section name, field) for every leaf of RunConfig, in declaration order."""
     for section in dataclasses.fields(RunConfig):
         for leaf in dataclasses.fields(section.default_factory):
@@ -160,7 +160,7 @@ def build_parser(prog: str = "config-n-run.py") -> argparse.ArgumentParser:
         description="Render the DeepSpeed config and launch script for a checkpoint/restart study run, then run it: "
         "train and checkpoint, end the job, relaunch, restore, resume, measuring every phase on every rank.",
     )
-    for section_name, leaf in _leaf_fields():
+    for section_name, leaf in leaf_fields():
         owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section_name)
         kind = _leaf_type(leaf, owner)
         meta = leaf.metadata

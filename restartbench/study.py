@@ -445,8 +445,8 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -
     """Launch one phase (a fresh torchrun on every node), stream its progress lines, keep its output."""
     say(f"phase {phase}: launching")
     start = time.time()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO_ROOT)
+    # Same process group as ours: a Ctrl-C or a kill of the whole job reaches every rank too.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     pumps = [
         threading.Thread(target=_pump, args=(process.stdout, run_dir / f"{phase}.stdout.log", True)),
         threading.Thread(target=_pump, args=(process.stderr, run_dir / f"{phase}.stderr.log", False)),
@@ -457,10 +457,10 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -
         exit_code = process.wait(timeout=timeout_s)
         error = None if exit_code == 0 else _error_summary(run_dir, phase, exit_code)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        _kill_tree(process)
         exit_code, error = -9, f"timed out after {timeout_s:.0f} s (--phase-timeout-s); the ranks were killed"
     except KeyboardInterrupt:
-        _kill_group(process)
+        _kill_tree(process)
         exit_code, error = -2, "interrupted by the user"
     for pump in pumps:
         pump.join()
@@ -477,17 +477,20 @@ def _pump(stream, path: Path, echo_progress: bool) -> None:
                 print(line, end="", flush=True)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    for signal_number, grace in ((15, 10), (9, 10)):
-        try:
-            os.killpg(process.pid, signal_number)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _kill_tree(process: subprocess.Popen) -> None:
+    """Terminate the phase and every process under it (launcher, torchrun, ranks), then kill what is left."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for member in tree:
+        member.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    for member in alive:
+        member.kill()
+    process.wait()
 
 
 def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:

@@ -1,0 +1,215 @@
+"""Sweeps: the study's cross-product, resumable. ``python -m restartbench.sweep FILE [--dry-run]``.
+
+A sweep file (YAML)::
+
+    presets: [tiny]
+    layouts: [tp2pp2, pp2dp2]
+    engines: [torch, none]
+    repetitions: 2
+    options:                 # any run-configuration field, by its name (see config-n-run.py --help)
+      dtype: fp32
+      iters: 4
+    logs: logs/sweep-demo    # optional; default: logs/<sweep file name>
+
+Every cell (preset × layout × engine × repetition) has a fixed run folder,
+``<logs>/<preset>/<layout>/<engine>/rep<N>``, so a rerun skips the cells whose folder is
+complete, leaves running or submitted ones alone, and retries the rest after moving the
+failed or interrupted attempt aside (``rep<N>.attempt<K>``: the evidence is kept). With
+``launcher: slurm`` and ``submit: true`` in the options, each cell is its own batch job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+import typing
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from restartbench.config import RunConfig, leaf_fields
+from restartbench.progress import say
+from restartbench.study import StudyError, plan_run, run_study
+
+LIST_KEYS = ("presets", "layouts", "engines")
+KNOWN_KEYS = set(LIST_KEYS) | {"repetitions", "options", "logs"}
+DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
+
+
+class SweepError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Cell:
+    preset: str
+    layout: str
+    engine: str
+    repetition: int
+
+    def describe(self) -> str:
+        return f"{self.preset} {self.layout} {self.engine} rep{self.repetition}"
+
+
+@dataclass
+class Sweep:
+    cells: list[Cell]
+    options: dict[str, Any]
+    logs: Path
+
+
+def load_sweep(path: Path) -> Sweep:
+    """Parse and check a sweep file; every problem names the key and what is expected."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise SweepError(f"cannot read sweep file {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: expected a mapping with keys {sorted(KNOWN_KEYS)}")
+    unknown = set(data) - KNOWN_KEYS
+    if unknown:
+        raise SweepError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+    lists = {key: _string_list(path, key, data.get(key)) for key in LIST_KEYS}
+    repetitions = data.get("repetitions", 1)
+    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
+        raise SweepError(f"{path}: 'repetitions' must be a whole number ≥ 1, got {repetitions!r}")
+    options = _options(path, data.get("options") or {})
+    cells = [Cell(p, l, e, r) for p, l, e in itertools.product(*lists.values()) for r in range(1, repetitions + 1)]
+    return Sweep(cells, options, Path(data.get("logs") or Path("logs") / Path(path).stem))
+
+
+def _string_list(path: Path, key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, (str, int)) for v in value):
+        raise SweepError(f"{path}: {key!r} must be a non-empty list of names, got {value!r}")
+    return [str(v) for v in value]
+
+
+def _options(path: Path, options: Any) -> dict[str, Any]:
+    """Options by leaf name, each type-checked against the run configuration."""
+    if not isinstance(options, dict):
+        raise SweepError(f"{path}: 'options' must be a mapping of option names to values")
+    leaves = {leaf.name: (section, leaf) for section, leaf in leaf_fields()}
+    for name, value in options.items():
+        if name not in leaves or name in ("preset", "layout", "engine", "run_dir", "logs", "dry_run"):
+            raise SweepError(f"{path}: option {name!r} cannot be set in a sweep; settable: "
+                             f"{sorted(set(leaves) - {'preset', 'layout', 'engine', 'run_dir', 'logs', 'dry_run'})}")
+        section, leaf = leaves[name]
+        expected = _allowed_types(section, leaf)
+        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
+            names = " or ".join(t.__name__ for t in expected)
+            raise SweepError(f"{path}: option {name!r} must be {names}, got {value!r} ({type(value).__name__})")
+    return dict(options)
+
+
+def _allowed_types(section: str, leaf: dataclasses.Field) -> tuple[type, ...]:
+    owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section)
+    hint = typing.get_type_hints(owner)[leaf.name]
+    types = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
+    return types + ((int,) if float in types else ())
+
+
+def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:
+    sections: dict[str, dict[str, Any]] = {}
+    for section, leaf in leaf_fields():
+        if leaf.name in sweep.options:
+            sections.setdefault(section, {})[leaf.name] = sweep.options[leaf.name]
+    sections.setdefault("model", {})["preset"] = cell.preset
+    sections.setdefault("layout", {})["layout"] = cell.layout
+    sections.setdefault("engine", {})["engine"] = cell.engine
+    sections.setdefault("paths", {})["logs"] = str(sweep.logs)
+    cfg = RunConfig.from_dict(sections)
+    plan = plan_run(dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, dry_run=True)))
+    cfg.paths.run_dir = str(Path(plan.run_dir).parent / f"rep{cell.repetition}")
+    return cfg
+
+
+def cell_state(run_dir: Path) -> str:
+    """done, running (a batch job still queued or running), failed (or interrupted), or pending."""
+    path = run_dir / "metadata.json"
+    if not path.exists():
+        return PENDING if not run_dir.exists() else FAILED
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return FAILED
+    status = meta.get("status")
+    if status in ("complete", "skipped"):
+        return DONE
+    if status == "prepared":
+        return PENDING
+    if status in ("submitted", "running") and meta.get("job_id") and _slurm_job_alive(meta["job_id"]):
+        return RUNNING
+    return FAILED
+
+
+def _slurm_job_alive(job_id: str) -> bool:
+    if shutil.which("squeue") is None:
+        return False
+    queued = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
+    return queued.returncode == 0 and bool(queued.stdout.strip())
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move a failed or interrupted attempt out of the cell's place, keeping it for inspection."""
+    attempt = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.attempt{attempt}")).exists():
+        attempt += 1
+    run_dir.rename(target)
+    return target
+
+
+def run_sweep(path: Path, dry_run: bool = False) -> int:
+    sweep = load_sweep(path)
+    configs = {cell: cell_config(sweep, cell) for cell in sweep.cells}
+    states = {cell: cell_state(Path(cfg.paths.run_dir)) for cell, cfg in configs.items()}
+    say(f"sweep {path}: {len(sweep.cells)} cells under {sweep.logs}; " + _tally(states))
+    if dry_run:
+        for cell, state in states.items():
+            say(f"  {state:8s} {cell.describe()} -> {configs[cell].paths.run_dir}")
+        return 0
+    for index, (cell, cfg) in enumerate(configs.items(), start=1):
+        if states[cell] in (DONE, RUNNING):
+            say(f"cell {index}/{len(configs)} {cell.describe()}: {states[cell]}, skipped")
+            continue
+        run_dir = Path(cfg.paths.run_dir)
+        if run_dir.exists():
+            say(f"cell {index}/{len(configs)} {cell.describe()}: earlier attempt moved to {set_aside(run_dir).name}")
+        say(f"cell {index}/{len(configs)} {cell.describe()}: running")
+        try:
+            run_study(cfg)
+        except StudyError as error:
+            say(f"cell {cell.describe()}: error: {error}")
+        states[cell] = cell_state(run_dir)
+        say(f"sweep progress: {_tally(states)}")
+    return 0 if all(state in (DONE, RUNNING) for state in states.values()) else 1
+
+
+def _tally(states: dict[Cell, str]) -> str:
+    counts = Counter(states.values())
+    return ", ".join(f"{counts[s]} {s}" for s in (DONE, RUNNING, FAILED, PENDING))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="submit-job.sh --sweep", description="Run (or resume) a study sweep.")
+    parser.add_argument("file", type=Path, help="sweep file (YAML)")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
+    args = parser.parse_args(argv)
+    try:
+        return run_sweep(args.file, args.dry_run)
+    except (SweepError, StudyError) as error:
+        say(f"error: {error}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

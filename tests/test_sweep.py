@@ -1,0 +1,71 @@
+"""Sweeps: file validation, and a real sweep interrupted half-way that resumes only the missing cells."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from restartbench.sweep import SweepError, load_sweep
+
+
+def write(tmp_path: Path, data) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_cells_are_the_cross_product(tmp_path):
+    sweep = load_sweep(write(tmp_path, {"presets": ["tiny"], "layouts": ["tp2pp2", "pp2dp2"],
+                                        "engines": ["torch", "none"], "repetitions": 3, "options": {"iters": 2}}))
+    assert len(sweep.cells) == 12 and sweep.options == {"iters": 2}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"presets": "tiny", "layouts": ["tp2"], "engines": ["torch"], "repetitions": "2"}, "'repetitions' must be a whole number"),
+    ({"presets": [], "layouts": ["tp2"], "engines": ["torch"]}, "'presets' must be a non-empty list"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "colour": 1}, "unknown key(s) ['colour']"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"iters": "four"}}, "'iters' must be int"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}}, "'verify' must be bool"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}}, "cannot be set in a sweep"),
+    ([1, 2], "expected a mapping"),
+])
+def test_bad_sweep_files_get_clear_errors(tmp_path, data, message):
+    with pytest.raises(SweepError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        load_sweep(write(tmp_path, data))
+
+
+def states(logs: Path) -> dict[str, str]:
+    return {str(p.parent.relative_to(logs)): json.loads(p.read_text())["status"] for p in logs.rglob("metadata.json")}
+
+
+@pytest.mark.multirank
+def test_interrupted_sweep_resumes_only_missing_cells(tmp_path):
+    logs = tmp_path / "logs"
+    path = write(tmp_path, {"presets": ["tiny"], "layouts": ["tp1pp1dp2"], "engines": ["none", "torch"],
+                            "options": {"dtype": "fp32", "iters": 2}, "logs": str(logs)})
+    command = [str(ROOT / "submit-job.sh"), "--sweep", str(path)]
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    first = logs / "tiny" / "tp1pp1dp2" / "none" / "rep1"
+    second = logs / "tiny" / "tp1pp1dp2" / "torch" / "rep1"
+    deadline = time.time() + 300
+    while not (second / "events").exists() and time.time() < deadline:  # the second cell has started training
+        time.sleep(0.5)
+    os.killpg(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    assert states(logs) == {"tiny/tp1pp1dp2/none/rep1": "complete", "tiny/tp1pp1dp2/torch/rep1": "running"}
+    first_mtime = (first / "metadata.json").stat().st_mtime
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "none rep1: done, skipped" in resumed.stdout and "earlier attempt moved to rep1.attempt1" in resumed.stdout
+    assert (first / "metadata.json").stat().st_mtime == first_mtime
+    assert states(logs) == {"tiny/tp1pp1dp2/none/rep1": "complete", "tiny/tp1pp1dp2/torch/rep1": "complete",
+                            "tiny/tp1pp1dp2/torch/rep1.attempt1": "running"}
+    assert "2 done, 0 running, 0 failed, 0 pending" in resumed.stdout
