@@ -96,3 +96,16 @@ def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
     assert result.returncode != 0
     errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
     assert errors and "no complete checkpoint" in errors[0]["error"]
+
+
+def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_path):
+    import psutil
+
+    before = {p.pid for p in psutil.process_iter()}
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--phase-timeout-s", "4")
+    assert proc.returncode == 1
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "failed" and "timed out after 4 s" in meta["error"]
+    leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
+                 if p.pid not in before and "restartbench.train" in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, leftovers
