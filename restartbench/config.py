@@ -97,6 +97,17 @@ class LaunchConfig:
     verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")
     memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
     phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.")
+    collective_timeout_s: int = opt(
+        600, "Fail a rank whose distributed init or collective waits longer than this (a dead or missing peer)."
+    )
+    check_files: bool = opt(
+        True, "Before a restore, check every file against the checkpoint's manifest (size, SHA-256); not timed as restart."
+    )
+    on_corrupt: str = opt(
+        "refuse", "A checkpoint that fails its manifest check: refuse to restore, or fall back to the newest good one.",
+        choices=("refuse", "fallback"),
+    )
+    disk_check: bool = opt(True, "Refuse to launch when the checkpoint folder lacks room for every planned checkpoint.")
     dry_run: bool = opt(False, "Print the rendered DeepSpeed JSON and launch script, and launch nothing.")
 
 

@@ -123,6 +123,21 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
     return files
 
 
+def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]]:
+    """Checkpoints that never became the latest: a save that failed on some rank, or (when the phase
+    died) one that had begun and was never committed — a rank killed mid-save."""
+    events = [e for e in read_events(run_dir) if e["phase"] == "train"]
+    committed = {e["tag"] for e in events if e["event"] == "checkpoint.commit"}
+    failed = {e["tag"]: "; ".join(e["errors"]) for e in events if e["event"] == "checkpoint.failed"}
+    if phase_failed:
+        for e in events:
+            if e["event"] == "checkpoint.begin" and e["tag"] not in committed and e["tag"] not in failed:
+                failed[e["tag"]] = "begun, never committed: the phase died during the save"
+    latest = Path(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"]) / "latest"
+    kept = latest.read_text().strip() if latest.is_file() else None
+    return [{"tag": tag, "error": error, "latest_kept": kept} for tag, error in failed.items()]
+
+
 def write_inventory(run_dir: Path) -> None:
     (Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=1) + "\n")
 

@@ -346,8 +346,7 @@ def execute(run_dir: Path) -> int:
         if result["exit_code"] != 0:
             status, error = "failed", f"phase {phase} failed: {result['error']}"
             break
-    _finalize(run_dir, meta, status, error)
-    return 0 if status == "complete" else 1
+    return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
 
 
 def _hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rendered: Rendered,
@@ -376,7 +375,7 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     run_dir = Path(plan.run_dir)
     if run_dir.exists():
         raise StudyError(f"run folder {run_dir} already exists; choose another --run-dir or leave it out")
-    _check_free_space(cfg, plan)
+    _check_target(cfg, plan)
     try:
         run_dir.mkdir(parents=True)
         Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -395,15 +394,16 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     return run_dir
 
 
-def _check_free_space(cfg: RunConfig, plan: Plan) -> None:
-    saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
-    need = saves * plan.checkpoint_bytes_estimate
+def _check_target(cfg: RunConfig, plan: Plan) -> None:
+    """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint."""
     target = _nearest_existing(Path(plan.checkpoint_dir))
     if not target.is_dir() or not os.access(target, os.W_OK):
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable folder); "
                          "choose a writable --checkpoint-dir / --logs")
+    saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
+    need = saves * plan.checkpoint_bytes_estimate
     free = shutil.disk_usage(target).free
-    if need > free:
+    if cfg.launch.disk_check and need > free:
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} has {free / GiB:.2f} GiB free, but {saves} "
                          f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need {need / GiB:.2f} GiB; "
                          "free space, point --checkpoint-dir elsewhere, or raise --save-interval")
@@ -504,12 +504,17 @@ def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 
 
-def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> None:
-    from restartbench.results import summarize_run, write_inventory
+def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> str:
+    """Record how the run ended (a failed checkpoint fails the run) and print its summary; return the status."""
+    from restartbench.results import failed_checkpoints, summarize_run, write_inventory
 
     runtime = run_dir / "runtime.json"
     if runtime.exists():
         meta["runtime"] = json.loads(runtime.read_text())
+    meta["failed_checkpoints"] = failed_checkpoints(run_dir, phase_failed=status != "complete")
+    if meta["failed_checkpoints"]:
+        lost = "; ".join(f"{c['tag']}: {c['error']}" for c in meta["failed_checkpoints"])
+        status, error = "failed", "; ".join(filter(None, [error, f"checkpoint(s) failed, earlier ones kept: {lost}"]))
     if status == "complete":
         write_inventory(run_dir)
     meta.update(status=status, error=error, end=time.time())
@@ -517,7 +522,10 @@ def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | Non
     if status == "complete":
         for line in summarize_run(run_dir):
             say(line)
+    else:
+        say(f"error: {error}")
     say(f"run {status}: {run_dir}")
+    return status
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -69,9 +69,12 @@ class RankRun:
             import torch  # noqa: F401
 
             from restartbench import runtime
+        from restartbench.faults import hang_before_init
+
         runtime.skip_shm_comm_build()
+        hang_before_init(self.rank)
         with self.log.span("startup.dist_init", backend=self.plan["backend"]):
-            runtime.init_distributed(self.plan["backend"], self.cfg.launch.phase_timeout_s)
+            runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)
         self._say(f"{self.phase}: {self.plan['world_size']} ranks up ({self.plan['backend']}); building the model")
         with self.log.span("startup.model_build"):
             from restartbench.layout import Layout
@@ -86,7 +89,7 @@ class RankRun:
         from restartbench.engines import create_engine
 
         self.ckpt_engine = create_engine(self.cfg.engine)
-        self.pending: tuple[int, str, float] | None = None
+        self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
             runtime.write_runtime_info(self.run_dir, self.plan)
@@ -106,42 +109,87 @@ class RankRun:
     def _checkpoint(self, step: int) -> None:
         """Save (the stall); a synchronous engine is then made durable and committed at once,
         an asynchronous one before its next save or at the end of training."""
+        import torch.distributed as dist
+
+        from restartbench.faults import arm_save_fault
+
         self._commit_pending()
         tag = f"step{step}"
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
+        arm_save_fault(self.rank, tag)
+        self.log.emit("checkpoint.begin", step=step, tag=tag, engine=self.cfg.engine.engine)
         save_start = time.perf_counter()
-        with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
-            self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
-        self.pending = (step, tag, save_start)
-        if self.cfg.launch.verify:  # the state as saved; taken outside the timed spans
+        error = None
+        try:
+            with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
+                self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
+        except Exception as failure:  # noqa: BLE001 - every rank must learn of it, whatever it is
+            error = f"{type(failure).__name__}: {failure}"
+            dist.barrier()  # the healthy ranks are in DeepSpeed's closing barrier of save_checkpoint
+        self.pending = (step, tag, save_start, error)
+        if self.cfg.launch.verify and error is None:  # the state as saved; taken outside the timed spans
             from restartbench.verify import training_state_digest, write_digest
 
             write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
-        if not self.ckpt_engine.asynchronous:
+        if not self.ckpt_engine.asynchronous or error is not None:
             self._commit_pending()
 
     def _commit_pending(self) -> None:
-        """Wait until this rank's files of the pending save are durable; once every rank's are, commit."""
+        """Wait until the pending save is durable on this rank; if it is on every rank, write the manifest
+        and commit, else remove the partial checkpoint. Training state in memory is untouched either way."""
         if self.pending is None:
             return
         import torch.distributed as dist
 
-        from restartbench.engines import commit_latest
-        from restartbench.engines.deepspeed_engines import records_as_dicts
-
-        step, tag, save_start = self.pending
+        step, tag, save_start, error = self.pending
         self.pending = None
+        files: list[dict] = []
+        if error is None:
+            try:
+                files = self._make_durable(step, tag, save_start)
+            except Exception as failure:  # noqa: BLE001
+                error = f"{type(failure).__name__}: {failure}"
+        outcomes: list = [None] * dist.get_world_size()
+        dist.all_gather_object(outcomes, {"rank": self.rank, "error": error, "files": files})
+        errors = [f"rank {o['rank']}: {o['error']}" for o in outcomes if o["error"]]
+        if self.rank == 0:
+            self._commit_or_discard(step, tag, save_start, outcomes, errors)
+        dist.barrier()
+        self._say(f"train: checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
+                                                 if errors else "durable on every rank and committed"))
+
+    def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
+        from restartbench.engines.deepspeed_engines import records_as_dicts
+        from restartbench.integrity import sha256_of
+
         with self.log.span("checkpoint.wait_durable", step=step, tag=tag):
             durable_at = self.ckpt_engine.wait_until_durable()
         written = records_as_dicts(self.ckpt_engine.written(), self.ckpt_dir)
         self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=durable_at - save_start,
                       files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
-        dist.barrier()
-        if self.rank == 0:
-            commit_latest(self.ckpt_dir, tag)
-            self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
-        dist.barrier()
-        self._say(f"train: checkpoint {tag} durable on every rank and committed")
+        with self.log.span("checkpoint.checksum", step=step, tag=tag):
+            return [{**f, "rank": self.rank, "sha256": sha256_of(os.path.join(self.ckpt_dir, f["path"]))}
+                    for f in written]
+
+    def _commit_or_discard(self, step: int, tag: str, save_start: float, outcomes: list, errors: list[str]) -> None:
+        import shutil
+
+        from restartbench.engines import commit_latest
+        from restartbench.integrity import write_manifest
+
+        if errors:
+            free = shutil.disk_usage(self.ckpt_dir).free  # before the partial files are removed
+            needed = self.plan["checkpoint_bytes_estimate"]
+            if free < needed:
+                errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
+                                 f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on device)")
+            shutil.rmtree(os.path.join(self.ckpt_dir, tag), ignore_errors=True)
+            self.log.emit("checkpoint.failed", step=step, tag=tag, errors=errors, target=self.ckpt_dir,
+                          free_bytes=free, needed_bytes_estimate=needed)
+            return
+        write_manifest(self.ckpt_dir, tag, [f for o in outcomes for f in o["files"]])
+        commit_latest(self.ckpt_dir, tag)
+        self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
 
     def _reference_step(self, step: int) -> None:
         """Iteration K+1 of the uninterrupted run: the restore phase must reproduce it exactly."""
@@ -157,9 +205,12 @@ class RankRun:
     def restore_phase(self) -> None:
         if not self.ckpt_engine.saves_state:
             return self._restart_without_checkpoint()
-        tag = _latest_tag(self.ckpt_dir)
+        from restartbench.faults import kill_in_load
+
+        tag = self._checked_tag(_latest_tag(self.ckpt_dir))
         step = int(tag.removeprefix("step"))
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine})")
+        kill_in_load(self.rank)
         with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, cache="warm") as extra:
             self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
             read = self.ckpt_engine.read()
@@ -176,6 +227,37 @@ class RankRun:
         self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                   + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
 
+    def _checked_tag(self, tag: str) -> str:
+        """``tag`` if its files match its manifest on every rank's share; else refuse, or fall back
+        to the newest earlier committed checkpoint that checks out (``--on-corrupt fallback``)."""
+        import torch.distributed as dist
+
+        from restartbench.integrity import check_share, committed_tags
+
+        if not self.cfg.launch.check_files:
+            return tag
+        candidates = [tag] + [t for t in committed_tags(self.ckpt_dir) if _step_of(t) < _step_of(tag)]
+        for candidate in candidates:
+            with self.log.span("restore.check_files", tag=candidate) as extra:
+                try:
+                    mine = check_share(self.ckpt_dir, candidate, self.rank, dist.get_world_size())
+                except FileNotFoundError as missing:
+                    mine = [str(missing)]
+                shares: list = [None] * dist.get_world_size()
+                dist.all_gather_object(shares, mine)
+                problems = sorted({p for share in shares for p in share})
+                extra["problems"] = problems
+            if not problems:
+                if candidate != tag:
+                    self.log.emit("restore.fallback", wanted=tag, restored=candidate)
+                    self._say(f"restore: {tag} is damaged; falling back to {candidate}")
+                return candidate
+            if self.cfg.launch.on_corrupt == "refuse":
+                raise CorruptCheckpoint(f"checkpoint {candidate} in {self.ckpt_dir} fails its manifest check:\n  "
+                                        + "\n  ".join(problems) + "\nrerun with --on-corrupt fallback to restore "
+                                        "the newest earlier checkpoint that checks out")
+        raise CorruptCheckpoint(f"no committed checkpoint in {self.ckpt_dir} passes its manifest check")
+
     def _restart_without_checkpoint(self) -> None:
         """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
         loss = self._iteration(1, first_after_restore=True)
@@ -190,11 +272,16 @@ class RankRun:
             return compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine))
 
     def _verify_resumed(self, step: int, loss: float) -> list[str]:
-        from restartbench.verify import compare, module_digest, read_digest
+        """The resumed iteration against the uninterrupted run: its loss always, and the weights it leaves
+        where phase 1 recorded them (after iteration K+1; a fallback restore resumes earlier)."""
+        from restartbench.verify import compare, digest_path, module_digest, read_digest
 
         reference = self._reference_loss(step)
         problems = [] if loss == reference else [f"loss of iteration {step}: {loss!r} resumed vs {reference!r} uninterrupted"]
-        return problems + compare(read_digest(self.run_dir, f"after-step{step}", self.rank), module_digest(self.engine))
+        name = f"after-step{step}"
+        if digest_path(self.run_dir, name, self.rank).exists():
+            problems += compare(read_digest(self.run_dir, name, self.rank), module_digest(self.engine))
+        return problems
 
     def _reference_loss(self, step: int) -> float:
         for line in (self.run_dir / "events" / f"train-rank{self.rank:05d}.jsonl").read_text().splitlines():
@@ -232,6 +319,14 @@ class RankRun:
 
 class RestoreMismatch(RuntimeError):
     pass
+
+
+class CorruptCheckpoint(RuntimeError):
+    pass
+
+
+def _step_of(tag: str) -> int:
+    return int(tag.removeprefix("step"))
 
 
 def _latest_tag(ckpt_dir: str) -> str:

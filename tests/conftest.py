@@ -1,5 +1,6 @@
 """Shared fixtures: real tiny-preset study runs, made once per test session and read by several tests."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +15,12 @@ STUDY_CASES = [("tp2pp2", "fp32", ()), ("pp2dp2", "bf16", ()),
                ("tp1pp1dp2", "fp32", ("--activation-checkpoint-interval", "1"))]
 
 
-def run_study(logs: Path, *argv: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, Path | None]:
+def run_study(logs: Path, *argv: str, timeout: int = 600, env: dict | None = None
+              ) -> tuple[subprocess.CompletedProcess, Path | None]:
     """Run config-n-run.py with a fresh logs root; return the process and the run folder it made."""
     before = set(logs.glob("*/*/*/*"))
     proc = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), *argv, "--logs", str(logs)],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     made = sorted(set(logs.glob("*/*/*/*")) - before)
     return proc, (made[-1] if made else None)
 

@@ -1,0 +1,132 @@
+"""Faults injected into real runs (tiny preset, 2 gloo ranks): the study never loses a checkpoint
+and never reports a broken one as good. Logs live under a path with spaces on purpose."""
+
+import json
+import subprocess
+import time
+
+import pytest
+from conftest import run_study
+
+from restartbench.events import read_events
+from restartbench.results import restart
+
+pytestmark = pytest.mark.multirank
+BASE = ("tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4", "--save-interval", "2")
+
+
+def metadata(run_dir):
+    return json.loads((run_dir / "metadata.json").read_text())
+
+
+def restore_again(run_dir, **config_changes):
+    """A fresh restore launch of an existing run folder (optionally with changed launch options)."""
+    if config_changes:
+        config = json.loads((run_dir / "config.json").read_text())
+        config["launch"].update(config_changes)
+        (run_dir / "config.json").write_text(json.dumps(config))
+    return subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
+
+
+def last_restore(run_dir):
+    events = read_events(run_dir)
+    return events, [e for e in events if e["event"] == "restore.result"][-1]
+
+
+def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
+    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE, env={"RESTARTBENCH_FAULT": "kill-in-save:tag=step4:rank=1"})
+    assert proc.returncode == 1
+    meta = metadata(run_dir)
+    assert meta["status"] == "failed"
+    assert meta["failed_checkpoints"] == [{"tag": "step4", "error": "begun, never committed: the phase died during the save",
+                                          "latest_kept": "step2"}]
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
+    assert restore_again(run_dir).returncode == 0
+    _, result = last_restore(run_dir)
+    assert result["tag"] == "step2" and result["exact"] is True
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 7 MiB tmpfs: room for one tiny fp32 checkpoint (about 5.1 MB), not two."""
+    mount_point = tmp_path / "small disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)])
+
+
+def test_full_disk_fails_the_save_cleanly_and_keeps_training_state(tmp_path, small_tmpfs):
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"), "--no-disk-check")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    meta = metadata(run_dir)
+    assert meta["status"] == "failed" and "is full" in meta["error"] and "no space left on device" in meta["error"]
+    assert [c["tag"] for c in meta["failed_checkpoints"]] == ["step4"]
+    failed = [e for e in read_events(run_dir) if e["event"] == "checkpoint.failed"][0]
+    assert failed["target"] == str(small_tmpfs / "ckpt") and failed["needed_bytes_estimate"] > failed["free_bytes"]
+    assert not (small_tmpfs / "ckpt" / "step4").exists(), "the partial checkpoint is removed"
+    assert (small_tmpfs / "ckpt" / "latest").read_text() == "step2"
+    # Training state was not lost: phase 1 went on to its reference iteration, and step2 restores exactly.
+    assert any(e["event"] == "train.iteration" and e.get("reference") for e in read_events(run_dir))
+    assert metadata(run_dir)["phases"]["restore"]["exit_code"] == 0
+    _, result = last_restore(run_dir)
+    assert result["tag"] == "step2" and result["exact"] is True
+
+
+def test_full_disk_is_refused_up_front_by_default(tmp_path, small_tmpfs):
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"))
+    assert proc.returncode == 2 and run_dir is None
+    assert "GiB free, but 2 checkpoint(s)" in proc.stdout
+
+
+@pytest.fixture
+def complete_run(tmp_path):
+    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(complete_run, damage):
+    victim = complete_run / "checkpoints" / "step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 3]
+    victim.write_bytes(bytes(data))
+
+    refused = restore_again(complete_run)
+    assert refused.returncode != 0
+    errors = [e for e in read_events(complete_run) if e["event"] == "phase.error"]
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in errors[-1]["error"]
+    assert ("SHA-256 differs" if damage == "flip" else "truncated") in errors[-1]["error"]
+
+    assert restore_again(complete_run, on_corrupt="fallback").returncode == 0
+    events, result = last_restore(complete_run)
+    assert result["tag"] == "step2" and result["exact"] is True
+    fallback = [e for e in events if e["event"] == "restore.fallback"][-1]
+    assert (fallback["wanted"], fallback["restored"]) == ("step4", "step2")
+
+
+def test_rank_dying_during_restore_fails_the_run_in_bounded_time(tmp_path):
+    start = time.time()
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, env={"RESTARTBENCH_FAULT": "kill-in-load:rank=1"})
+    assert proc.returncode == 1 and time.time() - start < 180
+    meta = metadata(run_dir)
+    assert meta["status"] == "failed" and meta["error"].startswith("phase restore failed")
+    assert meta["phases"]["train"]["exit_code"] == 0
+
+
+def test_distributed_init_timeout_fails_in_bounded_time(tmp_path):
+    start = time.time()
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--collective-timeout-s", "5",
+                              env={"RESTARTBENCH_FAULT": "hang-before-init:rank=1"})
+    elapsed = time.time() - start
+    assert proc.returncode == 1 and elapsed < 120, elapsed
+    meta = metadata(run_dir)
+    assert meta["status"] == "failed" and meta["error"].startswith("phase train failed")
+    assert restart(read_events(run_dir)) is None
