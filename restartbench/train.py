@@ -154,9 +154,18 @@ class RankRun:
         errors = [f"rank {o['rank']}: {o['error']}" for o in outcomes if o["error"]]
         if self.rank == 0:
             self._commit_or_discard(step, tag, save_start, outcomes, errors)
+        self._record_resources(tag)
         dist.barrier()
         self._say(f"train: checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
                                                  if errors else "durable on every rank and committed"))
+
+    def _record_resources(self, tag: str) -> None:
+        """Open files, memory, threads and child processes of this rank: growth across checkpoints is a leak."""
+        import psutil
+
+        me = psutil.Process()
+        self.log.emit("rank.resources", tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
+                      threads=me.num_threads(), children=len(me.children(recursive=True)))
 
     def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
         from restartbench.engines.deepspeed_engines import records_as_dicts
