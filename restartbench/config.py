@@ -133,10 +133,12 @@ class RunConfig:
         sections = {}
         for section in dataclasses.fields(cls):
             values = dict(data.get(section.name, {}))
-            known = {f.name for f in dataclasses.fields(section.default_factory)}
-            unknown = set(values) - known
+            known = {f.name: f for f in dataclasses.fields(section.default_factory)}
+            unknown = set(values) - set(known)
             if unknown:
                 raise ValueError(f"unknown key(s) in config section {section.name!r}: {sorted(unknown)}")
+            for name, value in values.items():
+                check_type(section.name, known[name], value)
             sections[section.name] = section.default_factory(**values)
         unknown_sections = set(data) - set(sections)
         if unknown_sections:
@@ -156,6 +158,22 @@ def leaf_fields():
     for section in dataclasses.fields(RunConfig):
         for leaf in dataclasses.fields(section.default_factory):
             yield section.name, leaf
+
+
+def allowed_types(section: str, leaf: dataclasses.Field) -> tuple[type, ...]:
+    """The Python types a field accepts (None for optional fields; an int where a float is asked)."""
+    owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section)
+    hint = typing.get_type_hints(owner)[leaf.name]
+    types = typing.get_args(hint) or (hint,)
+    return types + ((int,) if float in types else ())
+
+
+def check_type(section: str, leaf: dataclasses.Field, value: Any) -> None:
+    """Raise ValueError naming the field, the expected type and the value when they do not fit."""
+    types = allowed_types(section, leaf)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ValueError(f"{section}.{leaf.name} ({leaf.name!r}) must be {names}, got {value!r} ({type(value).__name__})")
 
 
 def _leaf_type(leaf: dataclasses.Field, owner: type) -> type:

@@ -27,7 +27,6 @@ import json
 import shutil
 import subprocess
 import sys
-import typing
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +34,13 @@ from typing import Any
 
 import yaml
 
-from restartbench.config import RunConfig, leaf_fields
+from restartbench.config import RunConfig, check_type, leaf_fields
 from restartbench.progress import say
 from restartbench.study import StudyError, plan_run, run_study
 
 LIST_KEYS = ("presets", "layouts", "engines")
 KNOWN_KEYS = set(LIST_KEYS) | {"repetitions", "options", "logs"}
+UNSWEEPABLE = {"preset", "layout", "engine", "run_dir", "logs", "dry_run"}
 DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 
 
@@ -99,23 +99,15 @@ def _options(path: Path, options: Any) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise SweepError(f"{path}: 'options' must be a mapping of option names to values")
     leaves = {leaf.name: (section, leaf) for section, leaf in leaf_fields()}
+    settable = sorted(set(leaves) - UNSWEEPABLE)
     for name, value in options.items():
-        if name not in leaves or name in ("preset", "layout", "engine", "run_dir", "logs", "dry_run"):
-            raise SweepError(f"{path}: option {name!r} cannot be set in a sweep; settable: "
-                             f"{sorted(set(leaves) - {'preset', 'layout', 'engine', 'run_dir', 'logs', 'dry_run'})}")
-        section, leaf = leaves[name]
-        expected = _allowed_types(section, leaf)
-        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
-            names = " or ".join(t.__name__ for t in expected)
-            raise SweepError(f"{path}: option {name!r} must be {names}, got {value!r} ({type(value).__name__})")
+        if name not in settable:
+            raise SweepError(f"{path}: option {name!r} cannot be set in a sweep; settable: {settable}")
+        try:
+            check_type(*leaves[name], value)
+        except ValueError as error:
+            raise SweepError(f"{path}: option {error}") from None
     return dict(options)
-
-
-def _allowed_types(section: str, leaf: dataclasses.Field) -> tuple[type, ...]:
-    owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section)
-    hint = typing.get_type_hints(owner)[leaf.name]
-    types = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
-    return types + ((int,) if float in types else ())
 
 
 def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:

@@ -31,8 +31,8 @@ def test_cells_are_the_cross_product(tmp_path):
     ({"presets": "tiny", "layouts": ["tp2"], "engines": ["torch"], "repetitions": "2"}, "'repetitions' must be a whole number"),
     ({"presets": [], "layouts": ["tp2"], "engines": ["torch"]}, "'presets' must be a non-empty list"),
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "colour": 1}, "unknown key(s) ['colour']"),
-    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"iters": "four"}}, "'iters' must be int"),
-    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}}, "'verify' must be bool"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"iters": "four"}}, "'iters') must be int, got 'four'"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}}, "'verify') must be bool, got 1"),
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}}, "cannot be set in a sweep"),
     ([1, 2], "expected a mapping"),
 ])
