@@ -130,3 +130,15 @@ def test_distributed_init_timeout_fails_in_bounded_time(tmp_path):
     meta = metadata(run_dir)
     assert meta["status"] == "failed" and meta["error"].startswith("phase train failed")
     assert restart(read_events(run_dir)) is None
+
+
+def test_credentials_in_the_environment_never_reach_the_run_folder(tmp_path):
+    secrets = {"AWS_ACCESS_KEY_ID": "AKIARESTARTBENCHTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t/RESTARTBENCH+value"}
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--iters", "2", env=secrets)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for value in secrets.values():
+                assert value.encode() not in data, f"{value} found in {path}"
+    assert not any(value in proc.stdout + proc.stderr for value in secrets.values())
