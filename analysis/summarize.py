@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Summarize every run folder under a path: tables (CSV, Parquet), a console summary and plots.
+"""Summarize every run folder under a path: a console summary, tables (CSV, Parquet), plots (PNG, SVG), report.html.
 
     python analysis/summarize.py logs/ [--out logs/summary]
 
 Figures: stall = max over ranks of the time checkpointing blocked training; durable = max over
 ranks of the time from the start of the save until the rank's files were fsync'd; restart = max over
-ranks of launch -> end of the first resumed iteration. Failed or incomplete runs are listed and skipped.
+ranks of launch -> end of the first resumed iteration. Runs marked skipped (e.g. an optional engine
+not installed) are listed as skipped; failed, incomplete or unreadable runs are listed with the reason.
 """
 
 from __future__ import annotations
@@ -13,110 +14,120 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from restartbench.analysis import collect, file_statistics  # noqa: E402
+from restartbench import analysis  # noqa: E402
+from restartbench.analysis import RESTART_PART_COLUMNS, collect  # noqa: E402
+from restartbench.report import findings, fmt_bytes, fmt_rate, fmt_s, write_outputs  # noqa: E402
+
+TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", type=Path, help="folder holding run folders (searched recursively)")
-    parser.add_argument("--out", type=Path, help="where tables and plots go (default: <logs>/summary)")
+    parser.add_argument("--out", type=Path, help="where tables, plots and report.html go (default: <logs>/summary)")
+    parser.add_argument("--no-plots", action="store_true", help="tables and console summary only")
     args = parser.parse_args(argv)
-    console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns))
+    console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns), highlight=False)
     if not args.logs.is_dir():
         console.print(f"[red]error:[/] {args.logs} is not a folder")
         return 2
     out = args.out or args.logs / "summary"
+    start = time.perf_counter()
     collected = collect(args.logs)
-    for run_dir, reason in collected.skipped:
-        console.print(f"[yellow]skipped[/] {run_dir}: {reason}")
+    elapsed = time.perf_counter() - start
+    _print_excluded(console, collected)
+    for warning in collected.warnings:
+        console.print(f"[yellow]warning[/] {warning}")
     table = collected.table()
     if table.empty:
         console.print(f"no complete runs under {args.logs}")
         return 1
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "study.csv", index=False)
-    table.to_parquet(out / "study.parquet", index=False)
-    stats = file_statistics(collected.file_table())
-    stats.to_csv(out / "files.csv", index=False)
+    console.print(f"{table['run_id'].nunique()} complete run(s) read in {elapsed:.2f} s")
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
-    _plot_checkpoints(table, out)
-    _plot_restarts(table, out)
-    console.print(f"tables and plots in {out}")
+    console.print(_file_table(collected.file_table()))
+    lines = findings(table)
+    if lines:
+        console.print("[bold]Findings[/]")
+        for line in lines:
+            console.print(f"- {line}", soft_wrap=False)
+    if args.no_plots:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "study.csv", index=False)
+        collected.rank_table().to_csv(out / "ranks.csv", index=False)
+        console.print(f"tables in {out}")
+        return 0
+    outputs = write_outputs(collected, out)
+    console.print(f"tables (study.csv/.parquet, ranks, files, excluded), plots (PNG, SVG) and the report in {out}")
+    console.print(f"report: {outputs.report}")
     return 0
 
 
-def _checkpoint_table(table) -> Table:
-    view = Table(title="Checkpoints: stall = max over ranks of the time save blocked training; "
-                       "durable = max over ranks of save start -> files fsync'd")
-    for column in ("preset", "layout", "engine", "tag", "ranks", "MB", "files", "stall s", "durable s", "MB/s durable"):
-        view.add_column(column, justify="right" if column not in ("preset", "layout", "engine", "tag") else "left")
-    for row in table[table["kind"] == "checkpoint"].itertuples():
-        view.add_row(row.preset, row.layout, row.engine, row.tag, str(row.ranks), f"{row.bytes / 1e6:.1f}",
-                     str(int(row.files)), f"{row.stall_max_s:.3f}", f"{row.durable_rank_max_s:.3f}",
-                     f"{row.bytes / 1e6 / row.durable_rank_max_s:.1f}")
+def _print_excluded(console: Console, collected: analysis.Collected) -> None:
+    for excluded in collected.excluded:
+        style = "yellow" if excluded.status == "skipped" else "red"
+        label = {"skipped": "skipped (run marked skipped)"}.get(excluded.status, f"skipped ({excluded.status} run)")
+        console.print(f"[{style}]{label}[/] {excluded.run}: {excluded.reason}", soft_wrap=True)
+
+
+def _rich(frame: pd.DataFrame, title: str, formats: dict[str, object]) -> Table:
+    view = Table(title=title, title_justify="left", title_style="bold")
+    columns = [c for c in frame.columns if c in formats or c in TEXT_KEYS]
+    for column in columns:
+        view.add_column(column.replace("_", " "), justify="left" if column in TEXT_KEYS else "right",
+                        overflow="fold")
+    for _, row in frame.iterrows():
+        cells = []
+        for column in columns:
+            value, how = row[column], formats.get(column)
+            if value is None or (isinstance(value, float) and pd.isna(value)):
+                cells.append("—")
+            elif callable(how):
+                cells.append(how(value))
+            elif isinstance(how, str):
+                cells.append(how.format(value))
+            else:
+                cells.append(str(value))
+        view.add_row(*cells)
     return view
 
 
-def _restart_table(table) -> Table:
-    restarts = table[table["kind"] == "restart"]
-    parts = [c for c in restarts.columns if c.startswith("restart ") and c.endswith(" s")]
-    view = Table(title="Restarts: launch -> end of first resumed iteration, seconds; each part max over ranks")
-    for column in ("preset", "layout", "engine", "total", *[p[len("restart "):-2] for p in parts], "cache", "exact"):
-        view.add_column(column, overflow="fold")
-    for _, row in restarts.iterrows():
-        view.add_row(row["preset"], row["layout"], row["engine"], f"{row['restart_s']:.2f}",
-                     *[f"{row[p]:.2f}" for p in parts], str(row["cache"]), str(row["exact"]))
+def _checkpoint_table(table: pd.DataFrame) -> Table:
+    summary = analysis.checkpoint_summary(table)
+    return _rich(summary, "Checkpoints: stall = max over ranks of the time save blocked training; durable = max over "
+                          "ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians over checkpoints "
+                          "and runs; rank spread = slowest - fastest rank)",
+                 {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
+                  "stall_s": fmt_s, "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
+                  "write_MBps": fmt_rate, "stall_overhead_pct": "{:.1f}%"})
+
+
+def _restart_table(table: pd.DataFrame) -> Table:
+    summary = analysis.restart_summary(table)
+    summary = summary.rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
+    summary = summary.rename(columns={"restart_s": "total"})
+    formats = {"runs": "{}", "total": fmt_s, **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
+               "bytes_read": fmt_bytes, "cache": None, "exact": None}
+    view = _rich(summary, "Restarts: launch -> end of first resumed iteration, max over ranks; each part max over ranks "
+                          "(engine none: nothing restored, the start-up floor)", formats)
     return view
 
 
-def _plot_checkpoints(table, out: Path) -> None:
-    ckpt = table[table["kind"] == "checkpoint"]
-    means = ckpt.groupby(["preset", "layout", "engine"])[["stall_max_s", "durable_rank_max_s"]].mean()
-    labels = [" ".join(index) for index in means.index]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
-    positions = range(len(labels))
-    ax.bar([p - 0.2 for p in positions], means["stall_max_s"], width=0.4, label="training stall (max over ranks)")
-    ax.bar([p + 0.2 for p in positions], means["durable_rank_max_s"], width=0.4,
-           label="until durable (fsync'd; max over ranks)")
-    ax.set_xticks(list(positions), labels, rotation=20, ha="right")
-    ax.set_ylabel("seconds (mean over checkpoints)")
-    ax.set_title("Checkpoint cost per preset, layout and engine")
-    ax.legend()
-    _save(fig, out / "checkpoint_cost")
-
-
-def _plot_restarts(table, out: Path) -> None:
-    restarts = table[table["kind"] == "restart"]
-    parts = [c for c in restarts.columns if c.startswith("restart ") and c.endswith(" s")]
-    labels = [f"{r.preset} {r.layout} {r.engine}" for r in restarts.itertuples()]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
-    bottom = [0.0] * len(labels)
-    for part in parts:
-        values = restarts[part].fillna(0).tolist()
-        ax.bar(labels, values, bottom=bottom, label=part[len("restart "):-2])
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("seconds (each part max over ranks)")
-    ax.set_title("Where restart time goes")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    _save(fig, out / "restart_phases")
-
-
-def _save(fig, stem: Path) -> None:
-    fig.tight_layout()
-    for suffix in (".png", ".svg"):
-        fig.savefig(stem.with_suffix(suffix), dpi=120)
-    plt.close(fig)
+def _file_table(files: pd.DataFrame) -> Table:
+    summary = analysis.file_summary(files)
+    return _rich(summary, "Checkpoint files per kind: files per checkpoint, most on one rank, sizes (min/median/max)",
+                 {"kind": None, "files_per_checkpoint": "{:.0f}", "files_per_rank_max": "{}", "min_bytes": fmt_bytes,
+                  "median_bytes": fmt_bytes, "max_bytes": fmt_bytes, "bytes_per_checkpoint": fmt_bytes})
 
 
 if __name__ == "__main__":

@@ -1,92 +1,870 @@
-"""Tables across many run folders (used by analysis/summarize.py and the notebooks).
+"""Tables across many run folders (used by analysis/summarize.py, the report and the notebooks).
 
-``collect(root)`` finds every run folder under ``root`` (a folder holding ``metadata.json``),
-skips failed or incomplete runs with a reason, and returns one tidy row per run × event:
-``kind == "checkpoint"`` (one per checkpoint tag) or ``kind == "restart"``. Figures follow
-the aggregation rules of ``restartbench.results`` (max over ranks; durable = committed
-after every rank's fsync).
+``collect(root)`` finds every run folder under ``root`` (a folder holding ``metadata.json``;
+run folders are not searched inside), and returns a ``Collected`` with four tables:
+
+- ``table()``: the tidy table, one row per run × event: ``kind == "checkpoint"`` (one per
+  checkpoint tag) or ``kind == "restart"`` (one per run; ``tag`` is None for engine ``none``,
+  whose restart restores nothing: the start-up floor). Columns: ``TABLE_COLUMNS``.
+- ``rank_table()``: the same events per rank (``RANK_COLUMNS``), so that per-rank spread is
+  kept rather than averaged away.
+- ``file_table()``: every checkpoint file (tag, path, bytes, kind, writing rank), from
+  ``inventory.json`` (or, without one, from the ``checkpoint.durable`` events).
+- ``excluded_table()``: runs left out, each with a ``status`` and a reason:
+  ``skipped`` (the run itself was skipped, e.g. an optional engine not installed: by design),
+  ``failed``, ``incomplete`` (never finished) or ``unreadable`` (a malformed file, named).
+
+Figures follow the aggregation rules of ``restartbench.results``: a checkpoint's stall is the
+max over ranks of the time ``save`` blocked training; durable is the max over ranks of save
+start → that rank's files fsync'd; committed is when rank 0 then wrote ``latest``; a restart is
+the max over ranks of launch → end of the first resumed iteration, each part its max over ranks.
+Throughput is the checkpoint's total bytes (all ranks) over its durable time.
+
+Storage baseline: a ``baseline.json`` in the run folder, or in any folder between it and the
+collected root (the nearest wins), gives the storage's measured bandwidth::
+
+    {"tool": "fio", "write_MBps": 1830.0, "read_MBps": 2950.0,
+     "target": "/lustre/ckpt", "block_size": "1M", "jobs": 8, "direct": true,
+     "measured": "2026-11-22T18:00:00Z"}
+
+``write_MBps``/``read_MBps`` (MB = 10^6 bytes, at least one of them) are required; the rest is
+shown as given. Where none exists the throughput plot says "no baseline measured".
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
-from restartbench.events import read_events
-from restartbench.results import checkpoints, iteration_time, restart
+from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
+
+MB = 1e6
+BASELINE_FILE = "baseline.json"
+FILE_KINDS = ("layer", "model", "optimizer", "other")
+
+#: (tidy-table column, label) of each restart part, in launch order.
+RESTART_PART_COLUMNS = [(f"restart_{label.replace(' ', '_')}_s", label) for _event, label in RESTART_PARTS]
+#: The restart's critical path: the parts of the rank that was last ready to train (its first resumed iteration
+#: started last; every rank waits for it there), in launch order. ``verify`` is the harness's exactness check and
+#: ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
+PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "ckpt load", "verify", "gaps", "1st iter")
+PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_PARTS]
+
+#: Columns of the tidy table and what each holds (also the glossary of the report).
+TABLE_COLUMNS: dict[str, str] = {
+    "run_id": "run folder relative to the collected root",
+    "run": "run folder path",
+    "kind": "checkpoint (one row per checkpoint tag) or restart (one row per run)",
+    "preset": "model preset", "layout": "canonical parallel layout", "tp": "tensor parallel",
+    "pp": "pipeline parallel", "dp": "data parallel", "engine": "checkpoint engine",
+    "dtype": "training precision", "storage": "checkpoint folder given by --checkpoint-dir, else 'run folder'",
+    "ranks": "world size", "nodes": "nodes", "device": "cpu or cuda", "backend": "gloo or nccl",
+    "gpu": "GPU model (runtime.json)", "host": "host of rank 0", "started": "run start (UTC)",
+    "torch": "torch version", "deepspeed": "DeepSpeed version", "python": "Python version",
+    "restartbench": "restartbench version",
+    "iters": "phase-1 iterations", "save_interval": "checkpoint every N iterations",
+    "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
+    "predicted_bytes": "estimate.checkpoint_bytes(preset, dtype): P·(weight bytes + 12)",
+    "baseline_write_MBps": "storage write bandwidth from baseline.json (10^6 B/s)",
+    "baseline_read_MBps": "storage read bandwidth from baseline.json (10^6 B/s)",
+    "baseline_tool": "tool that measured the baseline",
+    "tag": "checkpoint tag (restart: the tag restored; None = nothing restored, engine none)",
+    "step": "iteration after which the checkpoint was taken",
+    "ranks_saved": "ranks that recorded a save of this tag",
+    "stall_max_s": "training stall: max over ranks of the time save blocked training",
+    "stall_min_s": "min over ranks of the save time", "stall_median_s": "median over ranks of the save time",
+    "stall_rank": "rank with the longest save",
+    "stall_iterations": "stall_max_s / iteration_s",
+    "stall_overhead_pct": "share of training time lost to stalls at this save interval: "
+                          "stall / (save_interval · iteration + stall)",
+    "wait_durable_max_s": "max over ranks of the time the harness waited for durability",
+    "durable_rank_max_s": "durable: max over ranks of save start -> the rank's files fsync'd",
+    "durable_rank_min_s": "min over ranks of save start -> files fsync'd",
+    "durable_rank": "rank durable last",
+    "committed_s": "save start -> rank 0 wrote latest (after every rank was durable)",
+    "bytes": "bytes of the checkpoint, all ranks", "files": "files of the checkpoint, all ranks",
+    "bytes_per_rank_max": "largest bytes written by one rank", "bytes_per_rank_min": "smallest bytes written by one rank",
+    "files_per_rank_max": "most files written by one rank", "files_per_rank_min": "fewest files written by one rank",
+    "write_MBps": "bytes / durable_rank_max_s (10^6 B/s)",
+    "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
+    "restart_min_s": "fastest rank's launch -> end of the first resumed iteration",
+    "restart_rank": "slowest rank of the restart",
+    **{column: f"restart part '{label}', max over ranks" for column, label in RESTART_PART_COLUMNS},
+    "path_rank": "the restart's critical rank: the last one ready to train (everyone waits for it in the first "
+                 "iteration)",
+    **{column: f"critical path: '{label}' of the critical rank (the path parts add up to restart_s)"
+       for column, label in PATH_COLUMNS},
+    "restores_checkpoint": "False for engine none: a relaunch that restores nothing (the start-up floor)",
+    "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
+    "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
+    "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
+    "cache": "page cache of the checkpoint when the restore began, measured with mincore on every node: cold (no "
+             "byte resident) or warm (some bytes may be served from memory)",
+    "resident_fraction": "largest share of the checkpoint's pages resident in any node's page cache at restore start",
+    "exact": "restore verified exact (None: not verified or nothing restored)",
+}
+
+RANK_COLUMNS: dict[str, str] = {
+    "run_id": "run folder relative to the collected root", "kind": "checkpoint or restart", "tag": "tag",
+    "rank": "rank", "stall_s": "time save blocked training on this rank",
+    "wait_durable_s": "time waited for this rank's files to be durable",
+    "durable_s": "save start -> this rank's files fsync'd", "bytes": "bytes written by this rank",
+    "files": "files written by this rank", "restart_s": "launch -> end of this rank's first resumed iteration",
+    "bytes_read": "bytes this rank read", "files_read": "files this rank read",
+    "read_deserialize_s": "time inside this rank's file reads",
+}
+
+SETUP_KEYS = ("dtype", "device", "storage", "nodes")
+
+# -- reading -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Excluded:
+    run: Path
+    status: str
+    """skipped (the run was skipped by design), failed, incomplete or unreadable."""
+    reason: str
+    preset: str | None = None
+    layout: str | None = None
+    engine: str | None = None
 
 
 @dataclass
 class Collected:
+    root: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    excluded: list[Excluded] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
+        return _frame(self.rows, TABLE_COLUMNS)
+
+    def rank_table(self) -> pd.DataFrame:
+        return _frame(self.ranks, {"run": "", "preset": "", "layout": "", "engine": "", **RANK_COLUMNS})
 
     def file_table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.files)
+        return _frame(self.files, dict.fromkeys(("run_id", "run", "preset", "layout", "engine", "tag", "path",
+                                                   "bytes", "kind", "rank")))
+
+    def excluded_table(self) -> pd.DataFrame:
+        rows = [{"run_id": _run_id(e.run, self.root), "run": str(e.run), "status": e.status, "reason": e.reason,
+                 "preset": e.preset, "layout": e.layout, "engine": e.engine} for e in self.excluded]
+        return _frame(rows, dict.fromkeys(("run_id", "run", "status", "reason", "preset", "layout", "engine")))
+
+    @property
+    def skipped(self) -> list[tuple[Path, str]]:
+        """(run folder, 'status: reason') of every run left out."""
+        return [(e.run, f"{e.status}: {e.reason}") for e in self.excluded]
+
+
+def _frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    order = [c for c in columns if c in frame.columns] + [c for c in frame.columns if c not in columns]
+    return frame.reindex(columns=order or list(columns))
 
 
 def run_folders(root: Path) -> list[Path]:
-    return sorted(path.parent for path in Path(root).rglob("metadata.json"))
+    """Every folder under ``root`` (or ``root`` itself) holding metadata.json; run folders are not descended into."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if "metadata.json" in filenames:
+            found.append(Path(dirpath))
+            dirnames.clear()
+        else:
+            dirnames.sort()
+    return sorted(found)
 
 
-def collect(root: Path) -> Collected:
-    collected = Collected()
+def collect(root: Path | str) -> Collected:
+    root = Path(root)
+    collected = Collected(root=root)
+    baselines = _BaselineFinder(root, collected.warnings)
     for run_dir in run_folders(root):
         try:
-            _collect_run(run_dir, collected)
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            collected.skipped.append((run_dir, f"unreadable: {error}"))
+            _collect_run(run_dir, root, collected, baselines)
+        except Exception as error:  # noqa: BLE001 - a bad run must never stop the analysis of the others
+            meta = _quiet_metadata(run_dir)
+            reason = str(error) if isinstance(error, RunFolderError) else f"{type(error).__name__}: {error}"
+            collected.excluded.append(Excluded(run_dir, "unreadable", reason, *meta))
     return collected
 
 
-def _collect_run(run_dir: Path, collected: Collected) -> None:
-    meta = _read_json(run_dir / "metadata.json")
-    if meta.get("status") != "complete":
-        reason = meta.get("error") or "never finished (status 'running': killed or still going)"
-        collected.skipped.append((run_dir, f"status {meta.get('status')!r}: {reason}"))
+class RunFolderError(ValueError):
+    """A file of a run folder is missing or malformed; the message names it."""
+
+
+def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_BaselineFinder") -> None:
+    meta = _read_json(run_dir / "metadata.json", dict)
+    status = meta.get("status")
+    ident = (meta.get("preset"), meta.get("layout"), meta.get("engine"))
+    if status != "complete":
+        kind, reason = {
+            "skipped": ("skipped", meta.get("error") or "skipped (no reason recorded)"),
+            "failed": ("failed", meta.get("error") or "failed (no error recorded)"),
+            "running": ("incomplete", "never finished (status 'running': killed or still going)"),
+        }.get(status, ("incomplete", f"unknown status {status!r} in {run_dir / 'metadata.json'}"))
+        collected.excluded.append(Excluded(run_dir, kind, reason, *ident))
         return
-    config = _read_json(run_dir / "config.json")
-    events = read_events(run_dir)
+    config = _read_json(run_dir / "config.json", dict)
+    plan = _read_json(run_dir / "plan.json", dict) if (run_dir / "plan.json").exists() else {}
+    runtime = meta.get("runtime") or {}
+    events = read_run_events(run_dir)
+    if not events:
+        raise RunFolderError(f"{run_dir / 'events'}: no events recorded, although metadata.json says complete")
+    run_id = _run_id(run_dir, root)
+    layout = plan.get("layout") or {}
+    model, train = _section(config, "model", run_dir), _section(config, "train", run_dir)
+    versions = meta.get("versions") or {}
+    iteration = iteration_time(events)
+    dtype = model.get("dtype")
+    preset = _require(meta, "preset", run_dir / "metadata.json")
+    baseline = baselines.find(run_dir)
     common = {
-        "run": str(run_dir), "preset": meta["preset"], "layout": meta["layout"], "engine": meta["engine"],
-        "ranks": meta["world_size"], "device": meta["device"], "dtype": config["model"]["dtype"],
-        "storage": config["storage"]["checkpoint_dir"] or "run folder",
-        "torch": meta["versions"].get("torch"), "deepspeed": meta["versions"].get("deepspeed"),
-        "iteration_s": iteration_time(events),
+        "run_id": run_id, "run": str(run_dir), "preset": preset,
+        "layout": _require(meta, "layout", run_dir / "metadata.json"),
+        "tp": layout.get("tp"), "pp": layout.get("pp"), "dp": layout.get("dp"),
+        "engine": _require(meta, "engine", run_dir / "metadata.json"), "dtype": dtype,
+        "storage": (config.get("storage") or {}).get("checkpoint_dir") or "run folder",
+        "ranks": meta.get("world_size"), "nodes": plan.get("nnodes", 1), "device": meta.get("device"),
+        "backend": plan.get("backend"), "gpu": runtime.get("gpu"), "host": meta.get("host"),
+        "started": pd.Timestamp(meta["start"], unit="s", tz="UTC").isoformat(timespec="seconds")
+        if isinstance(meta.get("start"), (int, float)) else None,
+        "torch": versions.get("torch"), "deepspeed": versions.get("deepspeed"), "python": versions.get("python"),
+        "restartbench": versions.get("restartbench"),
+        "iters": train.get("iters"), "save_interval": train.get("save_interval"), "iteration_s": iteration,
+        "predicted_bytes": _predicted_bytes(preset, dtype, plan.get("checkpoint_bytes_estimate")),
+        "baseline_write_MBps": baseline.get("write_MBps"), "baseline_read_MBps": baseline.get("read_MBps"),
+        "baseline_tool": baseline.get("tool"),
     }
+    ident = {key: common[key] for key in ("run_id", "run", "preset", "layout", "engine")}
+
+    per_rank = rank_checkpoints(events)
     for row in checkpoints(events):
-        collected.rows.append({**common, "kind": "checkpoint", **row})
+        ranks = [r for r in per_rank if r["tag"] == row["tag"]]
+        collected.rows.append({**common, "kind": "checkpoint", **_checkpoint_row(row, ranks, common)})
+        collected.ranks.extend({**ident, **r} for r in ranks)
     info = restart(events)
-    if info:
-        parts = {f"restart {label} s": value for label, value in info.pop("parts").items()}
-        collected.rows.append({**common, "kind": "restart", "restart_s": info.pop("total_s"), **info, **parts})
-    inventory = run_dir / "inventory.json"
-    if inventory.exists():
-        for entry in _read_json(inventory):
-            collected.files.append({"run": str(run_dir), "preset": meta["preset"], "layout": meta["layout"],
-                                    "engine": meta["engine"], **entry})
+    if info is not None:
+        ranks = rank_restarts(events)
+        collected.rows.append({**common, "kind": "restart", **_restart_row(info, ranks),
+                               **critical_path(ranks, info["total_s"])})
+        collected.ranks.extend({**ident, **r} for r in ranks)
+    for entry in _run_files(run_dir, events):
+        collected.files.append({**ident, **entry})
 
 
-def _read_json(path: Path) -> Any:
+def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
+    stall, durable = row["stall_max_s"], row["durable_rank_max_s"]
+    iteration, interval = common["iteration_s"], common["save_interval"]
+    with_stall = [r for r in ranks if r["stall_s"] is not None]
+    with_durable = [r for r in ranks if r["durable_s"] is not None]
+    written = [r for r in ranks if r["bytes"] is not None]
+    return {
+        "tag": row["tag"], "step": row["step"], "ranks_saved": row["ranks"],
+        "stall_max_s": stall, "stall_min_s": row["stall_min_s"],
+        "stall_median_s": _median(r["stall_s"] for r in with_stall),
+        "stall_rank": max(with_stall, key=lambda r: r["stall_s"])["rank"] if with_stall else None,
+        "stall_iterations": stall / iteration if stall is not None and iteration else None,
+        "stall_overhead_pct": 100 * stall / (interval * iteration + stall)
+        if stall is not None and iteration and interval else None,
+        "wait_durable_max_s": row["wait_durable_max_s"],
+        "durable_rank_max_s": durable,
+        "durable_rank_min_s": min((r["durable_s"] for r in with_durable), default=None),
+        "durable_rank": max(with_durable, key=lambda r: r["durable_s"])["rank"] if with_durable else None,
+        "committed_s": row["committed_s"],
+        "bytes": row["bytes"], "files": row["files"],
+        "bytes_per_rank_max": max((r["bytes"] for r in written), default=None),
+        "bytes_per_rank_min": min((r["bytes"] for r in written), default=None),
+        "files_per_rank_max": max((r["files"] for r in written), default=None),
+        "files_per_rank_min": min((r["files"] for r in written), default=None),
+        "write_MBps": row["bytes"] / MB / durable if durable else None,
+    }
+
+
+def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    parts = info["parts"]
+    load = parts.get("ckpt load")
+    totals = [r for r in ranks if r["restart_s"] is not None]
+    return {
+        "tag": info["tag"], "restart_s": info["total_s"],
+        "restart_min_s": min((r["restart_s"] for r in totals), default=None),
+        "restart_rank": max(totals, key=lambda r: r["restart_s"])["rank"] if totals else None,
+        **{column: parts.get(label) for column, label in RESTART_PART_COLUMNS},
+        "restores_checkpoint": info["tag"] is not None,
+        "bytes_read": info["bytes_read"], "files_read": info["files_read"],
+        "read_deserialize_max_s": max((r["read_deserialize_s"] for r in ranks
+                                       if r["read_deserialize_s"] is not None), default=None),
+        "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
+        "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
+    }
+
+
+def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per checkpoint tag × rank of phase 1: stall, durable wait, durable time, bytes, files."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for e in events:
+        if e["phase"] != "train" or not e["event"].startswith("checkpoint."):
+            continue
+        row = rows.setdefault((e["tag"], e["rank"]), {
+            "kind": "checkpoint", "tag": e["tag"], "step": e.get("step"), "rank": e["rank"], "stall_s": None,
+            "wait_durable_s": None, "durable_s": None, "bytes": None, "files": None})
+        if e["event"] == "checkpoint.save":
+            row["stall_s"] = e["duration_s"]
+        elif e["event"] == "checkpoint.wait_durable":
+            row["wait_durable_s"] = e["duration_s"]
+        elif e["event"] == "checkpoint.durable":
+            row.update(durable_s=e["since_save_start_s"], bytes=e["bytes"], files=e["n_files"])
+    return sorted(rows.values(), key=lambda r: (r["step"] or 0, r["rank"]))
+
+
+def rank_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rank of the restore phase: launch -> end of first resumed iteration, each part, bytes read, and
+    ``ready_s`` (launch -> start of its first resumed iteration)."""
+    labels = dict(RESTART_PARTS)
+    columns = {label: column for column, label in RESTART_PART_COLUMNS}
+    rows: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["phase"] != "restore":
+            continue
+        row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "rank": e["rank"], "restart_s": None,
+                                          "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
+                                          "verify_s": None, "bytes_read": None, "files_read": None,
+                                          "read_deserialize_s": None, "_launch": None})
+        name = e["event"]
+        if name == "train.iteration" and not e.get("first_after_restore"):
+            continue
+        if name in labels:
+            row[columns[labels[name]]] = e["duration_s"]
+        if name == "process.start":
+            row["_launch"] = e["start"]
+        elif name == "train.iteration":
+            row["_first"], row["_end"] = e["start"], e["start"] + e["duration_s"]
+        elif name == "restore.load":
+            row.update(tag=e.get("tag"), bytes_read=e.get("bytes"), files_read=e.get("n_files"),
+                       read_deserialize_s=e.get("read_deserialize_s"))
+        elif name == "restore.verify":
+            row["verify_s"] = e["duration_s"]
+    for row in rows.values():
+        launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
+        row["restart_s"] = end - launch if launch is not None and end is not None else None
+        row["ready_s"] = first - launch if launch is not None and first is not None else None
+    return [rows[rank] for rank in sorted(rows)]
+
+
+def critical_path(ranks: list[dict[str, Any]], total: float | None) -> dict[str, Any]:
+    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``."""
+    ready = [r for r in ranks if r["ready_s"] is not None]
+    if not ready or total is None:
+        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}}
+    rank = max(ready, key=lambda r: r["ready_s"])
+    by_label = {label: rank[column] for column, label in RESTART_PART_COLUMNS}
+    path = {label: by_label.get(label) for label in PATH_PARTS if label not in ("verify", "gaps", "1st iter")}
+    path["verify"] = rank["verify_s"]
+    path["1st iter"] = max(total - rank["ready_s"], 0.0)
+    path["gaps"] = max(rank["ready_s"] - sum(v for k, v in path.items() if v is not None and k != "1st iter"), 0.0)
+    return {"path_rank": rank["rank"], **{column: path.get(label) for column, label in PATH_COLUMNS}}
+
+
+def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Checkpoint files (with a tag) from inventory.json, or from the durable events where there is none."""
+    path = run_dir / "inventory.json"
+    if path.exists():
+        entries = _read_json(path, list)
+        try:
+            return [{"tag": e["tag"], "path": e["path"], "bytes": e["bytes"], "kind": e.get("kind") or file_kind(e["path"]),
+                     "rank": e.get("rank")} for e in entries if e.get("tag") is not None]
+        except (KeyError, TypeError) as error:
+            raise RunFolderError(f"{path}: an entry lacks {error} (expected tag, path, bytes, kind, rank)") from None
+    return [{"tag": e["tag"], "path": f["path"], "bytes": f["bytes"], "kind": file_kind(f["path"]), "rank": e["rank"]}
+            for e in events if e["event"] == "checkpoint.durable" for f in e.get("files", [])]
+
+
+# -- events, read and checked ----------------------------------------------------------------------
+
+_SPANS = ("process.start", "startup.imports", "startup.dist_init", "startup.model_build", "startup.ds_initialize",
+          "train.iteration", "checkpoint.save", "checkpoint.wait_durable", "restore.load", "restore.verify")
+#: Fields the analysis relies on, per event (README "Run folder"); other events and fields are ignored.
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    **{name: ("start", "duration_s") for name in _SPANS},
+    "train.iteration": ("start", "duration_s", "step"),
+    "checkpoint.save": ("start", "duration_s", "tag", "step"),
+    "checkpoint.wait_durable": ("start", "duration_s", "tag"),
+    "checkpoint.durable": ("tag", "since_save_start_s", "bytes", "n_files"),
+    "checkpoint.commit": ("tag", "since_save_start_s"),
+}
+_NUMERIC = frozenset(("start", "duration_s", "since_save_start_s", "bytes", "n_files", "step", "rank"))
+_NUMBER_TYPES = (int, float)
+#: event -> (fields that must be numbers, other fields that must be present)
+_CHECKS = {event: (tuple(f for f in fields if f in _NUMERIC), tuple(f for f in fields if f not in _NUMERIC))
+           for event, fields in REQUIRED_FIELDS.items()}
+
+
+def read_run_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every event of a run (all phases and ranks), checked for the fields the analysis uses.
+
+    Same records as ``restartbench.events.read_events``; a malformed line or a missing field
+    raises ``RunFolderError`` naming the file and line.
+    """
+    folder = os.path.join(run_dir, "events")
     try:
-        return json.loads(Path(path).read_text())
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".jsonl"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{folder}: missing (no events recorded)") from None
+    records: list[dict[str, Any]] = []
+    for name in names:
+        records.extend(_read_event_file(os.path.join(folder, name)))
+    return records
+
+
+def _read_event_file(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunFolderError(f"{path}: cannot be read ({error})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:  # one parse per file: much faster than one per line
+        records = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        for number, line in enumerate(text.splitlines(), start=1):
+            try:
+                json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as error:
+                raise RunFolderError(f"{path}:{number}: not a JSON event line ({error.msg})") from None
+        raise RunFolderError(f"{path}: not JSON lines") from None
+    checks, numbers, nothing = _CHECKS, _NUMBER_TYPES, ((), ())
+    for index, record in enumerate(records):
+        try:  # fast path: every field there and of the right type
+            numeric, present = checks.get(record["event"], nothing)
+            ok = "phase" in record and type(record["rank"]) is int
+            for name in numeric:
+                ok = ok and type(record[name]) in numbers
+            for name in present:
+                ok = ok and name in record
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise RunFolderError(f"{path}:{_line_number(text, index)}: {_event_problem(record)}")
+    return records
+
+
+def _event_problem(record: Any) -> str:
+    if not isinstance(record, dict):
+        return f"an event must be a JSON object, not {type(record).__name__}"
+    missing = [name for name in ("event", "phase", "rank") if name not in record]
+    if missing:
+        return f"event record lacks {', '.join(missing)}"
+    needed = REQUIRED_FIELDS.get(record["event"], ())
+    missing = [name for name in needed if name not in record]
+    if missing:
+        return f"event {record['event']!r} lacks field(s) {', '.join(missing)}"
+    for name in ("rank", *needed):
+        value = record[name]
+        if name in _NUMERIC and type(value) not in _NUMBER_TYPES:
+            return f"event {record['event']!r}: field {name!r} should be a number, got {value!r}"
+    return f"malformed event {record.get('event')!r}"
+
+
+def _line_number(text: str, index: int) -> int:
+    seen = -1
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            seen += 1
+            if seen == index:
+                return number
+    return 0
+
+
+# -- small helpers -----------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, expected: type | None = None) -> Any:
+    try:
+        value = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+        raise RunFolderError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunFolderError(f"{path}: cannot be read ({error})") from None
+    if expected is not None and not isinstance(value, expected):
+        raise RunFolderError(f"{path}: expected a JSON {'object' if expected is dict else 'array'}, "
+                             f"got {type(value).__name__}")
+    return value
+
+
+def _require(mapping: dict[str, Any], key: str, path: Path) -> Any:
+    if mapping.get(key) is None:
+        raise RunFolderError(f"{path}: lacks the field {key!r}")
+    return mapping[key]
+
+
+def _section(config: dict[str, Any], name: str, run_dir: Path) -> dict[str, Any]:
+    section = config.get(name) or {}
+    if not isinstance(section, dict):
+        raise RunFolderError(f"{run_dir / 'config.json'}: section {name!r} should be an object")
+    return section
+
+
+def _quiet_metadata(run_dir: Path) -> tuple[str | None, str | None, str | None]:
+    """(preset, layout, engine) of a run that could not be read, from metadata.json or else the folder names."""
+    try:
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        return meta.get("preset"), meta.get("layout"), meta.get("engine")
+    except Exception:  # noqa: BLE001
+        parts = run_dir.parts
+        return tuple(parts[-4:-1]) if len(parts) >= 4 else (None, None, None)  # type: ignore[return-value]
+
+
+def _run_id(run_dir: Path, root: Path) -> str:
+    rel = os.path.relpath(run_dir, root)
+    return run_dir.resolve().name if rel == "." else rel
+
+
+def _median(values: Iterable[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+@lru_cache(maxsize=None)
+def _predicted_bytes_cached(preset: str, dtype: str) -> int | None:
+    from restartbench.estimate import checkpoint_bytes
+    from restartbench.presets import get_preset
+
+    try:
+        return checkpoint_bytes(get_preset(preset), dtype)
+    except Exception:  # noqa: BLE001 - a preset this version does not know
+        return None
+
+
+def _predicted_bytes(preset: str, dtype: str | None, planned: Any) -> int | None:
+    predicted = _predicted_bytes_cached(preset, dtype) if dtype else None
+    return predicted if predicted is not None else planned
+
+
+class _BaselineFinder:
+    """baseline.json of a run folder or its nearest ancestor up to the root; each folder looked at once."""
+
+    def __init__(self, root: Path, warnings: list[str]):
+        self.root = Path(os.path.abspath(root))
+        self.warnings = warnings
+        self.cache: dict[Path, dict[str, Any]] = {}
+
+    def find(self, run_dir: Path) -> dict[str, Any]:
+        folder = Path(os.path.abspath(run_dir))
+        chain = []
+        while True:
+            if folder in self.cache:
+                found = self.cache[folder]
+                break
+            chain.append(folder)
+            found = self._read(folder / BASELINE_FILE)
+            if found or folder == self.root or folder.parent == folder or self.root not in folder.parents:
+                break
+            folder = folder.parent
+        for seen in chain:
+            self.cache[seen] = found
+        return found
+
+    def _read(self, path: Path) -> dict[str, Any]:
+        if not path.exists():
+            return {}
+        try:
+            value = _read_json(path, dict)
+        except RunFolderError as error:
+            self.warnings.append(f"{error}; baseline ignored")
+            return {}
+        numbers = {k: value.get(k) for k in ("write_MBps", "read_MBps")}
+        if not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in numbers.values()):
+            self.warnings.append(f"{path}: needs a positive write_MBps or read_MBps (MB/s); baseline ignored")
+            return {}
+        clean = {k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+                 for k, v in numbers.items()}
+        return {**clean, "tool": str(value.get("tool") or "unnamed tool"), "path": str(path)}
+
+
+# -- aggregation shared by the console summary, the report and the notebooks ---------------------------
+
+
+def group_keys(table: pd.DataFrame) -> list[str]:
+    """preset, layout, the setup columns that vary in this table (dtype, device, storage, nodes), engine."""
+    varying = [key for key in SETUP_KEYS if key in table.columns and table[key].nunique(dropna=False) > 1]
+    return ["preset", "layout", *varying, "engine"]
+
+
+def engine_order(engines: Iterable[str]) -> list[str]:
+    """The registry's order (none, torch, ...) for known engines, then the others alphabetically."""
+    from restartbench.engines import engine_names
+
+    known = engine_names()
+    present = set(engines)
+    return [e for e in known if e in present] + sorted(present - set(known))
+
+
+def _sort(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    if frame.empty or "engine" not in frame.columns:
+        return frame.reset_index(drop=True)
+    order = {engine: i for i, engine in enumerate(engine_order(frame["engine"].unique()))}
+    others = [k for k in keys if k != "engine"]
+    return (frame.assign(_engine_order=frame["engine"].map(order))
+            .sort_values([*others, "_engine_order"], kind="stable")
+            .drop(columns="_engine_order").reset_index(drop=True))
+
+
+def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per preset, layout (, varying setup) and engine: medians over runs and checkpoints of the per-checkpoint figures
+    (each already the max over ranks), with min and max, and the per-rank spread of the stall."""
+    ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
+    keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
+    if ckpt.empty:
+        return pd.DataFrame(columns=[*keys, "runs", "checkpoints"])
+    ckpt = ckpt.assign(stall_spread_s=ckpt["stall_max_s"] - ckpt["stall_min_s"],
+                       durable_spread_s=ckpt["durable_rank_max_s"] - ckpt["durable_rank_min_s"])
+    grouped = ckpt.groupby(keys, dropna=False)
+    summary = grouped.agg(
+        runs=("run_id", "nunique"), checkpoints=("tag", "size"), ranks=("ranks", "max"),
+        stall_s=("stall_max_s", "median"), stall_min_s=("stall_max_s", "min"), stall_max_s=("stall_max_s", "max"),
+        stall_rank_spread_s=("stall_spread_s", "median"),
+        durable_s=("durable_rank_max_s", "median"), durable_min_s=("durable_rank_max_s", "min"),
+        durable_max_s=("durable_rank_max_s", "max"), durable_rank_spread_s=("durable_spread_s", "median"),
+        committed_s=("committed_s", "median"), bytes=("bytes", "median"), files=("files", "median"),
+        bytes_per_rank_max=("bytes_per_rank_max", "median"), bytes_per_rank_min=("bytes_per_rank_min", "median"),
+        write_MBps=("write_MBps", "median"), iteration_s=("iteration_s", "median"),
+        stall_iterations=("stall_iterations", "median"), stall_overhead_pct=("stall_overhead_pct", "median"),
+        baseline_write_MBps=("baseline_write_MBps", "median"),
+    ).reset_index()
+    return _sort(summary, keys)
+
+
+def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per preset, layout (, varying setup) and engine: medians over runs of the restart and each part (max over ranks)."""
+    keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
+    restarts = table[table["kind"] == "restart"] if not table.empty else table
+    if restarts.empty:
+        return pd.DataFrame(columns=[*keys, "runs", "restart_s"])
+    restarts = restarts.assign(rank_spread_s=restarts["restart_s"] - restarts["restart_min_s"])
+    grouped = restarts.groupby(keys, dropna=False)
+    summary = grouped.agg(
+        runs=("run_id", "nunique"), ranks=("ranks", "max"), restart_s=("restart_s", "median"),
+        restart_min_s=("restart_s", "min"), restart_max_s=("restart_s", "max"),
+        rank_spread_s=("rank_spread_s", "median"),
+        **{column: (column, "median") for column, _ in RESTART_PART_COLUMNS},
+        **{column: (column, "median") for column, _ in PATH_COLUMNS if column in restarts},
+        bytes_read=("bytes_read", "median"), files_read=("files_read", "median"), read_MBps=("read_MBps", "median"),
+        restores_checkpoint=("restores_checkpoint", "any"),
+        cache=("cache", lambda s: ", ".join(sorted({str(v) for v in s.dropna()})) or None),
+        exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
+        baseline_read_MBps=("baseline_read_MBps", "median"),
+    ).reset_index()
+    return _sort(summary, keys)
+
+
+def start_up_floor(table: pd.DataFrame) -> pd.DataFrame:
+    """Per preset and layout (and varying setup): the median restart of engine none (nothing restored)."""
+    restarts = table[(table["kind"] == "restart") & (table["restores_checkpoint"] == False)] \
+        if not table.empty and "restores_checkpoint" in table.columns else table.iloc[0:0]  # noqa: E712
+    keys = [k for k in group_keys(table) if k != "engine"] if not table.empty else ["preset", "layout"]
+    if restarts.empty:
+        return pd.DataFrame(columns=[*keys, "floor_s"])
+    return restarts.groupby(keys, dropna=False)["restart_s"].median().rename("floor_s").reset_index()
 
 
 def file_statistics(files: pd.DataFrame) -> pd.DataFrame:
-    """Per run, checkpoint tag and file kind: count and size distribution."""
+    """Per run, checkpoint tag and file kind: count and size distribution (min / median / max bytes)."""
     if files.empty:
-        return files
+        return pd.DataFrame(columns=["preset", "layout", "engine", "run_id", "tag", "kind", "files", "total_bytes",
+                                     "min_bytes", "median_bytes", "max_bytes"])
     checkpoint_files = files[files["tag"].notna()]
-    grouped = checkpoint_files.groupby(["preset", "layout", "engine", "run", "tag", "kind"])["bytes"]
+    grouped = checkpoint_files.groupby(["preset", "layout", "engine", "run_id", "tag", "kind"])["bytes"]
     return grouped.agg(files="count", total_bytes="sum", min_bytes="min", median_bytes="median",
                        max_bytes="max").reset_index()
+
+
+def files_per_rank(files: pd.DataFrame) -> pd.DataFrame:
+    """Per run, checkpoint tag and writing rank: files and bytes in total and per kind."""
+    columns = ["preset", "layout", "engine", "run_id", "tag", "rank", "files", "bytes",
+               *[f"{k}_bytes" for k in FILE_KINDS]]
+    if files.empty:
+        return pd.DataFrame(columns=columns)
+    data = files[files["tag"].notna()].assign(rank=lambda f: f["rank"].astype("Int64"))
+    keys = ["preset", "layout", "engine", "run_id", "tag", "rank"]
+    totals = data.groupby(keys, dropna=False)["bytes"].agg(files="count", bytes="sum")
+    by_kind = data.pivot_table(index=keys, columns="kind", values="bytes", aggfunc="sum", fill_value=0, dropna=False)
+    by_kind = by_kind.reindex(columns=list(FILE_KINDS), fill_value=0).add_suffix("_bytes")
+    return totals.join(by_kind).reset_index().reindex(columns=columns).fillna(
+        {f"{k}_bytes": 0 for k in FILE_KINDS})
+
+
+def file_summary(files: pd.DataFrame) -> pd.DataFrame:
+    """Per preset, layout, engine and file kind: files per checkpoint, per rank, and the size distribution."""
+    columns = ["preset", "layout", "engine", "kind", "files_per_checkpoint", "files_per_rank_max", "min_bytes",
+               "median_bytes", "max_bytes", "bytes_per_checkpoint"]
+    if files.empty:
+        return pd.DataFrame(columns=columns)
+    data = files[files["tag"].notna()]
+    keys = ["preset", "layout", "engine"]
+    per_ckpt = data.groupby([*keys, "run_id", "tag", "kind"])["bytes"].agg(n="count", total="sum").reset_index()
+    per_rank = data.groupby([*keys, "run_id", "tag", "kind", "rank"], dropna=False).size().rename("n").reset_index()
+    sizes = data.groupby([*keys, "kind"])["bytes"].agg(min_bytes="min", median_bytes="median", max_bytes="max")
+    summary = (per_ckpt.groupby([*keys, "kind"]).agg(files_per_checkpoint=("n", "median"),
+                                                     bytes_per_checkpoint=("total", "median"))
+               .join(per_rank.groupby([*keys, "kind"])["n"].max().rename("files_per_rank_max"))
+               .join(sizes).reset_index())
+    total = (per_ckpt.groupby([*keys, "run_id", "tag"]).agg(n=("n", "sum"), total=("total", "sum")).reset_index()
+             .groupby(keys).agg(files_per_checkpoint=("n", "median"), bytes_per_checkpoint=("total", "median")))
+    all_rank = data.groupby([*keys, "run_id", "tag", "rank"], dropna=False).size().groupby(keys).max()
+    total = total.join(all_rank.rename("files_per_rank_max")).join(
+        data.groupby(keys)["bytes"].agg(min_bytes="min", median_bytes="median", max_bytes="max")).reset_index()
+    summary = pd.concat([summary, total.assign(kind="all")], ignore_index=True)
+    kind_order = {k: i for i, k in enumerate((*FILE_KINDS, "all"))}
+    summary = summary.assign(_k=summary["kind"].map(lambda k: kind_order.get(k, len(kind_order))))
+    return _sort(summary.sort_values("_k", kind="stable").drop(columns="_k"), ["preset", "layout", "engine"]) \
+        .reindex(columns=columns)
+
+
+def rank_spread(rank_table: pd.DataFrame) -> pd.DataFrame:
+    """Per run and checkpoint tag (and per restart): the per-rank min, median and max of each figure, and the
+    slowest rank (``<figure>_slowest_rank``)."""
+    keys = ["preset", "layout", "engine", "run_id", "kind", "tag"]
+    if rank_table.empty:
+        return pd.DataFrame(columns=keys)
+    metrics = [m for m in ("stall_s", "durable_s", "bytes", "files", "restart_s", "bytes_read") if m in rank_table]
+    grouped = rank_table.groupby(keys, dropna=False, sort=False)
+    spread = grouped[metrics].agg(["min", "median", "max"])
+    spread.columns = [f"{metric}_{stat}" for metric, stat in spread.columns]
+    spread = spread.dropna(axis=1, how="all").reset_index()
+    for metric in ("stall_s", "durable_s", "restart_s"):
+        if metric not in rank_table:
+            continue
+        slowest = (rank_table.dropna(subset=[metric]).sort_values(metric, ascending=False, kind="stable")
+                   .drop_duplicates(keys)[[*keys, "rank"]].rename(columns={"rank": f"{metric}_slowest_rank"}))
+        spread = spread.merge(slowest, on=keys, how="left")
+        spread[f"{metric}_slowest_rank"] = spread[f"{metric}_slowest_rank"].astype("Int64")
+    return spread
+
+
+def engine_comparison(table: pd.DataFrame, preset: str | None = None, layout: str | None = None) -> pd.DataFrame:
+    """One row per engine for a preset and layout: stall, durable, committed, throughput, restart and its load part,
+    and each engine's stall relative to the least-stalling engine."""
+    selected = select(table, preset, layout)
+    ckpt = checkpoint_summary(selected)
+    rest = restart_summary(selected)
+    keys = [k for k in group_keys(selected) if k in ckpt.columns and k in rest.columns] if not selected.empty \
+        else ["engine"]
+    keep_c = [*keys, "runs", "checkpoints", "stall_s", "stall_rank_spread_s", "durable_s", "committed_s",
+              "stall_overhead_pct", "bytes", "files", "write_MBps"]
+    keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "cache", "exact"]
+    merged = pd.merge(ckpt.reindex(columns=keep_c).drop(columns="runs"), rest.reindex(columns=keep_r),
+                      on=keys, how="outer")
+    if not selected.empty:
+        runs = selected.groupby(keys, dropna=False)["run_id"].nunique().rename("runs").reset_index()
+        merged = runs.merge(merged, on=keys, how="right")
+    if "stall_s" in merged and merged["stall_s"].notna().any():
+        best = merged.groupby([k for k in keys if k != "engine"], dropna=False)["stall_s"].transform("min")
+        merged["stall_vs_best"] = merged["stall_s"] / best
+    return _sort(merged, keys)
+
+
+def select(table: pd.DataFrame, preset: str | None = None, layout: str | None = None,
+           engines: Iterable[str] | None = None) -> pd.DataFrame:
+    """Rows of one preset / layout / engines (None: all); a layout may be given as tp2pp2 or tp2pp2dp1."""
+    if table.empty:
+        return table
+    mask = pd.Series(True, index=table.index)
+    if preset is not None:
+        mask &= table["preset"] == preset
+    if layout is not None:
+        mask &= (table["layout"] == layout) | (table["layout"] == _canonical(layout, table))
+    if engines is not None:
+        mask &= table["engine"].isin(list(engines))
+    return table[mask]
+
+
+def _canonical(layout: str, table: pd.DataFrame) -> str:
+    """tp2pp2 -> the table's tp2pp2dp<N> (dp1 preferred where the name leaves dp open)."""
+    from restartbench.layout import parse_layout
+
+    try:
+        spec = parse_layout(layout)
+    except ValueError:
+        return layout
+    if spec.dp is not None:
+        return f"tp{spec.tp}pp{spec.pp}dp{spec.dp}"
+    prefix = f"tp{spec.tp}pp{spec.pp}dp"
+    matches = sorted(name for name in table["layout"].dropna().unique() if str(name).startswith(prefix))
+    return prefix + "1" if prefix + "1" in matches or not matches else matches[0]
+
+
+LOGS_ENV = "RESTARTBENCH_LOGS"
+
+
+def logs_from_env(default: str = "logs") -> Path:
+    """The logs root for notebooks: $RESTARTBENCH_LOGS, else ``default``; a relative path that does not exist here
+    is also tried one folder up (a notebook runs in notebooks/, the logs live at the repository root)."""
+    path = Path(os.environ.get(LOGS_ENV) or default).expanduser()
+    if not path.is_absolute() and not path.exists() and (Path.cwd().parent / path).exists():
+        path = Path.cwd().parent / path
+    return path
+
+
+def pick_configuration(table: pd.DataFrame) -> tuple[str | None, str | None]:
+    """The (preset, layout) with the most engines measured (ties: most runs, then name)."""
+    if table.empty:
+        return None, None
+    counts = table.groupby(["preset", "layout"]).agg(engines=("engine", "nunique"), runs=("run_id", "nunique"))
+    counts = counts.sort_values(["engines", "runs"], ascending=False, kind="stable")
+    preset, layout = counts.index[0]
+    return preset, layout
+
+
+def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Predicted checkpoint size (estimate.checkpoint_bytes) against the measured one, per preset, layout, dtype and
+    engine; with the files, weights (layer + model files) and optimizer files against their parts of the estimate."""
+    from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes
+    from restartbench.presets import get_preset
+
+    ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
+    keys = ["preset", "layout", "dtype", "engine"]
+    if ckpt.empty:
+        return pd.DataFrame(columns=[*keys, "predicted_bytes", "measured_bytes", "measured_vs_predicted"])
+    summary = ckpt.groupby(keys, dropna=False).agg(
+        runs=("run_id", "nunique"), checkpoints=("tag", "size"), predicted_bytes=("predicted_bytes", "first"),
+        measured_bytes=("bytes", "median"), measured_min=("bytes", "min"), measured_max=("bytes", "max"),
+    ).reset_index()
+    summary["measured_vs_predicted"] = summary["measured_bytes"] / summary["predicted_bytes"]
+
+    def params(preset: str) -> float:
+        try:
+            return float(get_preset(preset).param_count())
+        except Exception:  # noqa: BLE001
+            return math.nan
+
+    summary["params"] = summary["preset"].map(params)
+    summary["predicted_weights_bytes"] = summary["params"] * summary["dtype"].map(
+        lambda d: weight_bytes(d) if isinstance(d, str) else math.nan)
+    summary["predicted_optimizer_bytes"] = summary["params"] * OPTIMIZER_BYTES_PER_PARAM
+    if files is not None and not files.empty:
+        data = files[files["tag"].notna()].assign(
+            part=lambda f: f["kind"].map({"layer": "weights", "model": "weights", "optimizer": "optimizer"}).fillna("other"))
+        per_ckpt = data.groupby(["run_id", "tag", "part"])["bytes"].sum().unstack("part", fill_value=0)
+        per_ckpt = per_ckpt.reindex(columns=["weights", "optimizer", "other"], fill_value=0).reset_index()
+        meta = ckpt[["run_id", "tag", *keys]].drop_duplicates()
+        parts = meta.merge(per_ckpt, on=["run_id", "tag"], how="inner")
+        medians = parts.groupby(keys, dropna=False)[["weights", "optimizer", "other"]].median() \
+            .add_prefix("measured_").add_suffix("_bytes").reset_index()
+        summary = summary.merge(medians, on=keys, how="left")
+    return _sort(summary, ["preset", "layout", "dtype", "engine"])

@@ -59,7 +59,8 @@ class TrainConfig:
 @dataclass
 class EngineConfig:
     engine: str = opt(
-        "torch", "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async."
+        "torch", "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async, "
+        "lazy."
     )
     io_buffer_mb: int = opt(64, "fastpersist/decoupled: size of each aligned I/O buffer, MiB.")
     writer_data_parallel: str = opt(
@@ -67,6 +68,12 @@ class EngineConfig:
         choices=("replica", "socket", "machine"),
     )
     host_cache_gb: float = opt(4.0, "datastates: pinned host cache per rank, GB.")
+    dp_read_once: bool = opt(
+        False, "lazy: on restore, data-parallel rank 0 reads the replicated module weights and broadcasts them "
+        "to its replicas, instead of every replica reading the same file.",
+    )
+    lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.")
+    lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.")
 
 
 @dataclass
@@ -106,6 +113,10 @@ class LaunchConfig:
     on_corrupt: str = opt(
         "refuse", "A checkpoint that fails its manifest check: refuse to restore, or fall back to the newest good one.",
         choices=("refuse", "fallback"),
+    )
+    restore_cache: str = opt(
+        "cold", "Page cache of the checkpoint before a restore: cold (evicted on every node, then measured) or warm "
+        "(as left). Every restore figure says which it measured.", choices=("cold", "warm"),
     )
     disk_check: bool = opt(True, "Refuse to launch when the checkpoint folder lacks room for every planned checkpoint.")
     dry_run: bool = opt(False, "Print the rendered DeepSpeed JSON and launch script, and launch nothing.")

@@ -1,16 +1,26 @@
 """A LLaMA decoder as a DeepSpeed ``PipelineModule`` with Megatron-style tensor parallelism.
 
-Layers (pipeline layer index in DeepSpeed's file names ``layer_XX-model_YY-model_states.pt``):
-0 ``EmbeddingPipe`` (``weight``: vocabulary rows / tp), 1..L ``DecoderLayerPipe``
-(``attn_norm``, ``q``, ``k``, ``v``, ``o``, ``mlp_norm``, ``gate``, ``up``, ``down``), L+1
-``FinalNormPipe`` (``weight``), L+2 ``LMHeadPipe`` (``weight``: vocabulary rows / tp).
+The function is the one ``transformers.LlamaForCausalLM`` computes (untied embedding and head,
+no biases, RMSNorm eps 1e-5, rotate-half RoPE with theta 10000, grouped-query causal attention,
+SwiGLU MLP); a test copies our weights into it and compares logits.
 
-Tensor parallelism: q, k, v, gate, up and the output head are column-parallel (output rows
-split; rank r holds attention heads [r·H/tp, (r+1)·H/tp) and kv-heads likewise); o and down
-are row-parallel (input columns split, outputs all-reduced); the embedding is split by
-vocabulary rows (ids outside a rank's range give zeros, then all-reduce). Norm weights are
-replicated. Every full weight is drawn from a generator seeded by (seed, layer, name) and
-then sliced, so a model is the same function for any tp, pp and dp — which the tests check.
+Pipeline layers (the index is the ``XX`` of DeepSpeed's ``layer_XX-model_YY-model_states.pt``),
+with their parameter names:
+
+- 0 ``EmbeddingPipe``: ``weight`` [vocab/tp, hidden]
+- 1..L ``DecoderLayerPipe``: ``attn_norm`` [hidden]; ``q`` [heads·head_dim/tp, hidden];
+  ``k``, ``v`` [kv_heads·head_dim/tp, hidden]; ``o`` [hidden, heads·head_dim/tp]; ``mlp_norm`` [hidden];
+  ``gate``, ``up`` [ffn/tp, hidden]; ``down`` [hidden, ffn/tp]. RoPE tables are non-persistent buffers.
+- L+1 ``FinalNormPipe``: ``weight`` [hidden]
+- L+2 ``LMHeadPipe``: ``weight`` [vocab/tp, hidden]
+
+Tensor parallelism: q, k, v, gate, up and the head are column-parallel (rank r holds output rows
+[r·n/tp, (r+1)·n/tp), so attention heads [r·H/tp, (r+1)·H/tp) and kv-heads [r·KV/tp, (r+1)·KV/tp),
+which keeps every query head with its own kv-head); o and down are row-parallel (input columns
+split the same way, outputs all-reduced); the embedding holds vocabulary rows [r·V/tp, (r+1)·V/tp)
+(other ids give zeros, then all-reduce); the head's logits are all-gathered over the vocabulary.
+Norm weights are replicated. Every full weight is drawn from a generator seeded by
+(seed, layer index, name) and then sliced, so the model is the same function for any tp, pp, dp.
 """
 
 from __future__ import annotations
@@ -34,14 +44,21 @@ INIT_STD = 0.02
 
 
 class TensorParallel:
-    """This rank's place in its tensor-parallel group; the group is set once the grid exists."""
+    """This rank's place in its tensor-parallel group, shared by all its layers.
+
+    The group is filled in by ``build_pipeline_module`` once DeepSpeed's grid exists; with
+    size 1 it stays None and no collective runs.
+    """
 
     def __init__(self, size: int, rank: int):
         self.size, self.rank = size, rank
         self.group: dist.ProcessGroup | None = None
 
     def shard(self, full: torch.Tensor, dim: int) -> torch.Tensor:
-        return full.chunk(self.size, dim=dim)[self.rank].contiguous()
+        """This rank's equal slice of ``full`` along ``dim``, in its own storage (not a view of ``full``)."""
+        if full.shape[dim] % self.size:
+            raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split into {self.size} shards")
+        return full.chunk(self.size, dim=dim)[self.rank].clone()
 
 
 # --- collectives with the autograd each side needs ---------------------------------------
@@ -51,55 +68,55 @@ class _CopyToTP(torch.autograd.Function):
     """Identity forward; all-reduce of the gradient (the input fed every rank's shard)."""
 
     @staticmethod
-    def forward(ctx, x, tp):
+    def forward(ctx, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         ctx.tp = tp
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.tp.group)
         return grad, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """All-reduce forward (sum of partial results); identity backward."""
+    """All-reduce forward (sum of the ranks' partial results); identity backward."""
 
     @staticmethod
-    def forward(ctx, x, tp):
+    def forward(ctx, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         x = x.contiguous().clone()
         dist.all_reduce(x, group=tp.group)
         return x
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
 class _GatherFromTP(torch.autograd.Function):
-    """All-gather along the last dimension; backward keeps this rank's slice."""
+    """All-gather along the last dimension; backward keeps this rank's slice of the gradient."""
 
     @staticmethod
-    def forward(ctx, x, tp):
+    def forward(ctx, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         ctx.tp = tp
         parts = [torch.empty_like(x) for _ in range(tp.size)]
         dist.all_gather(parts, x.contiguous(), group=tp.group)
         return torch.cat(parts, dim=-1)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad.chunk(ctx.tp.size, dim=-1)[ctx.tp.rank].contiguous(), None
 
 
-def copy_to_tp(x, tp):
+def copy_to_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return _CopyToTP.apply(x, tp) if tp.size > 1 else x
 
 
-def reduce_from_tp(x, tp):
+def reduce_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return _ReduceFromTP.apply(x, tp) if tp.size > 1 else x
 
 
-def gather_from_tp(x, tp):
+def gather_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return _GatherFromTP.apply(x, tp) if tp.size > 1 else x
 
 
@@ -107,11 +124,13 @@ def gather_from_tp(x, tp):
 
 
 def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A full (unsharded) weight ~ N(0, INIT_STD), the same in every process for these arguments."""
     generator = torch.Generator().manual_seed(stable_seed("weight", seed, layer, name))
     return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm as LLaMA does it: statistics in fp32, scaled in the input's dtype."""
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)
     return weight * normed.to(x.dtype)
@@ -122,13 +141,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+def _rope_tables(head_dim: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq_len, head_dim] for rotate-half RoPE, computed in fp32."""
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
 class EmbeddingPipe(nn.Module):
+    """Vocabulary-parallel token embedding: int64 ids [batch, seq] -> hidden [batch, seq, hidden]."""
+
     def __init__(self, preset: ModelPreset, tp: TensorParallel, seed: int):
         super().__init__()
         self.tp = tp
         self.rows = preset.vocab_size // tp.size
-        full = _normal(seed, 0, "embedding", (preset.vocab_size, preset.hidden))
-        self.weight = nn.Parameter(tp.shard(full, 0))
+        self.weight = nn.Parameter(tp.shard(_normal(seed, 0, "embedding", (preset.vocab_size, preset.hidden)), 0))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start = self.tp.rank * self.rows
@@ -139,6 +167,8 @@ class EmbeddingPipe(nn.Module):
 
 
 class DecoderLayerPipe(nn.Module):
+    """One pre-norm decoder layer: x + attention(norm(x)), then + SwiGLU(norm(x)). ``layer`` is its pipeline index."""
+
     def __init__(self, preset: ModelPreset, tp: TensorParallel, seed: int, layer: int):
         super().__init__()
         self.tp = tp
@@ -147,40 +177,42 @@ class DecoderLayerPipe(nn.Module):
         self.local_heads = preset.heads // tp.size
         self.local_kv_heads = preset.kv_heads // tp.size
 
-        def column(name: str, rows: int, cols: int) -> nn.Parameter:
-            return nn.Parameter(tp.shard(_normal(seed, layer, name, (rows, cols)), 0))
+        def column(name: str, rows: int) -> nn.Parameter:
+            return nn.Parameter(tp.shard(_normal(seed, layer, name, (rows, h)), 0))
 
-        def row(name: str, rows: int, cols: int) -> nn.Parameter:
-            return nn.Parameter(tp.shard(_normal(seed, layer, name, (rows, cols)), 1))
+        def row(name: str, cols: int) -> nn.Parameter:
+            return nn.Parameter(tp.shard(_normal(seed, layer, name, (h, cols)), 1))
 
         self.attn_norm = nn.Parameter(torch.ones(h))
-        self.q = column("q", preset.heads * hd, h)
-        self.k = column("k", preset.kv_dim, h)
-        self.v = column("v", preset.kv_dim, h)
-        self.o = row("o", h, preset.heads * hd)
+        self.q = column("q", preset.heads * hd)
+        self.k = column("k", preset.kv_dim)
+        self.v = column("v", preset.kv_dim)
+        self.o = row("o", preset.heads * hd)
         self.mlp_norm = nn.Parameter(torch.ones(h))
-        self.gate = column("gate", preset.ffn_hidden, h)
-        self.up = column("up", preset.ffn_hidden, h)
-        self.down = row("down", h, preset.ffn_hidden)
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-        angles = torch.outer(torch.arange(preset.seq_len, dtype=torch.float32), inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("rope_cos", angles.cos(), persistent=False)
-        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        self.gate = column("gate", preset.ffn_hidden)
+        self.up = column("up", preset.ffn_hidden)
+        self.down = row("down", preset.ffn_hidden)
+        cos, sin = _rope_tables(hd, preset.seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(copy_to_tp(_rms_norm(x, self.attn_norm), self.tp))
         return x + self._mlp(copy_to_tp(_rms_norm(x, self.mlp_norm), self.tp))
 
+    def _heads(self, y: torch.Tensor, weight: torch.Tensor, count: int) -> torch.Tensor:
+        """Project and split into heads: [batch, seq, hidden] -> [batch, count, seq, head_dim]."""
+        batch, seq, _ = y.shape
+        return F.linear(y, weight).view(batch, seq, count, self.head_dim).transpose(1, 2)
+
     def _attention(self, y: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = y.shape
-
-        def heads(weight: torch.Tensor, count: int) -> torch.Tensor:
-            return F.linear(y, weight).view(batch, seq, count, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.q, self.local_heads), heads(self.k, self.local_kv_heads), heads(self.v, self.local_kv_heads)
+        q = self._heads(y, self.q, self.local_heads)
+        k = self._heads(y, self.k, self.local_kv_heads)
+        v = self._heads(y, self.v, self.local_kv_heads)
         cos, sin = self.rope_cos[:seq].to(q.dtype), self.rope_sin[:seq].to(q.dtype)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        # Query head i reads kv-head i // group, as transformers' repeat_kv arranges it.
         group = self.local_heads // self.local_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.head_dim))
@@ -202,6 +234,8 @@ class FinalNormPipe(nn.Module):
 
 
 class LMHeadPipe(nn.Module):
+    """Vocabulary-parallel output head; every tp rank ends with the full logits [batch, seq, vocab]."""
+
     def __init__(self, preset: ModelPreset, tp: TensorParallel, seed: int):
         super().__init__()
         self.tp = tp
@@ -218,6 +252,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def layer_specs(preset: ModelPreset, tp: TensorParallel, seed: int) -> list[LayerSpec]:
+    """The whole model, embedding to head; ``nn.Sequential(*(s.build() for s in specs))`` is it in one process."""
     return [
         LayerSpec(EmbeddingPipe, preset, tp, seed),
         *[LayerSpec(DecoderLayerPipe, preset, tp, seed, layer) for layer in range(1, preset.layers + 1)],
@@ -231,7 +266,7 @@ def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
     """The model for this rank's pipeline stage and tensor-parallel shard (distributed must be initialized)."""
     topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
     # LayerSpec.build runs before the module has its grid: take the tp rank from the topology now,
-    # and hand the process group to the layers once the grid exists.
+    # and hand the process group to the layers (through the shared TensorParallel) once the grid exists.
     tp = TensorParallel(layout.tp, topology.get_coord(dist.get_rank()).model)
     module = PipelineModule(layers=layer_specs(preset, tp, seed), topology=topology, loss_fn=cross_entropy,
                             partition_method="type:DecoderLayerPipe",
@@ -239,5 +274,6 @@ def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
                             # Only decoder layers are recomputed: the embedding's input (token ids) carries no
                             # gradient, and DeepSpeed's reentrant checkpoint would then cut the graph.
                             checkpointable_layers=["DecoderLayerPipe"])
-    tp.group = module._grid.get_slice_parallel_group()
+    if layout.tp > 1:
+        tp.group = module._grid.get_slice_parallel_group()
     return module

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.events import read_events
+from restartbench.integrity import MANIFEST
 
 RESTART_PARTS = (
     ("process.start", "launch"),  # launcher start -> our first line running in the rank
@@ -92,6 +93,7 @@ def restart(events: list[dict[str, Any]]) -> dict[str, Any] | None:
         "bytes_read": sum(e.get("bytes", 0) for e in loads),
         "files_read": sum(e.get("n_files", 0) for e in loads),
         "cache": loads[0].get("cache") if loads else None,
+        "resident_fraction": loads[0].get("resident_fraction") if loads else None,
         "exact": all(e.get("exact") for e in results) if results and results[0].get("verified") else None,
     }
 
@@ -106,7 +108,8 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
 
 
 def inventory(run_dir: Path) -> list[dict[str, Any]]:
-    """Every file under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it (None if not recorded)."""
+    """Every file the engines wrote under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it
+    (None if not recorded). The harness's own ``<tag>/manifest.json`` is left out: it is not part of the checkpoint."""
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
     root = Path(plan["checkpoint_dir"])
     writers = {}
@@ -115,7 +118,7 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
             for f in e["files"]:
                 writers[f["path"]] = e["rank"]
     files = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
         rel = str(path.relative_to(root))
         tag = rel.split(os.sep)[0] if os.sep in rel else None
         files.append({"tag": tag, "path": rel, "bytes": path.stat().st_size, "kind": file_kind(rel),

@@ -218,9 +218,10 @@ class RankRun:
 
         tag = self._checked_tag(_latest_tag(self.ckpt_dir))
         step = int(tag.removeprefix("step"))
-        self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine})")
+        cache = self._page_cache_before_load(tag)
+        self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page cache)")
         kill_in_load(self.rank)
-        with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, cache="warm") as extra:
+        with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
             self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
             read = self.ckpt_engine.read()
             extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
@@ -235,6 +236,28 @@ class RankRun:
             raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
         self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                   + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+
+    def _page_cache_before_load(self, tag: str) -> dict:
+        """Evict the checkpoint's files on every node (for a cold restore), then measure what is resident.
+
+        One rank per node does it, since each node has its own page cache. The label is ``cold``
+        only if no byte of the checkpoint was resident on any node."""
+        import torch.distributed as dist
+
+        from restartbench import pagecache
+        from restartbench.integrity import read_manifest
+
+        state = None
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            paths = [Path(self.ckpt_dir) / f["path"] for f in read_manifest(self.ckpt_dir, tag)]
+            if self.cfg.launch.restore_cache == "cold":
+                pagecache.evict(paths)
+            state = pagecache.measure(paths).resident_fraction
+        states: list = [None] * dist.get_world_size()
+        dist.all_gather_object(states, state)
+        resident = max(s for s in states if s is not None)
+        return {"cache": "cold" if resident == 0 else "warm", "resident_fraction": resident,
+                "cache_requested": self.cfg.launch.restore_cache}
 
     def _checked_tag(self, tag: str) -> str:
         """``tag`` if its files match its manifest on every rank's share; else refuse, or fall back

@@ -1,4 +1,5 @@
-"""analysis/summarize.py over real run folders, plus failed, foreign and malformed ones."""
+"""analysis/summarize.py, restartbench.analysis and restartbench.report over real run folders (the session's tiny
+runs), plus runs derived from them: skipped, failed, killed, malformed, another engine, engine none, a baseline."""
 
 import json
 import shutil
@@ -9,60 +10,330 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from restartbench.analysis import collect
+from restartbench import analysis, report
+from restartbench.analysis import collect, read_run_events
+from restartbench.results import checkpoints as result_checkpoints
+from restartbench.results import restart as result_restart
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.multirank
+multirank = pytest.mark.multirank
+
+
+# -- runs derived from real ones (cheap: a copy and an edit, no launch) ------------------------------------
+
+
+def _edit_meta(run: Path, **changes) -> None:
+    meta = json.loads((run / "metadata.json").read_text())
+    meta.update(changes)
+    (run / "metadata.json").write_text(json.dumps(meta))
+
+
+def _rewrite_events(run: Path, edit) -> None:
+    """edit(record) -> record or None (dropped), for every event of the run."""
+    for path in (run / "events").glob("*.jsonl"):
+        kept = [edit(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept if r is not None))
+
+
+def copy_as_engine(run: Path, engine: str, *, stall: float = 1.0, durable: float = 1.0) -> Path:
+    """The run as if made by another engine (durations scaled): the analysis must treat any engine name alike."""
+    copy = run.parent.parent / engine / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    _edit_meta(copy, engine=engine)
+
+    def edit(e):
+        if e["event"] == "checkpoint.save":
+            e["duration_s"] *= stall
+        if e["event"] in ("checkpoint.durable", "checkpoint.commit"):
+            e["since_save_start_s"] *= durable
+        return e
+    _rewrite_events(copy, edit)
+    return copy
+
+
+def copy_as_none(run: Path) -> Path:
+    """The run as engine none records it: no checkpoint events, a restart that loads nothing (tag None)."""
+    copy = run.parent.parent / "none" / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("checkpoints", "digests"))
+    _edit_meta(copy, engine="none")
+    (copy / "inventory.json").write_text("[]")
+
+    def edit(e):
+        if e["event"].startswith("checkpoint.") or e["event"] in ("restore.load", "restore.verify"):
+            return None
+        if e["event"] == "restore.result":
+            e.update(tag=None, exact=None, verified=False, note="engine none: nothing was saved, nothing restored")
+        return e
+    _rewrite_events(copy, edit)
+    return copy
+
+
+def real_runs(logs: Path) -> list[Path]:
+    return sorted(p.parent for p in logs.glob("*/*/*/*/metadata.json"))
 
 
 @pytest.fixture
 def mixed_logs(study_logs, tmp_path):
-    """The session's real runs, plus a failed run, a killed run, a malformed one and a foreign file."""
+    """The session's real runs, plus: a failed, a killed, a skipped and a malformed run, a run with a truncated event
+    line, one whose event lacks a field, a second engine, engine none, a foreign file and a baseline for one layout."""
     logs = tmp_path / "logs"
-    shutil.copytree(study_logs, logs)
-    real = sorted(logs.glob("*/*/*/*"))[0]
-    for name, status, error in (("failed", "failed", "phase train failed: rank 0: boom"), ("killed", "running", None)):
+    shutil.copytree(study_logs, logs, ignore=shutil.ignore_patterns("checkpoints"))
+    runs = real_runs(logs)
+    real = runs[0]
+    for name, status, error in (("failed", "failed", "phase train failed: rank 0: boom"), ("killed", "running", None),
+                                ("skipped", "skipped", "engine 'datastates' needs the Python module 'datastates'")):
         copy = real.parent / name
         shutil.copytree(real, copy)
-        meta = json.loads((copy / "metadata.json").read_text())
-        meta.update(status=status, error=error)
-        (copy / "metadata.json").write_text(json.dumps(meta))
+        _edit_meta(copy, status=status, error=error)
     broken = real.parent / "broken"
     shutil.copytree(real, broken)
     (broken / "metadata.json").write_text("{not json")
+    truncated = real.parent / "truncated"
+    shutil.copytree(real, truncated)
+    events = truncated / "events" / "train-rank00001.jsonl"
+    events.write_text(events.read_text() + '{"event": "checkpoint.save", "phase"\n')
+    lacking = real.parent / "lacking"
+    shutil.copytree(real, lacking)
+    _rewrite_events(lacking, lambda e: {k: v for k, v in e.items() if not (e["event"] == "checkpoint.durable"
+                                                                          and k == "bytes")})
+    for run in runs:
+        copy_as_engine(run, "fake-async", stall=0.2, durable=5.0)
+    copy_as_none(runs[-1])
     (logs / "notes.txt").write_text("not a run")
+    (runs[-1].parent.parent / "baseline.json").write_text(json.dumps(
+        {"tool": "fio", "write_MBps": 321.0, "read_MBps": 654.0, "target": "/tmp", "block_size": "1M"}))
     return logs
 
 
+# -- collect ---------------------------------------------------------------------------------------------
+
+
+@multirank
 def test_collect_skips_bad_runs_with_reasons(mixed_logs):
     collected = collect(mixed_logs)
-    reasons = {path.name: reason for path, reason in collected.skipped}
-    assert "boom" in reasons["failed"]
-    assert "never finished" in reasons["killed"]
-    assert "metadata.json is not valid JSON" in reasons["broken"]
+    by_name = {e.run.name: e for e in collected.excluded}
+    assert by_name["failed"].status == "failed" and "boom" in by_name["failed"].reason
+    assert by_name["killed"].status == "incomplete" and "never finished" in by_name["killed"].reason
+    assert by_name["skipped"].status == "skipped" and "datastates" in by_name["skipped"].reason
+    assert by_name["broken"].status == "unreadable"
+    assert "broken/metadata.json is not valid JSON" in by_name["broken"].reason
+    assert "truncated/events/train-rank00001.jsonl:" in by_name["truncated"].reason
+    assert "not a JSON event line" in by_name["truncated"].reason
+    assert "lacking/events/train-rank" in by_name["lacking"].reason
+    assert "'checkpoint.durable' lacks field(s) bytes" in by_name["lacking"].reason
     table = collected.table()
     assert set(table["layout"]) == {"tp2pp2dp1", "tp1pp2dp2", "tp1pp1dp2"}
-    assert (table[table["kind"] == "restart"]["exact"] == True).all()  # noqa: E712
+    assert set(table["engine"]) == {"torch", "fake-async", "none"}
+    restored = table[(table["kind"] == "restart") & table["restores_checkpoint"]]
+    assert (restored["exact"] == True).all()  # noqa: E712
+    excluded = collected.excluded_table()
+    assert set(excluded["status"]) == {"failed", "incomplete", "skipped", "unreadable"}
 
 
-def test_summarize_writes_tables_and_plots(mixed_logs, tmp_path):
+@multirank
+def test_checkpoint_rows_follow_the_aggregation_rules(study_logs):
+    """stall and durable = max over ranks, bytes and files = sum over ranks, throughput = bytes / durable; the same
+    figures restartbench.results gives, and the per-rank table holds every rank."""
+    collected = collect(study_logs)
+    table, ranks = collected.table(), collected.rank_table()
+    ckpt = table[table["kind"] == "checkpoint"]
+    assert len(ckpt) == 3 * 2  # three layouts, checkpoints after iterations 2 and 4
+    for _, row in ckpt.iterrows():
+        per_rank = ranks[(ranks["run_id"] == row["run_id"]) & (ranks["tag"] == row["tag"])
+                         & (ranks["kind"] == "checkpoint")]
+        assert sorted(per_rank["rank"]) == list(range(row["ranks"]))
+        assert row["stall_max_s"] == per_rank["stall_s"].max()
+        assert row["stall_min_s"] == per_rank["stall_s"].min()
+        assert row["durable_rank_max_s"] == per_rank["durable_s"].max()
+        assert row["bytes"] == per_rank["bytes"].sum() and row["files"] == per_rank["files"].sum()
+        assert row["bytes_per_rank_max"] == per_rank["bytes"].max()
+        assert row["write_MBps"] == pytest.approx(row["bytes"] / 1e6 / row["durable_rank_max_s"])
+        assert row["stall_max_s"] <= row["durable_rank_max_s"] <= row["committed_s"]
+        assert row["predicted_bytes"] > 0 and 0.8 < row["bytes"] / row["predicted_bytes"] < 1.5
+        assert row["stall_rank"] in set(per_rank["rank"])
+        expected = next(r for r in result_checkpoints(read_run_events(Path(row["run"]))) if r["tag"] == row["tag"])
+        assert row["stall_max_s"] == expected["stall_max_s"] and row["committed_s"] == expected["committed_s"]
+
+
+@multirank
+def test_restart_rows_and_critical_path(study_logs):
+    collected = collect(study_logs)
+    table, ranks = collected.table(), collected.rank_table()
+    restarts = table[table["kind"] == "restart"]
+    assert len(restarts) == 3
+    for _, row in restarts.iterrows():
+        expected = result_restart(read_run_events(Path(row["run"])))
+        assert row["restart_s"] == expected["total_s"] and row["tag"] == expected["tag"] == "step4"
+        for column, label in analysis.RESTART_PART_COLUMNS:
+            assert row[column] == expected["parts"][label]
+        per_rank = ranks[(ranks["run_id"] == row["run_id"]) & (ranks["kind"] == "restart")]
+        assert row["restart_s"] == pytest.approx(per_rank["restart_s"].max())
+        path = sum(row[column] for column, _ in analysis.PATH_COLUMNS if pd.notna(row[column]))
+        assert path == pytest.approx(row["restart_s"], rel=1e-6)  # the stacked bars add up to the total
+        assert row["cache"] == ("cold" if row["resident_fraction"] == 0 else "warm")
+        assert row["restores_checkpoint"] and row["read_MBps"] > 0
+
+
+@multirank
+def test_engine_none_is_the_start_up_floor(mixed_logs):
+    table = collect(mixed_logs).table()
+    none = table[table["engine"] == "none"]
+    assert list(none["kind"]) == ["restart"]
+    row = none.iloc[0]
+    assert pd.isna(row["tag"]) and not row["restores_checkpoint"] and pd.isna(row["restart_ckpt_load_s"])
+    floor = analysis.start_up_floor(table)
+    assert len(floor) == 1 and floor.iloc[0]["floor_s"] == row["restart_s"]
+    summary = analysis.restart_summary(table)
+    assert not summary.loc[summary["engine"] == "none", "restores_checkpoint"].iloc[0]
+
+
+@multirank
+def test_summaries_and_engine_comparison(mixed_logs):
+    collected = collect(mixed_logs)
+    table = collected.table()
+    summary = analysis.checkpoint_summary(table)
+    assert set(summary["engine"]) == {"torch", "fake-async"}
+    keys = analysis.group_keys(table)
+    assert keys[:2] == ["preset", "layout"] and keys[-1] == "engine" and list(summary.columns[:len(keys)]) == keys
+    assert (summary["stall_rank_spread_s"] >= 0).all()
+    comparison = analysis.engine_comparison(table, "tiny", "tp1pp2")  # short layout name: dp from the table
+    assert comparison["layout"].unique().tolist() == ["tp1pp2dp2"]
+    assert {"torch", "fake-async"} <= set(comparison["engine"])
+    fast = comparison.set_index("engine").loc["fake-async"]
+    assert fast["stall_vs_best"] == 1.0  # its stall was scaled by 0.2
+    with_none = table.loc[table["engine"] == "none", "layout"].iloc[0]
+    assert analysis.pick_configuration(table)[1] == with_none  # the layout with three engines (none included)
+    lines = report.findings(table)
+    assert lines[0].startswith("Least training stall: fake-async")
+    assert any("fake-async" in line and "durable after" in line and "window" in line for line in lines)
+    assert any("start-up floor" in line for line in lines)
+
+
+@multirank
+def test_file_statistics_per_checkpoint_rank_and_kind(study_logs):
+    collected = collect(study_logs)
+    table, files = collected.table(), collected.file_table()
+    stats = analysis.file_statistics(files)
+    assert {"layer", "model", "optimizer"} <= set(stats["kind"])
+    assert (stats["min_bytes"] <= stats["median_bytes"]).all() and (stats["median_bytes"] <= stats["max_bytes"]).all()
+    per_rank = analysis.files_per_rank(files)
+    kinds = per_rank[[f"{k}_bytes" for k in analysis.FILE_KINDS]].sum(axis=1)
+    assert (kinds == per_rank["bytes"]).all()
+    ckpt = table[table["kind"] == "checkpoint"].set_index(["run_id", "tag"])
+    totals = per_rank.groupby(["run_id", "tag"])[["bytes", "files"]].sum()
+    joined = totals.merge(ckpt[["bytes", "files"]], left_index=True, right_index=True, suffixes=("", "_events"))
+    assert (joined["bytes"] == joined["bytes_events"]).all() and (joined["files"] == joined["files_events"]).all()
+    summary = analysis.file_summary(files)
+    assert set(summary["kind"]) >= {"layer", "model", "optimizer", "all"}
+    size = analysis.size_check(table, files)
+    assert len(size) == 3 and size["measured_vs_predicted"].between(0.9, 1.3).all()
+    assert (size["measured_weights_bytes"] + size["measured_optimizer_bytes"] + size["measured_other_bytes"]
+            == size["measured_bytes"]).all()
+
+
+@multirank
+def test_baseline_from_the_run_folder_or_a_parent(mixed_logs):
+    collected = collect(mixed_logs)
+    table = collected.table()
+    with_baseline = table[table["baseline_tool"].notna()]
+    assert set(with_baseline["layout"]) == {with_baseline["layout"].iloc[0]}  # only the layout folder that has one
+    assert (with_baseline["baseline_write_MBps"] == 321.0).all() and (with_baseline["baseline_read_MBps"] == 654.0).all()
+    assert table["baseline_tool"].isna().any()
+    (mixed_logs / "tiny" / "baseline.json").write_text('{"tool": "fio"}')
+    collected = collect(mixed_logs)
+    assert any("needs a positive write_MBps" in w for w in collected.warnings)
+
+
+# -- the command -----------------------------------------------------------------------------------------
+
+
+@multirank
+def test_summarize_writes_tables_plots_and_report(mixed_logs, tmp_path):
     out = tmp_path / "summary"
     proc = subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), str(mixed_logs), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "skipped" in proc.stdout and "Checkpoints" in proc.stdout and "Restarts" in proc.stdout
-    for name in ("study.csv", "study.parquet", "files.csv", "checkpoint_cost.png", "checkpoint_cost.svg",
-                 "restart_phases.png", "restart_phases.svg"):
+    stdout = proc.stdout
+    assert "Checkpoints" in stdout and "Restarts" in stdout and "Findings" in stdout
+    assert "skipped (run marked skipped)" in stdout and "skipped (failed run)" in stdout
+    assert "skipped (unreadable run)" in stdout and "train-rank00001.jsonl" in stdout
+    for name in ("study.csv", "study.parquet", "ranks.csv", "ranks.parquet", "files.csv", "files_per_rank.csv",
+                 "file_inventory.parquet", "excluded.csv", "report.html"):
         assert (out / name).stat().st_size > 0, name
+    for figure in report.FIGURES:
+        for suffix in (".png", ".svg"):
+            assert (out / f"{figure}{suffix}").stat().st_size > 1000, figure + suffix
     table = pd.read_parquet(out / "study.parquet")
     ckpt = table[table["kind"] == "checkpoint"]
     assert (ckpt["stall_max_s"] <= ckpt["durable_rank_max_s"]).all()
     assert (ckpt["durable_rank_max_s"] <= ckpt["committed_s"]).all()
+    assert table.loc[table["engine"] == "none", "tag"].isna().all()
     files = pd.read_csv(out / "files.csv")
     assert set(files["kind"]) >= {"layer", "model", "optimizer"}
+    excluded = pd.read_csv(out / "excluded.csv")
+    assert set(excluded["status"]) == {"failed", "incomplete", "skipped", "unreadable"}
+
+    html = (out / "report.html").read_text()
+    assert html.count("src='data:image/png;base64,") == len(report.FIGURES)  # self-contained
+    assert "http://" not in html.replace("https://github.com/DataStates", "") and "<link" not in html
+    for words in ("max over ranks", "fsync", "Skipped by design", "datastates", "start-up floor", "warm",
+                  "Findings", "Least training stall", "Failed, incomplete or unreadable", "baseline.json"):
+        assert words in html, words
+
+
+@multirank
+def test_summarize_without_a_baseline_says_so(study_logs, tmp_path):
+    collected = collect(study_logs)
+    outputs = report.write_outputs(collected, tmp_path / "out")
+    assert "No baseline measured" in outputs.report.read_text()
 
 
 def test_summarize_on_a_missing_folder_says_so(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), str(tmp_path / "nope")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "is not a folder" in proc.stdout
+
+
+def test_summarize_on_a_folder_without_complete_runs(tmp_path):
+    run = tmp_path / "logs" / "tiny" / "tp2pp2dp1" / "datastates" / "20260101-000000"
+    run.mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"status": "skipped", "error": "no datastates here",
+                                                   "preset": "tiny", "layout": "tp2pp2dp1", "engine": "datastates"}))
+    proc = subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), str(tmp_path / "logs")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no datastates here" in proc.stdout and "no complete runs" in proc.stdout
+
+
+# -- small pieces without runs ----------------------------------------------------------------------------
+
+
+def test_event_reader_names_file_and_line(tmp_path):
+    events = tmp_path / "run" / "events"
+    events.mkdir(parents=True)
+    good = {"event": "checkpoint.save", "phase": "train", "rank": 0, "time": 1.0, "start": 1.0, "duration_s": 0.5,
+            "tag": "step2", "step": 2}
+    path = events / "train-rank00000.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "duration_s": "slow"}) + "\n")
+    with pytest.raises(analysis.RunFolderError, match=r"train-rank00000.jsonl:3: .*'duration_s' should be a number"):
+        read_run_events(tmp_path / "run")
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"phase": "train"}) + "\n")
+    with pytest.raises(analysis.RunFolderError, match=r"train-rank00000.jsonl:2: event record lacks event, rank"):
+        read_run_events(tmp_path / "run")
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "event": "something.new", "x": 1}) + "\n")
+    assert len(read_run_events(tmp_path / "run")) == 2  # events the analysis does not know are kept, unchecked
+
+
+def test_run_folders_stop_at_run_folders(tmp_path):
+    for name in ("a/run1", "a/run1/checkpoints/nested", "b/c/run2"):
+        (tmp_path / name).mkdir(parents=True)
+    for name in ("a/run1", "a/run1/checkpoints/nested", "b/c/run2"):
+        (tmp_path / name / "metadata.json").write_text("{}")
+    assert analysis.run_folders(tmp_path) == [tmp_path / "a/run1", tmp_path / "b/c/run2"]
+
+
+def test_formatting():
+    assert report.fmt_s(0.0042) == "4.2 ms" and report.fmt_s(0.057) == "57 ms" and report.fmt_s(1.234) == "1.23 s"
+    assert report.fmt_s(None) == "—" and report.fmt_s(float("nan")) == "—"
+    assert report.fmt_bytes(5_091_033) == "5.09 MB" and report.fmt_bytes(2122) == "2.12 kB"
+    assert analysis.engine_order(["zeta", "dcp", "torch", "none"]) == ["none", "torch", "dcp", "zeta"]
