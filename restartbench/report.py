@@ -509,8 +509,9 @@ def findings(table: pd.DataFrame) -> list[str]:
                 sentences.append(", ".join(f"{row['engine']} ({fmt_s(row['stall_s'])} stall, durable after "
                                            f"{fmt_s(row['durable_s'])})" for row in late)
                                  + (" returns" if len(late) == 1 else " return")
-                                 + " to training well before the files are safe: the write overlaps "
-                                   "training, and a crash in that window loses the checkpoint.")
+                                 + " to training well before the files are durable (a synchronous engine leaves "
+                                   "them in the page cache until they are fsync'd; an asynchronous one goes on "
+                                   "writing in the background): a crash in that window loses the checkpoint.")
         restoring = r[r["restores_checkpoint"].astype(bool) & r["restart_s"].notna()]
         floor = r[~r["restores_checkpoint"].astype(bool) & r["restart_s"].notna()]
         if not restoring.empty:
