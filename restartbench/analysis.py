@@ -55,7 +55,8 @@ RESTART_PART_COLUMNS = [(f"restart_{label.replace(' ', '_')}_s", label) for _eve
 #: The restart's critical path: the parts of the rank that was last ready to train (its first resumed iteration
 #: started last; every rank waits for it there), in launch order. ``verify`` is the harness's exactness check and
 #: ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
-PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "ckpt load", "verify", "gaps", "1st iter")
+PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "ckpt load", "verify", "gaps",
+              "1st iter")
 PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_PARTS]
 
 #: Columns of the tidy table and what each holds (also the glossary of the report).
@@ -114,7 +115,8 @@ TABLE_COLUMNS: dict[str, str] = {
 
 RANK_COLUMNS: dict[str, str] = {
     "run_id": "run folder relative to the collected root", "kind": "checkpoint or restart", "tag": "tag",
-    "rank": "rank", "stall_s": "time save blocked training on this rank",
+    "rank": "rank", "stall_s": "time the checkpoint blocked training on this rank: save, plus copy_wait_s",
+    "copy_wait_s": "time training later waited (at the optimizer step) for a lazy save's copies to finish",
     "wait_durable_s": "time waited for this rank's files to be durable",
     "durable_s": "save start -> this rank's files fsync'd", "bytes": "bytes written by this rank",
     "files": "files written by this rank", "restart_s": "launch -> end of this rank's first resumed iteration",
@@ -311,16 +313,21 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
 
 
 def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per checkpoint tag × rank of phase 1: stall, durable wait, durable time, bytes, files."""
+    """One row per checkpoint tag × rank of phase 1: stall (save, plus any later wait of training for the save's
+    copies), durable wait, durable time, bytes, files."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for e in events:
         if e["phase"] != "train" or not e["event"].startswith("checkpoint."):
             continue
         row = rows.setdefault((e["tag"], e["rank"]), {
             "kind": "checkpoint", "tag": e["tag"], "step": e.get("step"), "rank": e["rank"], "stall_s": None,
-            "wait_durable_s": None, "durable_s": None, "bytes": None, "files": None})
+            "copy_wait_s": 0.0, "wait_durable_s": None, "durable_s": None, "bytes": None, "files": None})
         if e["event"] == "checkpoint.save":
-            row["stall_s"] = e["duration_s"]
+            row["stall_s"] = e["duration_s"] + row["copy_wait_s"]
+        elif e["event"] == "checkpoint.copy_wait":
+            row["copy_wait_s"] += e["duration_s"]
+            if row["stall_s"] is not None:
+                row["stall_s"] += e["duration_s"]
         elif e["event"] == "checkpoint.wait_durable":
             row["wait_durable_s"] = e["duration_s"]
         elif e["event"] == "checkpoint.durable":
@@ -393,6 +400,7 @@ def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, An
 # -- events, read and checked ----------------------------------------------------------------------
 
 _SPANS = ("process.start", "startup.imports", "startup.dist_init", "startup.model_build", "startup.ds_initialize",
+          "startup.engine",
           "train.iteration", "checkpoint.save", "checkpoint.wait_durable", "restore.load", "restore.verify")
 #: Fields the analysis relies on, per event (README "Run folder"); other events and fields are ignored.
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {

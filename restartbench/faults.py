@@ -54,14 +54,19 @@ def kill_in_load(rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def save_fault(rank: int, tag: str) -> str | None:
+    """The save fault (``kill-in-save`` or ``enospc-in-save``) this rank must suffer in checkpoint ``tag``, if any.
+    Engines that never call torch.save apply it in their own writer (half a file written, then die or fail)."""
+    fault = active_fault()
+    return next((kind for kind in ("kill-in-save", "enospc-in-save")
+                 if fault and fault.applies(kind, rank, tag=tag)), None)
+
+
 def arm_save_fault(rank: int, tag: str) -> None:
     """Make this rank's next torch.save of checkpoint ``tag`` die or fail half-way, if a fault asks for it."""
-    fault = active_fault()
-    if fault is None:
-        return
-    for kind in ("kill-in-save", "enospc-in-save"):
-        if fault.applies(kind, rank, tag=tag):
-            _patch_torch_save_once(kind)
+    kind = save_fault(rank, tag)
+    if kind:
+        _patch_torch_save_once(kind)
 
 
 def _patch_torch_save_once(kind: str) -> None:

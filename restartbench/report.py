@@ -31,9 +31,9 @@ MAX_ROWS = 60
 KIND_COLORS = {"layer": "#4C72B0", "model": "#8172B3", "optimizer": "#DD8452", "other": "#999999"}
 PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out
     "launch": "#c6dbef", "imports": "#9ecae1", "dist init": "#6baed6", "model build": "#4292c6",
-    "ds init": "#2171b5", "ckpt load": "#e6550d", "verify": "#bdbdbd", "gaps": "#e0e0e0", "1st iter": "#31a354",
+    "ds init": "#2171b5", "engine setup": "#08519c", "ckpt load": "#e6550d", "verify": "#bdbdbd", "gaps": "#e0e0e0", "1st iter": "#31a354",
 }
-_DARK_PARTS = ("model build", "ds init", "ckpt load", "1st iter")
+_DARK_PARTS = ("model build", "ds init", "engine setup", "ckpt load", "1st iter")
 _TAB = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
         "#393b79", "#637939", "#843c39")  # tab10 without its grey (grey marks "predicted"/neutral in the legends)
 

@@ -28,6 +28,7 @@ RESTART_PARTS = (
     ("startup.dist_init", "dist init"),
     ("startup.model_build", "model build"),
     ("startup.ds_initialize", "ds init"),  # deepspeed.initialize
+    ("startup.engine", "engine setup"),  # the checkpoint engine's own start-up (imports, process groups)
     ("restore.load", "ckpt load"),
     ("train.iteration", "1st iter"),
 )
@@ -36,6 +37,8 @@ _KINDS = (
     (re.compile(r"^layer_\d+-.*model_states\.pt"), "layer"),
     (re.compile(r"^mp_rank_\d+_model_states\.pt"), "model"),
     (re.compile(r"optim_states\.pt"), "optimizer"),
+    (re.compile(r"^model_pp\d+_tp\d+\.lazy$"), "model"),
+    (re.compile(r"^optim_.*\.lazy$"), "optimizer"),
 )
 
 
@@ -54,7 +57,10 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for tag, kinds in by_tag.items():
         saves, durable, commit = kinds["checkpoint.save"], kinds["checkpoint.durable"], kinds["checkpoint.commit"]
-        stalls = [e["duration_s"] for e in saves]
+        waits = defaultdict(float)  # training's later wait for a lazy engine's copies belongs to the stall
+        for e in kinds["checkpoint.copy_wait"]:
+            waits[e["rank"]] += e["duration_s"]
+        stalls = [e["duration_s"] + waits[e["rank"]] for e in saves]
         rows.append({
             "tag": tag,
             "step": saves[0]["step"] if saves else None,

@@ -88,7 +88,11 @@ class RankRun:
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
         from restartbench.engines import create_engine
 
-        self.ckpt_engine = create_engine(self.cfg.engine)
+        with self.log.span("startup.engine", engine=self.cfg.engine.engine):  # imports, process groups, buffers
+            self.ckpt_engine = create_engine(self.cfg.engine)
+        if hasattr(self.ckpt_engine, "on_copy_wait"):  # training waited for a save's copies after save() returned
+            self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
+                "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)
         self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":

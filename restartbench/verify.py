@@ -27,13 +27,15 @@ def tensor_hash(tensor: torch.Tensor) -> str:
 
 
 def digest(obj: Any, prefix: str = "") -> dict[str, str]:
-    """Flatten a nested state into {'path.to.entry': hash-or-value}."""
+    """Flatten a nested state into {'path.to.entry': hash-or-value}. A key that is not a string carries its type
+    (``0:int``), so a restore that turns the optimizer's integer parameter ids into strings is caught."""
     if isinstance(obj, torch.Tensor):
         return {prefix: tensor_hash(obj)}
     if isinstance(obj, dict):
         out: dict[str, str] = {}
         for key, value in obj.items():
-            out.update(digest(value, f"{prefix}.{key}" if prefix else str(key)))
+            label = key if isinstance(key, str) else f"{key!r}:{type(key).__name__}"
+            out.update(digest(value, f"{prefix}.{label}" if prefix else label))
         return out
     if isinstance(obj, (list, tuple)):
         out = {}

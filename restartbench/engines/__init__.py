@@ -12,7 +12,10 @@ harness calls, on every rank:
 - ``load(ds_engine, load_dir, tag)``: restores model, optimizer and scheduler state;
 - ``written()``: the files this rank wrote for the last save, with sizes.
 
-Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``none``).
+Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``none``). An engine
+whose ``save`` returns before its copies of the state are taken, and which therefore makes training
+wait later (at the optimizer step), has an ``on_copy_wait(tag, seconds)`` callback attribute: the
+harness records each wait as ``checkpoint.copy_wait`` and counts it in the stall.
 After every rank is durable the harness commits the checkpoint (``commit_latest``), so
 a checkpoint is named ``latest`` only once all of its files are on disk.
 
@@ -92,6 +95,9 @@ register(EngineInfo("dcp", "restartbench.engines.dcp_engine", "DCPEngine",
                     "PyTorch Distributed Checkpoint, synchronous save"))
 register(EngineInfo("dcp-async", "restartbench.engines.dcp_engine", "AsyncDCPEngine",
                     "PyTorch Distributed Checkpoint, async_save (staging, then a background write)"))
+register(EngineInfo("lazy", "restartbench.engines.lazy_engine", "LazyEngine",
+                    "restartbench's lazy engine: reused host buffer, copies overlapped with the next fwd/bwd, "
+                    "streamed fsync'd flush"))
 
 
 class UnknownEngineError(ValueError):

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Every checkpoint engine against the machine's physical limits, in one run on one machine.
+
+    python bench/engines.py [--preset small] [--layout tp1pp1dp2] [--dtype fp32] [--engines torch,lazy,...]
+
+1. Measures the limits: the host copy bandwidth (CUDA: pinned device-to-host; CPU: memcpy into a
+   preallocated buffer) and the checkpoint target's write bandwidth (ending in fsync) and cold read
+   bandwidth. A ``baseline.json`` already in the logs root (fio, e.g. from restartbench's baseline
+   tool) is used for the storage figures; otherwise a plain large write + fsync and a read after
+   ``posix_fadvise(DONTNEED)`` are measured, and written as ``baseline.json`` so the analysis sees them.
+2. Runs each engine (registered, and whose packages import here) on the same preset and layout through
+   config-n-run.py, one after another.
+3. Reads the run folders with restartbench.analysis.collect and prints, per engine:
+   - stall ÷ copy floor, the floor being the largest bytes one rank saved ÷ the copy bandwidth (each
+     rank copies its own state; 1.0 = the stall is the copy out of device memory and nothing more);
+   - durable throughput (all bytes ÷ durable time) ÷ write bandwidth;
+   - cold restore throughput (bytes read ÷ checkpoint load time) ÷ read bandwidth.
+   For ``lazy`` the wait at the optimizer step for copies still in flight is shown too, from
+   ``checkpoint.copy_wait`` events once the harness records them.
+4. Writes ``bench/results/YYYY-MM-DD-<machine>-engines.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from restartbench import engines as registry  # noqa: E402
+from restartbench.analysis import BASELINE_FILE, collect  # noqa: E402
+from restartbench.events import read_events  # noqa: E402
+
+MB = 1e6
+DEFAULT_ENGINES = ("torch", "lazy", "dcp", "dcp-async", "torchsnapshot", "fastpersist")
+CPU_BROKEN = {"fastpersist": "fails on CPU as shipped (async_io op, pinning, UtilsBuilder: /work/shared/FACTS.md)",
+              "decoupled": "fails with ZeRO-1 + PipelineEngine as shipped (FACTS.md)"}
+
+
+# -- limits ------------------------------------------------------------------------------------------------
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> dict:
+    """Best of ``repeats`` copies of ``nbytes``: CUDA pinned device->host, else memcpy into a preallocated buffer."""
+    if torch.cuda.is_available():
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+        dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+        def once():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+        what = "pinned device-to-host copy (torch, one stream)"
+    else:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.zeros(nbytes, dtype=torch.uint8)
+
+        def once():
+            start = time.perf_counter()
+            dst.copy_(src)
+            return time.perf_counter() - start
+        what = "memcpy into a preallocated host buffer (torch copy_, one thread)"
+    once()
+    best = min(once() for _ in range(repeats))
+    return {"copy_MBps": nbytes / MB / best, "copy_method": what, "copy_probe_bytes": nbytes}
+
+
+def storage_bandwidth(target: Path, nbytes: int, block: int = 64 << 20) -> dict:
+    """Write ``nbytes`` in ``block`` writes ending in fsync, evict the file from the page cache, read it back."""
+    path = target / f".bench-engines-probe-{os.getpid()}"
+    data = os.urandom(block)
+    try:
+        start = time.perf_counter()
+        with open(path, "wb", buffering=0) as handle:
+            for _ in range(0, nbytes, block):
+                handle.write(data)
+            os.fsync(handle.fileno())
+        write_s = time.perf_counter() - start
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start = time.perf_counter()
+            total = 0
+            while chunk := os.read(fd, block):
+                total += len(chunk)
+            read_s = time.perf_counter() - start
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return {"tool": "plain write+fsync / read after posix_fadvise(DONTNEED) (bench/engines.py)",
+            "write_MBps": total / MB / write_s, "read_MBps": total / MB / read_s, "target": str(target),
+            "block_size": f"{block >> 20}M", "jobs": 1, "direct": False, "probe_bytes": total,
+            "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def storage_baseline(logs: Path, target: Path, nbytes: int) -> dict:
+    """The baseline.json already in the logs root (fio or other), else a plain measurement written there."""
+    existing = logs / BASELINE_FILE
+    if existing.is_file():
+        return {**json.loads(existing.read_text()), "source": str(existing)}
+    measured = storage_bandwidth(target, nbytes)
+    existing.write_text(json.dumps(measured, indent=1) + "\n")
+    return {**measured, "source": "measured here"}
+
+
+# -- runs --------------------------------------------------------------------------------------------------
+
+
+def runnable(name: str, device: str) -> str | None:
+    """None when the engine can be run here, else why not."""
+    try:
+        info = registry.engine_info(name)
+    except registry.UnknownEngineError:
+        return "not registered"
+    missing = registry.missing_requirements(name)
+    if missing:
+        return "; ".join(missing)
+    if importlib.util.find_spec(info.module) is None:
+        return f"its module {info.module} is not there"
+    if device == "cpu" and name in CPU_BROKEN:
+        return CPU_BROKEN[name]
+    return None
+
+
+def run_engine(name: str, args: argparse.Namespace, logs: Path) -> dict:
+    argv = [sys.executable, str(ROOT / "config-n-run.py"), args.preset, args.layout, "--dtype", args.dtype,
+            "--iters", str(args.iters), "--save-interval", str(args.save_interval), "--engine", name,
+            "--logs", str(logs), *args.extra]
+    if args.checkpoint_dir:
+        argv += ["--checkpoint-dir", str(Path(args.checkpoint_dir) / name)]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    return {"engine": name, "exit": proc.returncode, "wall_s": time.perf_counter() - start, "tail": tail}
+
+
+# -- figures -----------------------------------------------------------------------------------------------
+
+
+def copy_waits(run_dir: Path) -> dict[str, float]:
+    """Per tag, the max over ranks of the time the optimizer step waited for the copies (harness events)."""
+    waits: dict[str, float] = {}
+    for e in read_events(run_dir):
+        if e["event"] == "checkpoint.copy_wait":
+            waits[e["tag"]] = max(waits.get(e["tag"], 0.0), e["duration_s"])
+    return waits
+
+
+def engine_figures(table, limits: dict, order: list[str]) -> list[dict]:
+    rows = []
+    copy_bps = limits["copy_MBps"] * MB
+    for engine, frame in sorted(table.groupby("engine"), key=lambda item: order.index(item[0])
+                                if item[0] in order else len(order)):
+        ckpts = frame[frame.kind == "checkpoint"].sort_values("step")
+        restart = frame[frame.kind == "restart"]
+        if ckpts.empty:
+            continue
+        last, first = ckpts.iloc[-1], ckpts.iloc[0]
+        run_dir = Path(last["run"])
+        floor = last["bytes_per_rank_max"] / copy_bps
+        waits = copy_waits(run_dir)
+        row = {
+            "engine": engine, "run": last["run_id"], "bytes": int(last["bytes"]),
+            "bytes_per_rank_max": int(last["bytes_per_rank_max"]), "files": int(last["files"]),
+            "stall_first_s": float(first["stall_max_s"]), "stall_s": float(last["stall_max_s"]),
+            "copy_floor_s": floor, "stall_over_floor": float(last["stall_max_s"]) / floor,
+            "durable_s": float(last["durable_rank_max_s"]), "durable_MBps": float(last["write_MBps"]),
+            "durable_over_write_bw": float(last["write_MBps"]) / limits["write_MBps"],
+            "iteration_s": float(last["iteration_s"]),
+            "copy_wait_first_s": waits.get(first["tag"]), "copy_wait_s": waits.get(last["tag"]),
+        }
+        if not restart.empty:
+            r = restart.iloc[0]
+            read = r["read_MBps"]
+            row.update({"restore_cache": r["cache"], "ckpt_load_s": r["restart_ckpt_load_s"],
+                        "restore_MBps": read, "exact": bool(r["exact"]) if r["exact"] is not None else None,
+                        "restore_over_read_bw": read / limits["read_MBps"]
+                        if read and r["cache"] == "cold" else None})
+        rows.append(row)
+    return rows
+
+
+def _fmt(value, spec: str) -> str:
+    return "—" if value is None or value != value else format(value, spec)
+
+
+def markdown(meta: dict, limits: dict, rows: list[dict], runs: list[dict], skipped: dict[str, str]) -> str:
+    lines = [f"# Checkpoint engines vs. physical limits — {meta['machine']}, {meta['date']}", "",
+             f"`python bench/engines.py {' '.join(meta['argv'])}` — {meta['preset']} {meta['layout']} "
+             f"{meta['dtype']}, {meta['iters']} iterations, a checkpoint every {meta['save_interval']}; "
+             f"{meta['host']} ({meta['cpus']} CPUs, {meta['device']}), torch {meta['torch']}."
+             + (" Runs made earlier under the same logs root, analysed again here." if meta["analysed_only"] else ""),
+             "",
+             "## Limits", "",
+             f"- host copy: **{limits['copy_MBps']:.0f} MB/s** — {limits['copy_method']}, "
+             f"{limits['copy_probe_bytes'] / MB:.0f} MB probe",
+             f"- write (ending in fsync): **{limits['write_MBps']:.0f} MB/s**; cold read: "
+             f"**{limits['read_MBps']:.0f} MB/s** — {limits['tool']} on {limits['target']} ({limits['source']})", "",
+             "## Engines (last checkpoint of the run; restore is the relaunch's load)", "",
+             "| engine | bytes | stall s (first) | copy floor s | stall ÷ floor | durable s | durable MB/s | "
+             "÷ write bw | restore MB/s (cache) | ÷ read bw | exact | optimizer-step wait s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        wait = (f"{r['copy_wait_s']:.3f} ({_fmt(r['copy_wait_first_s'], '.3f')})" if r["copy_wait_s"] is not None
+                else "not recorded" if r["engine"] == "lazy" else "—")
+        lines.append(
+            f"| {r['engine']} | {r['bytes'] / MB:.1f} MB | {r['stall_s']:.3f} ({r['stall_first_s']:.3f}) | "
+            f"{r['copy_floor_s']:.4f} | {r['stall_over_floor']:.1f} | {r['durable_s']:.3f} | {r['durable_MBps']:.0f} | "
+            f"{r['durable_over_write_bw']:.2f} | {_fmt(r.get('restore_MBps'), '.0f')} ({r.get('restore_cache')}) | "
+            f"{_fmt(r.get('restore_over_read_bw'), '.2f')} | {r.get('exact')} | {wait} |")
+    lines += ["", "copy floor = largest bytes one rank saved ÷ host copy bandwidth. durable MB/s = all bytes ÷ "
+              "(save start → last rank fsync'd). restore MB/s = bytes read ÷ checkpoint load time (cold: page cache "
+              "evicted and checked empty). The ratios are against single-stream probes: above 1 is possible where "
+              "an engine writes or reads with several threads or ranks. optimizer-step wait (lazy): the time the "
+              "first optimizer step after the save waited for the copies still in flight (part of the stall; "
+              "from the harness's checkpoint.copy_wait events, 'not recorded' where the harness does not emit them: "
+              "it is at most the copy floor).", ""]
+    if skipped:
+        lines += ["Not run here: " + "; ".join(f"`{k}`: {v}" for k, v in skipped.items()), ""]
+    failed = [r for r in runs if r["exit"] != 0]
+    if failed:
+        lines += ["Failed runs: " + "; ".join(f"`{r['engine']}` (exit {r['exit']}: {' / '.join(r['tail'])})"
+                                                for r in failed), ""]
+    return "\n".join(lines) + "\n"
+
+
+def machine_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name().lower().replace("nvidia", "").strip().split()[0]
+    return f"cpu{os.cpu_count()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--layout", default="tp1pp1dp2")
+    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--iters", type=int, default=4)
+    parser.add_argument("--save-interval", type=int, default=2)
+    parser.add_argument("--engines", default=",".join(DEFAULT_ENGINES), help="comma-separated engine names")
+    parser.add_argument("--logs", type=Path, help="logs root (default: a fresh temporary folder, kept)")
+    parser.add_argument("--checkpoint-dir", help="checkpoint target (default: each run folder)")
+    parser.add_argument("--probe-mb", type=int, default=512, help="size of the storage probe, MB")
+    parser.add_argument("--timeout", type=int, default=1800, help="per run, seconds")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--machine", default=None, help="name in the result file (default: GPU model or cpuN)")
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: analyse the run folders already under --logs (copy bandwidth re-measured, "
+                             "storage from its baseline.json)")
+    parser.add_argument("extra", nargs="*", help="more config-n-run.py options, after --")
+    args = parser.parse_args(argv)
+    if args.no_run and not (args.logs and args.logs.is_dir()):
+        raise SystemExit("--no-run analyses an existing logs root: give it with --logs")
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="bench-engines-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    target = Path(args.checkpoint_dir) if args.checkpoint_dir else logs
+    target.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    if shutil.disk_usage(target).free < 3 * args.probe_mb * 10**6:
+        raise SystemExit(f"{target}: less than {3 * args.probe_mb} MB free for the storage probe (--probe-mb)")
+    limits = {**copy_bandwidth(args.probe_mb * 10**6), **storage_baseline(logs, target, args.probe_mb * 10**6)}
+    print(f"limits: copy {limits['copy_MBps']:.0f} MB/s ({limits['copy_method']}); write {limits['write_MBps']:.0f} "
+          f"MB/s, read {limits['read_MBps']:.0f} MB/s ({limits['tool']})", flush=True)
+
+    skipped, runs = {}, []
+    for name in [n.strip() for n in args.engines.split(",") if n.strip()]:
+        reason = runnable(name, device)
+        if reason:
+            skipped[name] = reason
+            print(f"{name}: not run ({reason})", flush=True)
+            continue
+        if args.no_run:
+            continue
+        print(f"{name}: running {args.preset} {args.layout} ...", flush=True)
+        runs.append(run_engine(name, args, logs))
+        print(f"{name}: exit {runs[-1]['exit']} after {runs[-1]['wall_s']:.0f} s", flush=True)
+
+    collected = collect(logs)
+    order = [n.strip() for n in args.engines.split(",")]
+    rows = engine_figures(collected.table(), limits, order)
+    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or machine_name(),
+            "host": platform.node(), "cpus": os.cpu_count(), "device": device, "torch": torch.__version__,
+            "preset": args.preset, "layout": args.layout, "dtype": args.dtype, "iters": args.iters,
+            "save_interval": args.save_interval, "logs": str(logs), "argv": sys.argv[1:] if argv is None else argv,
+            "analysed_only": args.no_run}
+    text = markdown(meta, limits, rows, runs, skipped)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{meta['date']}-{meta['machine']}-engines"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "limits": limits, "engines": rows, "runs": runs,
+                                                     "skipped": skipped}, indent=1, default=str) + "\n")
+    stem.with_suffix(".md").write_text(text)
+    print(f"written: {stem}.md, {stem}.json")
+    return 0 if all(r["exit"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

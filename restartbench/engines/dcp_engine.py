@@ -1,0 +1,205 @@
+"""PyTorch Distributed Checkpoint (DCP): ``save`` and ``async_save`` of the DeepSpeed engine's state.
+
+DCP saves a flat {key: tensor or object} dict, every rank at once, each rank writing
+``__<rank>_0.distcp`` and rank 0 the ``.metadata`` that maps keys to file offsets. The state
+is the harness state (``harness_state``: module, ZeRO-1 fp32 partition and Adam moments,
+scheduler, counters), its tensors as top-level entries and its plain values as one object
+per rank. Keys carry the rank's place in the 3D layout:
+
+- ``pp<P>-tp<T>/module/<name>``: the module is the same on every data-parallel rank of a
+  stage and shard, so DCP's planner keeps one copy of each tensor (written by one of those
+  ranks), as DeepSpeed's own checkpoint does;
+- ``pp<P>-tp<T>-dp<D>/...``: the optimizer partition and everything else, distinct per rank.
+
+The checkpoint lives in ``<save_dir>/<tag>/`` and is restored with the same layout.
+DCP is imported with this module (when the engine is created at start-up, seconds on a busy
+CPU), not in the first save, whose stall would otherwise include it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from restartbench.config import EngineConfig
+from restartbench.engines import fsync_files
+from restartbench.engines import harness_state
+from restartbench.engines.deepspeed_engines import FileRecord
+
+METADATA = ".metadata"
+SKELETON = "skeleton"
+
+
+def namespaces(pp: int, tp: int, dp: int) -> tuple[str, str]:
+    """(module namespace shared by the data-parallel replicas, this rank's own namespace)."""
+    return f"pp{pp}-tp{tp}", f"pp{pp}-tp{tp}-dp{dp}"
+
+
+def flat_state(state: dict[str, Any], pp: int, tp: int, dp: int) -> dict[str, Any]:
+    """The harness state as DCP's flat dict: namespaced tensors plus this rank's skeleton object."""
+    shared, own = namespaces(pp, tp, dp)
+    skeleton, tensors = harness_state.split(state)
+    flat: dict[str, Any] = {f"{shared if key.startswith('module/') else own}/{key}": t for key, t in tensors.items()}
+    flat[f"{own}/{SKELETON}"] = skeleton
+    return flat
+
+
+def is_mine(key: str, pp: int, tp: int, dp: int) -> bool:
+    shared, own = namespaces(pp, tp, dp)
+    return key.startswith(f"{shared}/module/") or key.startswith(f"{own}/")
+
+
+def unflatten(flat: dict[str, Any], pp: int, tp: int, dp: int) -> dict[str, Any]:
+    """Reverse of ``flat_state`` for this rank's keys."""
+    _, own = namespaces(pp, tp, dp)
+    tensors = {key.split("/", 1)[1]: value for key, value in flat.items() if key != f"{own}/{SKELETON}"}
+    return harness_state.join(flat[f"{own}/{SKELETON}"], tensors)
+
+
+def save_planner() -> DefaultSavePlanner:
+    """Unflattened, the skeleton stays one object (not an entry per leaf) and keeps its keys as they are
+    (DCP's flattening turns the optimizer's integer keys into strings)."""
+    return DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+
+def load_planner() -> DefaultLoadPlanner:
+    """Unflattened, the planner loads objects into (a shallow copy of) the template itself, which
+    ``dcp.load`` copies back: the skeleton lands in the template."""
+    return DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+
+def load_template(metadata: Any, live: dict[str, Any], pp: int, tp: int, dp: int) -> dict[str, Any]:
+    """What DCP loads into: this rank's keys of the checkpoint, each the tensor of ``live`` (a
+    ``flat_state``) where it has one of the same shape and dtype (read in place), else a new
+    tensor; None for objects."""
+    template: dict[str, Any] = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if not is_mine(key, pp, tp, dp):
+            continue
+        if not isinstance(md, TensorStorageMetadata):
+            template[key] = None
+            continue
+        current = live.get(key)
+        fits = isinstance(current, torch.Tensor) and current.shape == md.size and current.dtype == md.properties.dtype
+        template[key] = current if fits else torch.empty(md.size, dtype=md.properties.dtype)
+    if not template:
+        raise FileNotFoundError(f"the DCP checkpoint has no entries for pipeline stage {pp}, tensor rank {tp}, "
+                                f"data-parallel rank {dp}: was it saved with another layout?")
+    return template
+
+
+def files_of_rank(names: list[str], pg_rank: int) -> list[str]:
+    """The files of a DCP checkpoint folder that ``pg_rank`` wrote: its ``__<rank>_<n>.distcp`` files,
+    and ``.metadata`` for the coordinator (rank 0). Each file belongs to exactly one rank."""
+    mine = [n for n in names if n.startswith(f"__{pg_rank}_") and n.endswith(".distcp")]
+    return sorted(mine + ([METADATA] if pg_rank == 0 and METADATA in names else []))
+
+
+class DCPEngine:
+    """``torch.distributed.checkpoint.save``: returns once every rank's files are written (and fsync'd by DCP)."""
+
+    asynchronous = False
+    saves_state = True
+
+    def __init__(self, options: EngineConfig):
+        self.options = options
+        self._folder: str | None = None
+        self._pg_rank = 0
+        self._save_start = 0.0
+        self._write_done = 0.0
+        self._read: list[FileRecord] = []
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        self._folder = os.path.join(save_dir, tag)
+        group = self._process_group()
+        self._pg_rank = dist.get_rank(group)
+        self._save_start = time.perf_counter()
+        flat = flat_state(harness_state.capture(ds_engine), *harness_state.coordinates(ds_engine))
+        self._start_save(flat, dcp.FileSystemWriter(self._folder, sync_files=True), save_planner(), group)
+
+    def _process_group(self) -> Any:
+        return None  # the default group: the save runs on the training thread
+
+    def _start_save(self, flat: dict, writer: Any, planner: Any, group: Any) -> None:
+        dcp.save(flat, storage_writer=writer, planner=planner, process_group=group)
+        self._write_done = time.perf_counter()
+
+    def wait_until_durable(self) -> float:
+        fsync_files([r.path for r in self.written()])
+        return time.perf_counter()
+
+    def written(self) -> list[FileRecord]:
+        if self._folder is None:
+            return []
+        names = files_of_rank(os.listdir(self._folder), self._pg_rank)
+        sizes = {os.path.join(self._folder, n): os.path.getsize(os.path.join(self._folder, n)) for n in names}
+        return harness_state.records(sizes, self._write_done - self._save_start)
+
+    def read(self) -> list[FileRecord]:
+        return list(self._read)
+
+    def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
+        folder = os.path.join(load_dir, tag)
+        start = time.perf_counter()
+        reader = dcp.FileSystemReader(folder)
+        metadata = reader.read_metadata()
+        coords = harness_state.coordinates(ds_engine)
+        template = load_template(metadata, flat_state(harness_state.capture(ds_engine), *coords), *coords)
+        dcp.load(template, storage_reader=reader, planner=load_planner())
+        seconds = time.perf_counter() - start
+        harness_state.restore(ds_engine, unflatten(template, *coords))
+        self._read = harness_state.records(self._bytes_read(folder, metadata, template), seconds)
+
+    @staticmethod
+    def _bytes_read(folder: str, metadata: Any, template: dict[str, Any]) -> dict[str, int]:
+        """Bytes this rank read from each file: its entries' extents, plus the whole ``.metadata``."""
+        sizes = {os.path.join(folder, METADATA): os.path.getsize(os.path.join(folder, METADATA))}
+        for index, info in metadata.storage_data.items():
+            if index.fqn in template:
+                path = os.path.join(folder, info.relative_path)
+                sizes[path] = sizes.get(path, 0) + info.length
+        return sizes
+
+
+class AsyncDCPEngine(DCPEngine):
+    """``torch.distributed.checkpoint.async_save``: the state is staged to a CPU copy before ``save``
+    returns (so training cannot change what is written), then planned and written by a background
+    thread on a process group of its own, so its collectives never interleave with training's.
+
+    That group (gloo: async_save needs a CPU backend, also beside NCCL) is created with the engine,
+    on every rank at start-up as a real job would, so the first save's stall does not include it."""
+
+    asynchronous = True
+
+    def __init__(self, options: EngineConfig):
+        super().__init__(options)
+        self._group = dist.new_group(backend="gloo")
+        self._future: Any = None
+        self._done_at: float | None = None
+
+    def _process_group(self) -> Any:
+        return self._group
+
+    def _start_save(self, flat: dict, writer: Any, planner: Any, group: Any) -> None:
+        self._done_at = None
+        self._future = dcp.async_save(flat, storage_writer=writer, planner=planner, process_group=group)
+        self._future.add_done_callback(self._mark_written)
+
+    def _mark_written(self, _future: Any) -> None:
+        self._done_at = time.perf_counter()
+
+    def wait_until_durable(self) -> float:
+        """Wait for the background write (raising its error, if any), then fsync this rank's files."""
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()
+            # result() may return before the done callback has run: then the write ended just now.
+            self._write_done = self._done_at or time.perf_counter()
+        return super().wait_until_durable()

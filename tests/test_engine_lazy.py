@@ -1,0 +1,252 @@
+"""The lazy engine (``--engine lazy``): its plan and file format (pure functions), a save/restore of a real
+torch model and optimizer in one process, and real 2- and 4-rank DeepSpeed runs that restore exactly,
+including a rank killed in the middle of the flush."""
+
+import json
+import math
+import subprocess
+import types
+
+import pytest
+import torch
+from conftest import run_study
+
+from restartbench.config import EngineConfig
+from restartbench.engines import lazy_engine as lazy
+from restartbench.events import read_events
+from restartbench.verify import training_state_digest
+
+
+def spec(name, shape, dtype="float32", device="cpu"):
+    return lazy.TensorSpec(name, dtype, tuple(shape), device)
+
+
+# -- plan ----------------------------------------------------------------------------------------------------
+
+
+def test_plan_is_aligned_disjoint_and_one_range_per_file():
+    groups = [("optim.lazy", "optim", [(spec("a", (3,)), False), (spec("b", (1000, 3)), False)]),
+              ("model.lazy", "model", [(spec("w", (5, 7), "bfloat16"), False), (spec("buf", (2,)), True)])]
+    plan = lazy.make_plan(groups)
+    assert [f.name for f in plan.files] == ["model.lazy", "optim.lazy"], "the file with sync entries comes first"
+    assert plan.files[0].entries[0].spec.name == "buf" and plan.sync_bytes == 8
+    cursor = 0
+    for file in plan.files:
+        assert file.buffer_offset == cursor and file.data_bytes % lazy.FILE_ALIGN == 0
+        ends = 0
+        for entry in file.entries:
+            assert entry.offset % lazy.ENTRY_ALIGN == 0 and entry.offset >= ends
+            assert entry.buffer_offset == file.buffer_offset + entry.offset
+            ends = entry.offset + entry.spec.nbytes
+        assert ends <= file.data_bytes
+        cursor += file.data_bytes
+    assert plan.buffer_bytes == cursor
+    assert lazy.make_plan(groups) == plan, "deterministic"
+    assert plan.signature == lazy.plan_signature(groups)
+    changed = [(n, k, [(spec(s.name, (1001, 3)) if s.name == "b" else s, y) for s, y in g]) for n, k, g in groups]
+    assert lazy.plan_signature(changed) != plan.signature
+
+
+def test_spec_bytes_follow_dtype_and_shape():
+    assert spec("x", (4, 5), "bfloat16").nbytes == 40
+    assert spec("step", ()).nbytes == 4
+    assert spec("e", (0, 3)).nbytes == 0
+
+
+# -- format ------------------------------------------------------------------------------------------------
+
+
+def test_header_round_trip_and_damage_is_named(tmp_path):
+    plan = lazy.make_plan([("f.lazy", "optim", [(spec("x", (10,)), False)])])
+    head, data_offset = lazy.encode_header(plan.files[0], {"tag": "step2"}, {"engine": {"global_steps": 2}})
+    assert data_offset % lazy.FILE_ALIGN == 0 and len(head) == data_offset
+    header, offset = lazy.decode_header(head)
+    assert offset == data_offset and header["tag"] == "step2" and header["kind"] == "optim"
+    assert header["tensors"] == [{"name": "x", "dtype": "float32", "shape": [10], "device": "cpu", "offset": 0,
+                                  "nbytes": 40}]
+    path = tmp_path / "f.lazy"
+    path.write_bytes(head + bytes(plan.files[0].data_bytes))
+    assert lazy.read_header(path)[0] == header
+    path.write_bytes(head + bytes(10))
+    with pytest.raises(lazy.LazyFormatError, match="truncated"):
+        lazy.read_header(path)
+    with pytest.raises(lazy.LazyFormatError, match="not a restartbench-lazy file"):
+        lazy.decode_header(b"PK" + head[2:])
+
+
+def test_values_round_trip_types_tensors_and_objects():
+    class Scaler:
+        def __init__(self):
+            self.cur_scale, self.dynamic = 1.0, False
+
+    import enum
+
+    class Stage(enum.IntEnum):
+        one = 1
+
+    tensors = {}
+    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
+             "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0], "foreach": None, "x": math.inf}],
+             "loss_scaler": Scaler(), "zero_stage": Stage.one, "flag": True}
+    encoded = lazy.encode_value(state, "optimizer", tensors)
+    assert set(tensors) == {"optimizer.state.0.step", "optimizer.state.0.exp_avg"}
+    decoded = lazy.decode_value(json.loads(json.dumps(encoded, allow_nan=False)))
+    assert decoded["state"][0]["step"] == lazy.TensorRef("optimizer.state.0.step")
+    group = decoded["param_groups"][0]
+    assert group["betas"] == (0.9, 0.95) and group["params"] == [0] and group["foreach"] is None
+    assert group["x"] == math.inf and decoded["flag"] is True
+    assert decoded["loss_scaler"].attrs == {"cur_scale": 1.0, "dynamic": False}
+    assert isinstance(decoded["zero_stage"], lazy.Opaque) and "one" in decoded["zero_stage"].repr
+
+
+def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
+    a, b = torch.arange(10, dtype=torch.float32), torch.arange(7, dtype=torch.int64) * 3
+    plan = lazy.make_plan([("f.lazy", "optim", [(lazy.tensor_spec("a", a), False), (lazy.tensor_spec("b", b), False)])])
+    buffer = torch.zeros(plan.buffer_bytes, dtype=torch.uint8)
+    for _, entry in plan.entries():
+        lazy.typed_slice(buffer, entry.buffer_offset, entry.spec).copy_({"a": a, "b": b}[entry.spec.name])
+    head, data_offset = lazy.encode_header(plan.files[0], {}, {})
+    path = tmp_path / "f.lazy"
+    path.write_bytes(head + buffer.numpy().tobytes())
+    header, offset = lazy.read_header(path)
+    targets = {"a": torch.empty_like(a), "b": torch.empty_like(b)}
+    for chunk in (8, 1 << 20):  # one read per tensor, and one read for both
+        records = lazy.read_into([(path, offset, header, targets)], 2, chunk, lazy.HostBuffer())
+        assert torch.equal(targets["a"], a) and torch.equal(targets["b"], b)
+        assert records[0].bytes >= a.nbytes + b.nbytes
+
+
+# -- one process, a real model and optimizer -----------------------------------------------------------------
+
+
+def fake_engine(seed=0):
+    """A real torch model (with a buffer), AdamW and a scheduler, with the attributes the engine reads."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return types.SimpleNamespace(module=module, optimizer=optimizer, lr_scheduler=scheduler, global_steps=0,
+                                 global_samples=0, skipped_steps=0)
+
+
+def train_step(engine, step):
+    torch.manual_seed(100 + step)
+    loss = engine.module(torch.randn(5, 8)).pow(2).mean()
+    loss.backward()
+    engine.optimizer.step()
+    engine.optimizer.zero_grad()
+    engine.lr_scheduler.step()
+    engine.global_steps += 1
+    engine.global_samples += 5
+
+
+def options(**changes):
+    return EngineConfig(engine="lazy", lazy_chunk_mb=1, lazy_io_threads=2, **changes)
+
+
+def test_save_reuses_plan_and_buffer_and_restores_exactly_into_a_fresh_process_state(tmp_path):
+    source, saver = fake_engine(), lazy.LazyEngine(options())
+    digests = {}
+    for step in range(1, 5):
+        train_step(source, step)
+        if step % 2 == 0:
+            saver.save(source, str(tmp_path), f"step{step}")
+            digests[step] = training_state_digest(source)
+            train_step(source, 100 + step)  # the step guard waits for the copies: the checkpoint keeps step's state
+            saver.wait_until_durable()
+            assert all(r.bytes > 0 for r in saver.written())
+    assert saver.plans_made == 1 and saver.buffer.allocations == 1
+
+    fresh = fake_engine(seed=1)  # other weights, no optimizer state yet
+    loader = lazy.LazyEngine(options())
+    loader.load(fresh, str(tmp_path), "step4")
+    assert training_state_digest(fresh) == digests[4]
+    train_step(fresh, 5)  # and it trains on
+
+
+def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp_path):
+    engine, saver = fake_engine(), lazy.LazyEngine(options())
+    engine.module.append(torch.nn.Linear(4, 1 << 20))  # 20 MB of weights (60 MB with Adam) to copy
+    engine.optimizer = torch.optim.AdamW(engine.module.parameters(), lr=1e-2)
+    engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
+    train_step(engine, 1)
+    engine.module(torch.randn(5, 8)).pow(2).mean().backward()  # gradients ready, state unchanged
+    before = training_state_digest(engine)
+    seen = []
+    saver.on_copy_wait = lambda tag, seconds: seen.append((tag, seconds))
+    saver.save(engine, str(tmp_path), "step1")
+    assert getattr(engine.optimizer.step, "_lazy_guard") is saver
+    engine.optimizer.step()  # at once: it must not change what is still being copied
+    saver.wait_until_durable()
+    assert [w["tag"] for w in saver.copy_waits] == [tag for tag, _ in seen] == ["step1"]
+    assert saver.stall_extra_s == seen[0][1] >= 0
+
+    fresh = fake_engine(seed=1)
+    fresh.module.append(torch.nn.Linear(4, 1 << 20))
+    fresh.optimizer = torch.optim.AdamW(fresh.module.parameters(), lr=1e-2)
+    fresh.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(fresh.optimizer, lambda step: 1.0)
+    lazy.LazyEngine(options()).load(fresh, str(tmp_path), "step1")
+    assert training_state_digest(fresh) == before
+
+
+def test_restore_refuses_a_different_model(tmp_path):
+    engine, saver = fake_engine(), lazy.LazyEngine(options())
+    train_step(engine, 1)
+    saver.save(engine, str(tmp_path), "step1")
+    saver.wait_until_durable()
+    other = fake_engine()
+    other.module = torch.nn.Sequential(torch.nn.Linear(8, 16))
+    with pytest.raises(lazy.LazyRestoreError, match="module state differs"):
+        lazy.LazyEngine(options()).load(other, str(tmp_path), "step1")
+
+
+# -- real runs (gloo, tiny preset) ---------------------------------------------------------------------------
+
+BASE = ("tiny", "--dtype", "fp32", "--iters", "4", "--save-interval", "2", "--engine", "lazy")
+
+
+def restore_result(run_dir):
+    return [e for e in read_events(run_dir) if e["event"] == "restore.result"][-1]
+
+
+@pytest.mark.multirank
+def test_two_data_parallel_ranks_restore_exactly(tmp_path):
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", *BASE[1:])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert restore_result(run_dir)["exact"] is True
+    step4 = run_dir / "checkpoints" / "step4"
+    names = sorted(p.name for p in step4.glob("*.lazy"))
+    assert names == ["model_pp00_tp00.lazy", "optim_pp00_tp00_dp000.lazy", "optim_pp00_tp00_dp001.lazy"]
+    header, _ = lazy.read_header(step4 / "optim_pp00_tp00_dp001.lazy")
+    assert header["values"]["engine"]["global_steps"] == 4 and header["dp"] == 1
+    loads = [e for e in read_events(run_dir) if e["event"] == "restore.load"]
+    assert all(e["bytes"] > 0 for e in loads)
+
+
+@pytest.mark.multirank
+def test_pipeline_with_dp_read_once_restores_exactly_and_replicas_skip_the_module_file(tmp_path):
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "pp2dp2", *BASE[1:], "--dp-read-once")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert restore_result(run_dir)["exact"] is True
+    loads = {e["rank"]: e for e in read_events(run_dir) if e["event"] == "restore.load"}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["world_size"] == 4
+    by_dp = sorted((e["n_files"], rank) for rank, e in loads.items())
+    assert [n for n, _ in by_dp] == [1, 1, 2, 2], "data-parallel rank 0 of each stage reads the module file, alone"
+
+
+@pytest.mark.multirank
+def test_rank_killed_mid_flush_keeps_the_previous_checkpoint(tmp_path):
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", *BASE[1:],
+                              env={"RESTARTBENCH_FAULT": "kill-in-save:tag=step4:rank=1"})
+    assert proc.returncode == 1
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "failed" and [c["tag"] for c in meta["failed_checkpoints"]] == ["step4"]
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
+    with pytest.raises(lazy.LazyFormatError, match="truncated"):
+        lazy.read_header(ckpt / "step4" / "optim_pp00_tp00_dp001.lazy")
+    again = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    result = restore_result(run_dir)
+    assert result["tag"] == "step2" and result["exact"] is True
