@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path

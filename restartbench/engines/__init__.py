@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -155,6 +156,13 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def durable_now(records: list[Any]) -> float:
+    """fsync the files of these records (anything with a ``path``) and their folders; return the
+    ``time.perf_counter()`` at which they were durable (what ``wait_until_durable`` returns)."""
+    fsync_files([record.path for record in records])
+    return time.perf_counter()
 
 
 def fsync_files(paths: list[str]) -> None:

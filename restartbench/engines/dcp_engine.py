@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from restartbench.config import EngineConfig
-from restartbench.engines import fsync_files
+from restartbench.engines import durable_now
 from restartbench.engines import harness_state
 from restartbench.engines.deepspeed_engines import FileRecord
 
@@ -132,8 +132,7 @@ class DCPEngine:
         self._write_done = time.perf_counter()
 
     def wait_until_durable(self) -> float:
-        fsync_files([r.path for r in self.written()])
-        return time.perf_counter()
+        return durable_now(self.written())
 
     def written(self) -> list[FileRecord]:
         if self._folder is None:

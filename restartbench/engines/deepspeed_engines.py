@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from restartbench.config import EngineConfig
-from restartbench.engines import fsync_files
+from restartbench.engines import durable_now
 
 
 @dataclass
@@ -79,8 +79,7 @@ class DeepSpeedEngine:
         ds_engine.save_checkpoint(save_dir, tag=tag, save_latest=False)
 
     def wait_until_durable(self) -> float:
-        fsync_files([record.path for record in self.written()])
-        return time.perf_counter()
+        return durable_now(self.written())
 
     def written(self) -> list[FileRecord]:
         """Files this rank wrote in the last save, sizes read now (after durability they are final)."""

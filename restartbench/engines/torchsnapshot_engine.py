@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from restartbench.config import EngineConfig
-from restartbench.engines import fsync_files
+from restartbench.engines import durable_now
 from restartbench.engines import harness_state
 from restartbench.engines.deepspeed_engines import FileRecord
 
@@ -92,8 +92,7 @@ class TorchSnapshotEngine:
         dist.barrier()
 
     def wait_until_durable(self) -> float:
-        fsync_files([r.path for r in self.written()])
-        return time.perf_counter()
+        return durable_now(self.written())
 
     def written(self) -> list[FileRecord]:
         if self._folder is None:
