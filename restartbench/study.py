@@ -338,6 +338,10 @@ def execute(run_dir: Path) -> int:
     say(f"{cfg.model.preset} {plan['layout_name']} engine={cfg.engine.engine}: {plan['world_size']} ranks on "
         f"{plan['nnodes']} node(s), {plan['device']}/{plan['backend']}, launcher {launcher.name}; "
         f"{cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
+    issue = engines.known_issue(cfg.engine.engine, plan["device"])
+    if issue:
+        say(f"note: engine {cfg.engine.engine} {issue}")
+        meta["engine_known_issue"] = issue
     status, error = "complete", None
     for phase in PHASES:
         result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan["nnodes"]),

@@ -127,6 +127,8 @@ class RankRun:
         try:
             with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
+            for note in getattr(self.ckpt_engine, "workarounds", []):
+                self.log.emit("checkpoint.workaround", step=step, tag=tag, note=note)
         except Exception as failure:  # noqa: BLE001 - every rank must learn of it, whatever it is
             error = f"{type(failure).__name__}: {failure}"
             dist.barrier()  # the healthy ranks are in DeepSpeed's closing barrier of save_checkpoint

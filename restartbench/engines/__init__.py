@@ -52,6 +52,10 @@ class EngineInfo:
     """(importable module, how to install it) pairs the engine cannot run without."""
     skip_when_missing: bool = False
     """A missing requirement marks the run skipped (the engine is optional to the study), not failed."""
+    known_issues: dict[str, str] = field(default_factory=dict)
+    """Device ("cpu", "cuda") -> how the engine as shipped is known to fail there. The run still goes
+    ahead (the study measures engines as they are, failures included); the note is printed and kept
+    in metadata.json so that a failure is read with its known cause."""
 
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -77,12 +81,18 @@ _DS = "restartbench.engines.deepspeed_engines"
 register(EngineInfo("none", "restartbench.engines.baseline", "NoCheckpoint",
                     "no checkpoint: the baseline iteration time, and a relaunch that restores nothing"))
 register(EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous"))
+_FAST_ON_CPU = ("as shipped, DeepSpeed's fast writer pins its I/O buffer with tensor.pin_memory(), which needs an "
+                "accelerator: on a CPU-only machine deepspeed.initialize fails with 'Cannot access accelerator device "
+                "when none is available' (then also the async_io op needs libaio-dev). Measure it on a GPU node.")
+_DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
+              "refuse the non-leaf fp32 partitions ('Cowardly refusing to serialize non-leaf tensor'), so every save "
+              "is recorded as failed and nothing is committed.")
 register(EngineInfo("fastpersist", _DS, "FastPersistEngine",
                     "DeepSpeed FastPersist writer: aligned buffers, libaio", ds_config=_writer_block(False),
-                    launch_env=_WRITER_ENV))
+                    launch_env=_WRITER_ENV, known_issues={"cpu": _FAST_ON_CPU}))
 register(EngineInfo("decoupled", _DS, "DecoupledEngine",
                     "DeepSpeed decoupled writer: background writer processes", ds_config=_writer_block(True),
-                    launch_env=_WRITER_ENV))
+                    launch_env=_WRITER_ENV, known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED}))
 register(EngineInfo("datastates", _DS, "DataStatesEngine",
                     "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
                     ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
@@ -123,6 +133,10 @@ def missing_requirements(name: str) -> list[str]:
         for module, how in engine_info(name).requires
         if importlib.util.find_spec(module) is None
     ]
+
+
+def known_issue(name: str, device: str) -> str | None:
+    return engine_info(name).known_issues.get(device)
 
 
 def ds_config_sections(options: EngineConfig) -> dict[str, Any]:

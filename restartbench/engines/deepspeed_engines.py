@@ -9,6 +9,7 @@ DeepSpeed's code paths or naming rules.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -65,6 +66,8 @@ class DeepSpeedEngine:
     def __init__(self, options: EngineConfig):
         self.options = options
         self._recorder: RecordingCheckpointEngine | None = None
+        self.workarounds: list[str] = []
+        """What the harness changed after the engine's last save, to be recorded with it (empty: nothing)."""
 
     def _recording(self, ds_engine: Any) -> RecordingCheckpointEngine:
         if self._recorder is None or ds_engine.checkpoint_engine is not self._recorder:
@@ -102,6 +105,42 @@ class TorchEngine(DeepSpeedEngine):
     """DeepSpeed's default TorchCheckpointEngine: torch.save per file, synchronous, no fsync of its own."""
 
 
+_WRITER_SUFFIX = re.compile(r"-\d+\.\d+$")
+
+
+def drop_writer_suffixes(paths: list[str]) -> list[str]:
+    """Rename ``<path>-<writer>.<writers>`` to ``<path>`` where only the suffixed file exists; one line per rename."""
+    renamed = []
+    for path in paths:
+        if os.path.exists(path):
+            continue
+        folder, name = os.path.split(path)
+        suffixed = [f for f in os.listdir(folder or ".") if f.startswith(name) and _WRITER_SUFFIX.fullmatch(f[len(name):])]
+        if len(suffixed) == 1:
+            os.replace(os.path.join(folder, suffixed[0]), path)
+            renamed.append(f"renamed {suffixed[0]} -> {name} (FastPersist's writer suffix; DeepSpeed's load expects "
+                           "the plain name)")
+    return renamed
+
+
 def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any]]:
     """File records with paths relative to the checkpoint root (as the run folder stores them)."""
     return [{**asdict(r), "path": os.path.relpath(r.path, root)} for r in records]
+
+
+class FastPersistEngine(DeepSpeedEngine):
+    """DeepSpeed's FastPersist writer (``checkpoint.writer.type = fast``), as shipped, with one stated workaround.
+
+    FastPersist names each file ``<name>-<writer>.<writers>`` (e.g. ``...optim_states.pt-0.1``) and
+    DeepSpeed's own ``load_checkpoint`` then fails to find ``<name>``. After the save the harness renames
+    the files back to DeepSpeed's names — bytes untouched — and records each rename as a
+    ``checkpoint.workaround`` event, so every run says it happened.
+    """
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        super().save(ds_engine, save_dir, tag)
+        self.workarounds = drop_writer_suffixes([r.path for r in self._recorder.saved])
+
+
+class DecoupledEngine(DeepSpeedEngine):
+    """DeepSpeed's decoupled writer (background writer processes), as shipped."""
