@@ -46,6 +46,7 @@ import pandas as pd
 from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
 
 MB = 1e6
+MiB = 2**20
 BASELINE_FILE = "baseline.json"
 FILE_KINDS = ("layer", "model", "optimizer", "other")
 
@@ -94,6 +95,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "bytes_per_rank_max": "largest bytes written by one rank", "bytes_per_rank_min": "smallest bytes written by one rank",
     "files_per_rank_max": "most files written by one rank", "files_per_rank_min": "fewest files written by one rank",
     "write_MBps": "bytes / durable_rank_max_s (10^6 B/s)",
+    "save_MiBps": "seed 000's save throughput: bytes / durable_rank_max_s in MiB/s (2^20 B/s); durable_rank_max_s "
+                  "is its 'corrected' save duration (save start -> fsync'd, no model set-up or device load in it)",
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
     "restart_min_s": "fastest rank's launch -> end of the first resumed iteration",
     "restart_rank": "slowest rank of the restart",
@@ -106,6 +109,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
     "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
+    "load_MiBps": "seed 000's load throughput: bytes_read / restart_ckpt_load_s in MiB/s; restart_ckpt_load_s is its "
+                  "'corrected' load duration (no process set-up or model build in it)",
     "cache": "page cache of the checkpoint when the restore began, measured with mincore on every node: cold (no "
              "byte resident) or warm (some bytes may be served from memory)",
     "resident_fraction": "largest share of the checkpoint's pages resident in any node's page cache at restore start",
@@ -290,6 +295,7 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
         "files_per_rank_max": max((r["files"] for r in written), default=None),
         "files_per_rank_min": min((r["files"] for r in written), default=None),
         "write_MBps": row["bytes"] / MB / durable if durable else None,
+        "save_MiBps": row["bytes"] / MiB / durable if durable else None,
     }
 
 
@@ -307,6 +313,7 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
         "read_deserialize_max_s": max((r["read_deserialize_s"] for r in ranks
                                        if r["read_deserialize_s"] is not None), default=None),
         "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
+        "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
         "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
     }
 
