@@ -37,17 +37,16 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
+from restartbench.baseline import BASELINE_FILE
 from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
 
 MB = 1e6
 MiB = 2**20
-BASELINE_FILE = "baseline.json"
 FILE_KINDS = ("layer", "model", "optimizer", "other")
 
 #: (tidy-table column, label) of each restart part, in launch order.
@@ -73,7 +72,7 @@ TABLE_COLUMNS: dict[str, str] = {
     "restartbench": "restartbench version",
     "iters": "phase-1 iterations", "save_interval": "checkpoint every N iterations",
     "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
-    "predicted_bytes": "estimate.checkpoint_bytes(preset, dtype): P·(weight bytes + 12)",
+    "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts DeepSpeed's files for the run's config",
     "baseline_write_MBps": "storage write bandwidth from baseline.json (10^6 B/s)",
     "baseline_read_MBps": "storage read bandwidth from baseline.json (10^6 B/s)",
     "baseline_tool": "tool that measured the baseline",
@@ -249,7 +248,7 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
         "torch": versions.get("torch"), "deepspeed": versions.get("deepspeed"), "python": versions.get("python"),
         "restartbench": versions.get("restartbench"),
         "iters": train.get("iters"), "save_interval": train.get("save_interval"), "iteration_s": iteration,
-        "predicted_bytes": _predicted_bytes(preset, dtype, plan.get("checkpoint_bytes_estimate")),
+        "predicted_bytes": _predicted_bytes(config, plan.get("checkpoint_bytes_estimate")),
         "baseline_write_MBps": baseline.get("write_MBps"), "baseline_read_MBps": baseline.get("read_MBps"),
         "baseline_tool": baseline.get("tool"),
     }
@@ -554,20 +553,17 @@ def _median(values: Iterable[float]) -> float | None:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-@lru_cache(maxsize=None)
-def _predicted_bytes_cached(preset: str, dtype: str) -> int | None:
+def _predicted_bytes(config: dict[str, Any], planned: Any) -> int | None:
+    """The checkpoint plan's size for the run's configuration (restartbench.plan: DeepSpeed's files, to the byte;
+    cached per preset, dtype, layout, ranks and batch sizes); the run's own plan.json figure where this version
+    cannot predict it (a preset or option it does not know)."""
+    from restartbench.config import RunConfig
     from restartbench.estimate import checkpoint_bytes
-    from restartbench.presets import get_preset
 
     try:
-        return checkpoint_bytes(get_preset(preset), dtype)
-    except Exception:  # noqa: BLE001 - a preset this version does not know
-        return None
-
-
-def _predicted_bytes(preset: str, dtype: str | None, planned: Any) -> int | None:
-    predicted = _predicted_bytes_cached(preset, dtype) if dtype else None
-    return predicted if predicted is not None else planned
+        return checkpoint_bytes(RunConfig.from_dict(config))
+    except Exception:  # noqa: BLE001 - a config this version cannot read or predict
+        return planned
 
 
 class _BaselineFinder:
@@ -846,8 +842,9 @@ def pick_configuration(table: pd.DataFrame) -> tuple[str | None, str | None]:
 
 
 def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Predicted checkpoint size (estimate.checkpoint_bytes) against the measured one, per preset, layout, dtype and
-    engine; with the files, weights (layer + model files) and optimizer files against their parts of the estimate."""
+    """Predicted checkpoint size (restartbench.plan's total for DeepSpeed's default engine, via
+    estimate.checkpoint_bytes) against the measured one, per preset, layout, dtype and engine; with the files,
+    weights (layer + model files) and optimizer files against the rough rule P·w and P·12 bytes."""
     from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes
     from restartbench.presets import get_preset
 

@@ -78,7 +78,17 @@ class EngineConfig:
 
 @dataclass
 class StorageConfig:
-    checkpoint_dir: str | None = opt(None, "Where checkpoints are written; default: <run folder>/checkpoints.")
+    checkpoint_dir: str | None = opt(
+        None, "Where checkpoints are written: a folder (local disk, parallel file system, /dev/shm) or "
+        "s3://BUCKET/PREFIX (credentials from the AWS variables or profile, never an option); "
+        "default: <run folder>/checkpoints.")
+    s3_endpoint: str | None = opt(None, "S3 endpoint URL (MinIO, SeaweedFS, Ceph...); default: AWS_ENDPOINT_URL, else AWS.")
+    s3_region: str | None = opt(None, "S3 region; default: AWS_REGION, else us-east-1.")
+    s3_path_style: bool | None = opt(
+        None, "S3 path-style addressing (bucket in the path, not the host name); default: on with a custom endpoint.")
+    baseline_mib: int = opt(
+        64, "Before phase 1, measure the checkpoint folder's raw write (with fsync) and read bandwidth with fio "
+        "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.")
 
 
 @dataclass
@@ -123,6 +133,21 @@ class LaunchConfig:
 
 
 @dataclass
+class EmulationConfig:
+    emulate: bool = opt(
+        False, "Emulate the checkpoint I/O of the preset and layout without training: gloo processes on CPU write, "
+        "fsync, commit and restore every rank's files (DeepSpeed's names, shapes and dtypes, random data; "
+        "restartbench/emulate.py).",
+    )
+    emulate_scale: float = opt(
+        1.0, "--emulate: multiply the model's hidden, ffn and vocabulary widths by this (0 < s <= 1; layers, heads "
+        "and files unchanged, bytes about s² times), so a wide layout fits a small machine.",
+    )
+    ranks_per_process: int = opt(1, "--emulate: ranks each process emulates, one after another (world size / K "
+                                    "processes).")
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
@@ -131,6 +156,7 @@ class RunConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

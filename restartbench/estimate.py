@@ -10,14 +10,15 @@ Pure arithmetic on the preset and layout, written out so that it can be checked:
   pp micro-batches in flight; with recomputation every k layers, 2·b·s·h per layer plus k
   full layers) + fp32 logits on the last stage (b·s·V/tp · 4 B, three copies)
   + a fixed per-process overhead;
-- checkpoint bytes ≈ P·w (model, written once by data-parallel rank 0)
-  + P·12 (optimizer, every rank its partition) — the DLIO / MLPerf Storage rule.
+- checkpoint bytes: ``restartbench.plan``'s prediction of every file DeepSpeed writes, to the byte (it needs torch
+  and DeepSpeed, imported only when asked).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from restartbench.config import RunConfig
 from restartbench.layout import Layout
 from restartbench.presets import ModelPreset
 
@@ -78,6 +79,8 @@ def memory_per_rank(preset: ModelPreset, layout: Layout, *, dtype: str, micro_ba
     )
 
 
-def checkpoint_bytes(preset: ModelPreset, dtype: str) -> int:
-    """Approximate size of one checkpoint (all ranks' files together)."""
-    return preset.param_count() * (weight_bytes(dtype) + OPTIMIZER_BYTES_PER_PARAM)
+def checkpoint_bytes(cfg: RunConfig) -> int:
+    """Size of one checkpoint of the run (all ranks' files together), as ``restartbench.plan`` predicts it."""
+    from restartbench.plan import checkpoint_bytes as predicted
+
+    return predicted(cfg)

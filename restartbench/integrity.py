@@ -5,15 +5,18 @@ SHA-256 — and only then points ``latest`` at the tag. A tag folder without a m
 committed. Before a restore the ranks share the manifest's files between them, check size and
 hash, and agree on the result; a corrupt or truncated file is named, and the restore refuses or
 falls back to the newest earlier checkpoint that checks out (``--on-corrupt``).
+
+``ckpt_dir`` is a folder, or a ``restartbench.storage`` store (a folder or an S3 prefix) as the ranks hold it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from restartbench.storage import LocalStore, S3Store, open_store
 
 MANIFEST = "manifest.json"
 
@@ -23,27 +26,29 @@ def sha256_of(path: str | Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def write_manifest(ckpt_dir: str | Path, tag: str, files: list[dict[str, Any]]) -> None:
+Store = LocalStore | S3Store
+
+
+def _store(ckpt_dir: str | Path | Store) -> Store:
+    return ckpt_dir if isinstance(ckpt_dir, (LocalStore, S3Store)) else open_store(ckpt_dir)
+
+
+def write_manifest(ckpt_dir: str | Path | Store, tag: str, files: list[dict[str, Any]]) -> None:
     """Atomically and durably write the manifest of ``tag`` (files: path relative to ckpt_dir, bytes, sha256, rank)."""
-    folder = Path(ckpt_dir) / tag
-    tmp = folder / (MANIFEST + ".tmp")
-    with tmp.open("w") as handle:
-        json.dump({"tag": tag, "files": sorted(files, key=lambda f: f["path"])}, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, folder / MANIFEST)
+    text = json.dumps({"tag": tag, "files": sorted(files, key=lambda f: f["path"])}, indent=1)
+    _store(ckpt_dir).write_durably(f"{tag}/{MANIFEST}", text)
 
 
-def read_manifest(ckpt_dir: str | Path, tag: str) -> list[dict[str, Any]]:
-    path = Path(ckpt_dir) / tag / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {tag} in {ckpt_dir} has no {MANIFEST}: it was never committed")
-    return json.loads(path.read_text())["files"]
+def read_manifest(ckpt_dir: str | Path | Store, tag: str) -> list[dict[str, Any]]:
+    store = _store(ckpt_dir)
+    if not store.exists(f"{tag}/{MANIFEST}"):
+        raise FileNotFoundError(f"checkpoint {tag} in {store.location} has no {MANIFEST}: it was never committed")
+    return json.loads(store.read_text(f"{tag}/{MANIFEST}"))["files"]
 
 
-def committed_tags(ckpt_dir: str | Path) -> list[str]:
+def committed_tags(ckpt_dir: str | Path | Store) -> list[str]:
     """Tags with a manifest, newest step first."""
-    tags = [p.parent.name for p in Path(ckpt_dir).glob(f"*/{MANIFEST}")]
+    tags = [path.split("/")[0] for path in _store(ckpt_dir).glob(f"*/{MANIFEST}")]
     return sorted(tags, key=_step, reverse=True)
 
 
@@ -52,15 +57,16 @@ def _step(tag: str) -> int:
     return int(digits) if digits else -1
 
 
-def check_share(ckpt_dir: str | Path, tag: str, rank: int, world_size: int) -> list[str]:
+def check_share(ckpt_dir: str | Path | Store, tag: str, rank: int, world_size: int) -> list[str]:
     """Check this rank's share of the manifest (every world_size-th file); a line per problem, naming the file."""
+    store = _store(ckpt_dir)
     problems = []
-    for entry in read_manifest(ckpt_dir, tag)[rank::world_size]:
-        path = Path(ckpt_dir) / entry["path"]
-        if not path.is_file():
+    for entry in read_manifest(store, tag)[rank::world_size]:
+        path, size = store.url_of(entry["path"]), store.size(entry["path"])
+        if size is None:
             problems.append(f"{path}: missing")
-        elif path.stat().st_size != entry["bytes"]:
-            problems.append(f"{path}: {path.stat().st_size} bytes, manifest says {entry['bytes']} (truncated or overwritten)")
-        elif sha256_of(path) != entry["sha256"]:
+        elif size != entry["bytes"]:
+            problems.append(f"{path}: {size} bytes, manifest says {entry['bytes']} (truncated or overwritten)")
+        elif store.sha256(entry["path"]) != entry["sha256"]:
             problems.append(f"{path}: SHA-256 differs from the manifest (corrupt)")
     return problems

@@ -447,9 +447,11 @@ FIGURES: dict[str, tuple[str, str]] = {
                    "throughput = bytes read / ckpt load time. Dashed lines: the storage's own bandwidth from a "
                    "<code>baseline.json</code> (e.g. fio) in the run folder or a parent folder, where one exists."),
     "checkpoint_size": ("Predicted against measured checkpoint size",
-                        "The estimate used before launching (<code>estimate.checkpoint_bytes</code>: parameters × "
-                        "(weight bytes + 12 bytes of fp32 master weights and Adam moments)) against the files "
-                        "actually written, split into weights and optimizer files where the file kinds tell."),
+                        "The prediction made before launching (<code>python -m restartbench.plan</code>: every file "
+                        "DeepSpeed's default engine writes for this preset and layout, sized by torch.save on "
+                        "shape-only tensors) against the files actually written. Engines other than torch are "
+                        "set against the torch prediction. The weights/optimizer split uses the rough rule "
+                        "parameters × weight bytes and parameters × 12 bytes."),
 }
 
 

@@ -116,19 +116,21 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
 def inventory(run_dir: Path) -> list[dict[str, Any]]:
     """Every file the engines wrote under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it
     (None if not recorded). The harness's own ``<tag>/manifest.json`` is left out: it is not part of the checkpoint."""
+    from restartbench.storage import open_store
+
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    root = Path(plan["checkpoint_dir"])
+    store = open_store(plan["checkpoint_dir"], plan.get("s3"))
     writers = {}
     for e in read_events(run_dir):
         if e["event"] == "checkpoint.durable":
             for f in e["files"]:
                 writers[f["path"]] = e["rank"]
     files = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
-        rel = str(path.relative_to(root))
-        tag = rel.split(os.sep)[0] if os.sep in rel else None
-        files.append({"tag": tag, "path": rel, "bytes": path.stat().st_size, "kind": file_kind(rel),
-                      "rank": writers.get(rel)})
+    for rel, size in sorted(store.files().items()):
+        if os.path.basename(rel) == MANIFEST:
+            continue
+        tag = rel.split("/")[0] if "/" in rel else None
+        files.append({"tag": tag, "path": rel, "bytes": size, "kind": file_kind(rel), "rank": writers.get(rel)})
     return files
 
 
@@ -142,8 +144,11 @@ def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]
         for e in events:
             if e["event"] == "checkpoint.begin" and e["tag"] not in committed and e["tag"] not in failed:
                 failed[e["tag"]] = "begun, never committed: the phase died during the save"
-    latest = Path(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"]) / "latest"
-    kept = latest.read_text().strip() if latest.is_file() else None
+    from restartbench.storage import open_store
+
+    plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    store = open_store(plan["checkpoint_dir"], plan.get("s3"))
+    kept = store.read_text("latest").strip() if store.exists("latest") else None
     return [{"tag": tag, "error": error, "latest_kept": kept} for tag, error in failed.items()]
 
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import jinja2
 
-from restartbench import engines
+from restartbench import engines, storage
+from restartbench.baseline import record_baseline
 from restartbench.config import RunConfig
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
 from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher
@@ -62,6 +63,9 @@ class Plan:
     checkpoint_bytes_estimate: int
     memory_per_rank_estimate: str
     launcher: str
+    s3: dict[str, Any] | None = None
+    """For an s3:// checkpoint_dir, how to reach it (storage.S3Settings: endpoint, region, addressing, where the
+    credentials come from — never their values); None for a folder."""
 
 
 def plan_run(cfg: RunConfig) -> Plan:
@@ -85,18 +89,37 @@ def plan_run(cfg: RunConfig) -> Plan:
                              grad_accum=grad_accum, device=device,
                              activation_checkpoint_interval=cfg.model.activation_checkpoint_interval)
     run_dir = Path(cfg.paths.run_dir) if cfg.paths.run_dir else _new_run_dir(cfg, layout.name)
-    checkpoint_dir = Path(cfg.storage.checkpoint_dir) if cfg.storage.checkpoint_dir else run_dir / "checkpoints"
+    checkpoint_dir, s3 = _checkpoint_target(cfg, run_dir)
     plan = Plan(
         preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
         nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
-        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=str(checkpoint_dir.resolve()),
+        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, s3=s3,
         master_port=cfg.launch.master_port or (_free_port() if nnodes == 1 else 29500),
-        checkpoint_bytes_estimate=checkpoint_bytes(preset, cfg.model.dtype),
+        checkpoint_bytes_estimate=checkpoint_bytes(cfg),
         memory_per_rank_estimate=memory.describe(), launcher=launcher.name,
     )
     if not cfg.launch.dry_run and cfg.launch.memory_check:
         _check_memory(preset, plan, memory.total)
     return plan
+
+
+def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, Any] | None]:
+    """The checkpoint location as the ranks use it (an absolute folder or s3://bucket/prefix), and for S3 how
+    to reach it."""
+    location, options = cfg.storage.checkpoint_dir, cfg.storage
+    if not storage.is_s3(location):
+        given = [f"--{n.replace('_', '-')}" for n in ("s3_endpoint", "s3_region") if getattr(options, n)]
+        given += ["--s3-path-style"] if options.s3_path_style is not None else []
+        if given:
+            raise StudyError(f"{', '.join(given)} only apply to an s3:// --checkpoint-dir, and the checkpoints go to "
+                             f"{location or 'the run folder'}; give --checkpoint-dir s3://BUCKET/PREFIX or drop them")
+        return str((Path(location) if location else run_dir / "checkpoints").resolve()), None
+    try:
+        where = storage.check_s3_target(cfg.engine.engine, location)
+    except storage.StorageError as error:
+        raise StudyError(str(error)) from None
+    settings = storage.S3Settings.resolve(options.s3_endpoint, options.s3_region, options.s3_path_style)
+    return where.url, settings.to_plan()
 
 
 def _preset(cfg: RunConfig) -> ModelPreset:
@@ -191,6 +214,9 @@ def _check_train(cfg: RunConfig) -> None:
             raise StudyError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(train, name)})")
     if train.grad_accum is not None and train.grad_accum < 1:
         raise StudyError(f"--grad-accum must be at least 1 (got {train.grad_accum})")
+    if cfg.storage.baseline_mib < 0:
+        raise StudyError(f"--baseline-mib must be 0 (no storage baseline) or a size in MiB "
+                         f"(got {cfg.storage.baseline_mib})")
 
 
 def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
@@ -257,16 +283,21 @@ class Rendered:
     """The batch job script (sbatch or PBS) where the launcher has one."""
 
 
-def render(cfg: RunConfig, plan: Plan) -> Rendered:
-    env = _environment()
-    ds_text = env.get_template("ds_config.json.j2").render(
-        micro_batch=cfg.train.micro_batch, grad_accum=plan.grad_accum, dp=plan.layout["dp"], dtype=cfg.model.dtype,
+def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]:
+    """The DeepSpeed JSON of a run, parsed (also what the checkpoint plan puts in its files)."""
+    ds_text = _environment().get_template("ds_config.json.j2").render(
+        micro_batch=cfg.train.micro_batch, grad_accum=grad_accum, dp=dp, dtype=cfg.model.dtype,
         lr=cfg.train.lr, engine_sections=engines.ds_config_sections(cfg.engine),
     )
     try:
-        ds_config = json.loads(ds_text)
+        return json.loads(ds_text)
     except json.JSONDecodeError as error:
         raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
+
+
+def render(cfg: RunConfig, plan: Plan) -> Rendered:
+    env = _environment()
+    ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"])
     launch = env.get_template("launch.sh.j2").render(
         preset=cfg.model.preset, layout=plan.layout_name, engine=cfg.engine.engine, world_size=plan.world_size,
         nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
@@ -306,6 +337,10 @@ def dry_run(cfg: RunConfig) -> int:
 
 def run_study(cfg: RunConfig) -> int:
     """Plan, write the run folder, then run the phases here, or hand them to a batch job."""
+    if cfg.emulation.emulate:  # checkpoint I/O only, on CPU processes (restartbench/emulate.py)
+        from restartbench.emulate import run_emulation
+
+        return run_emulation(cfg)
     if cfg.launch.dry_run:
         return dry_run(cfg)
     plan = plan_run(cfg)
@@ -342,6 +377,10 @@ def execute(run_dir: Path) -> int:
     if issue:
         say(f"note: engine {cfg.engine.engine} {issue}")
         meta["engine_known_issue"] = issue
+    if cfg.storage.baseline_mib > 0 and plan.get("s3"):
+        storage.record_s3_baseline(run_dir, plan["checkpoint_dir"], plan["s3"], cfg.storage.baseline_mib)
+    elif cfg.storage.baseline_mib > 0:
+        record_baseline(run_dir, Path(plan["checkpoint_dir"]), cfg.storage.baseline_mib)
     status, error = "complete", None
     for phase in PHASES:
         result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan["nnodes"]),
@@ -349,6 +388,9 @@ def execute(run_dir: Path) -> int:
         meta["phases"][phase] = result
         if result["exit_code"] != 0:
             status, error = "failed", f"phase {phase} failed: {result['error']}"
+            break
+        if phase == "train" and _nothing_committed(cfg, plan):
+            status, error = "failed", "phase train committed no checkpoint, so the restore phase was not launched"
             break
     return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
 
@@ -382,7 +424,8 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     _check_target(cfg, plan)
     try:
         run_dir.mkdir(parents=True)
-        Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        if not plan.s3:  # an S3 prefix needs no creating
+            Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise StudyError(f"cannot create the run folder or checkpoint folder: {error}; "
@@ -399,7 +442,15 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
 
 
 def _check_target(cfg: RunConfig, plan: Plan) -> None:
-    """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint."""
+    """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint;
+    an S3 location answers a list, a write, a read and a delete (missing bucket, refused credentials and an
+    unreachable endpoint are each said in words, before anything is written or launched)."""
+    if plan.s3:
+        try:
+            storage.probe(storage.S3Location.parse(plan.checkpoint_dir), storage.S3Settings.from_plan(plan.s3))
+        except storage.StorageError as error:
+            raise StudyError(str(error)) from None
+        return
     target = _nearest_existing(Path(plan.checkpoint_dir))
     if not target.is_dir() or not os.access(target, os.W_OK):
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable folder); "
@@ -506,6 +557,11 @@ def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
                 return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
     tail = (run_dir / f"{phase}.stderr.log").read_text().strip().splitlines()[-5:]
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
+
+
+def _nothing_committed(cfg: RunConfig, plan: dict[str, Any]) -> bool:
+    """Every save of phase 1 failed: there is nothing to restore (engine none saves nothing by design)."""
+    return cfg.engine.engine != "none" and not storage.open_store(plan["checkpoint_dir"], plan.get("s3")).exists("latest")
 
 
 def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> str:

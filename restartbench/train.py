@@ -60,6 +60,10 @@ class RankRun:
         self.phase = log.phase
         self.plan = json.loads((run_dir / "plan.json").read_text())
         self.ckpt_dir = self.plan["checkpoint_dir"]
+        from restartbench.storage import open_store
+
+        self.store = open_store(self.ckpt_dir, self.plan.get("s3"))
+        """The checkpoint's own files (manifest, latest, hashes): a folder or an S3 prefix."""
 
     # -- start-up: each part is a restart phase -----------------------------------------
 
@@ -89,7 +93,9 @@ class RankRun:
         from restartbench.engines import create_engine
 
         with self.log.span("startup.engine", engine=self.cfg.engine.engine):  # imports, process groups, buffers
-            self.ckpt_engine = create_engine(self.cfg.engine)
+            from restartbench.storage import engine_for_target
+
+            self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
         if hasattr(self.ckpt_engine, "on_copy_wait"):  # training waited for a save's copies after save() returned
             self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
                 "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)
@@ -175,7 +181,6 @@ class RankRun:
 
     def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
         from restartbench.engines.deepspeed_engines import records_as_dicts
-        from restartbench.integrity import sha256_of
 
         with self.log.span("checkpoint.wait_durable", step=step, tag=tag):
             durable_at = self.ckpt_engine.wait_until_durable()
@@ -183,27 +188,23 @@ class RankRun:
         self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=durable_at - save_start,
                       files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
         with self.log.span("checkpoint.checksum", step=step, tag=tag):
-            return [{**f, "rank": self.rank, "sha256": sha256_of(os.path.join(self.ckpt_dir, f["path"]))}
-                    for f in written]
+            return [{**f, "rank": self.rank, "sha256": self.store.sha256(f["path"])} for f in written]
 
     def _commit_or_discard(self, step: int, tag: str, save_start: float, outcomes: list, errors: list[str]) -> None:
-        import shutil
-
-        from restartbench.engines import commit_latest
         from restartbench.integrity import write_manifest
 
         if errors:
-            free = shutil.disk_usage(self.ckpt_dir).free  # before the partial files are removed
+            free = self.store.free_bytes()  # before the partial files are removed; None for an object store
             needed = self.plan["checkpoint_bytes_estimate"]
-            if free < needed:
+            if free is not None and free < needed:
                 errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
                                  f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on device)")
-            shutil.rmtree(os.path.join(self.ckpt_dir, tag), ignore_errors=True)
+            self.store.remove_tree(tag)
             self.log.emit("checkpoint.failed", step=step, tag=tag, errors=errors, target=self.ckpt_dir,
                           free_bytes=free, needed_bytes_estimate=needed)
             return
-        write_manifest(self.ckpt_dir, tag, [f for o in outcomes for f in o["files"]])
-        commit_latest(self.ckpt_dir, tag)
+        write_manifest(self.store, tag, [f for o in outcomes for f in o["files"]])
+        self.store.write_durably("latest", tag)  # atomic: a rename on a file system, one PUT in S3
         self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
 
     def _reference_step(self, step: int) -> None:
@@ -222,7 +223,7 @@ class RankRun:
             return self._restart_without_checkpoint()
         from restartbench.faults import kill_in_load
 
-        tag = self._checked_tag(_latest_tag(self.ckpt_dir))
+        tag = self._checked_tag(_latest_tag(self.store))
         step = int(tag.removeprefix("step"))
         cache = self._page_cache_before_load(tag)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page cache)")
@@ -253,6 +254,8 @@ class RankRun:
         from restartbench import pagecache
         from restartbench.integrity import read_manifest
 
+        if self.store.remote:  # every byte comes over the network: no page cache to evict or measure
+            return {"cache": "remote", "resident_fraction": None, "cache_requested": self.cfg.launch.restore_cache}
         state = None
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             paths = [Path(self.ckpt_dir) / f["path"] for f in read_manifest(self.ckpt_dir, tag)]
@@ -274,11 +277,11 @@ class RankRun:
 
         if not self.cfg.launch.check_files:
             return tag
-        candidates = [tag] + [t for t in committed_tags(self.ckpt_dir) if _step_of(t) < _step_of(tag)]
+        candidates = [tag] + [t for t in committed_tags(self.store) if _step_of(t) < _step_of(tag)]
         for candidate in candidates:
             with self.log.span("restore.check_files", tag=candidate) as extra:
                 try:
-                    mine = check_share(self.ckpt_dir, candidate, self.rank, dist.get_world_size())
+                    mine = check_share(self.store, candidate, self.rank, dist.get_world_size())
                 except FileNotFoundError as missing:
                     mine = [str(missing)]
                 shares: list = [None] * dist.get_world_size()
@@ -367,12 +370,11 @@ def _step_of(tag: str) -> int:
     return int(tag.removeprefix("step"))
 
 
-def _latest_tag(ckpt_dir: str) -> str:
-    latest = Path(ckpt_dir) / "latest"
-    if not latest.is_file():
-        raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}: 'latest' is missing "
+def _latest_tag(store) -> str:
+    if not store.exists("latest"):
+        raise FileNotFoundError(f"no complete checkpoint in {store.location}: 'latest' is missing "
                                 "(phase 1 never committed one); rerun phase 1 or point --checkpoint-dir elsewhere")
-    return latest.read_text().strip()
+    return store.read_text("latest").strip()
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ def mixed_logs(study_logs, tmp_path):
     """The session's real runs, plus: a failed, a killed, a skipped and a malformed run, a run with a truncated event
     line, one whose event lacks a field, a second engine, engine none, a foreign file and a baseline for one layout."""
     logs = tmp_path / "logs"
-    shutil.copytree(study_logs, logs, ignore=shutil.ignore_patterns("checkpoints"))
+    # Each real run measured its own baseline.json; this fixture places one baseline for one layout instead.
+    shutil.copytree(study_logs, logs, ignore=shutil.ignore_patterns("checkpoints", "baseline.json"))
     runs = real_runs(logs)
     real = runs[0]
     for name, status, error in (("failed", "failed", "phase train failed: rank 0: boom"), ("killed", "running", None),
@@ -283,9 +284,18 @@ def test_summarize_writes_tables_plots_and_report(mixed_logs, tmp_path):
 
 @multirank
 def test_summarize_without_a_baseline_says_so(study_logs, tmp_path):
-    collected = collect(study_logs)
-    outputs = report.write_outputs(collected, tmp_path / "out")
+    logs = tmp_path / "logs"
+    shutil.copytree(study_logs, logs, ignore=shutil.ignore_patterns("checkpoints", "baseline.json"))
+    outputs = report.write_outputs(collect(logs), tmp_path / "out")
     assert "No baseline measured" in outputs.report.read_text()
+
+
+@multirank
+def test_each_run_measures_its_own_baseline(study_logs):
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed (scripts/setup-env.sh installs it when run as root)")
+    table = collect(study_logs).table()
+    assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_tool"] == "fio").all()
 
 
 def test_summarize_on_a_missing_folder_says_so(tmp_path):

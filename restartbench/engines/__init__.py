@@ -16,8 +16,8 @@ Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``n
 whose ``save`` returns before its copies of the state are taken, and which therefore makes training
 wait later (at the optimizer step), has an ``on_copy_wait(tag, seconds)`` callback attribute: the
 harness records each wait as ``checkpoint.copy_wait`` and counts it in the stall.
-After every rank is durable the harness commits the checkpoint (``commit_latest``), so
-a checkpoint is named ``latest`` only once all of its files are on disk.
+After every rank is durable the harness commits the checkpoint (writes ``latest`` through its
+store, ``restartbench.storage``), so a checkpoint is named ``latest`` only once all of its files are on disk.
 
 This module imports no torch: the registry is read by the launcher and ``--dry-run`` too.
 An engine whose package is missing is reported by ``missing_requirements`` with the
@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ class EngineInfo:
     """Environment variables the engine needs in every rank (exported by the launch script)."""
     requires: tuple[tuple[str, str], ...] = ()
     """(importable module, how to install it) pairs the engine cannot run without."""
+    system_check: Callable[[], list[str]] = lambda: []
+    """Problems with non-Python components the engine needs (system libraries), each with how to fix it."""
     skip_when_missing: bool = False
     """A missing requirement marks the run skipped (the engine is optional to the study), not failed."""
     known_issues: dict[str, str] = field(default_factory=dict)
@@ -74,25 +77,56 @@ def _writer_block(decoupled: bool) -> Callable[[EngineConfig], dict[str, Any]]:
     return block
 
 
-# Outside DeepSpeed's own launcher its writer engines read these (one node: cross rank 0 of 1).
-_WRITER_ENV = {"CROSS_RANK": "0", "CROSS_SIZE": "1"}
+def _torch_extensions_dir() -> str:
+    """Where torch caches JIT-built ops (DeepSpeed's async_io, pin_memory, utils): the user's choice, else
+    inside the virtual environment, so the first run's build (minutes on a small CPU) is reused."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    if sys.prefix != sys.base_prefix:
+        return os.path.join(sys.prefix, "torch_extensions")
+    return os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+
+
+def _libaio_missing() -> list[str]:
+    """DeepSpeed's async_io op (FastPersist's writer) is JIT-built against libaio: its header must be
+    there, unless the op is already built (cached JIT build or DeepSpeed installed with its ops)."""
+    include_dirs = ["/usr/include", "/usr/local/include"] + [
+        d for var in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH") for d in os.environ.get(var, "").split(":") if d]
+    if any(os.path.isfile(os.path.join(d, "libaio.h")) for d in include_dirs):
+        return []
+    built = list(Path(_torch_extensions_dir()).glob("async_io/async_io*.so"))
+    spec = importlib.util.find_spec("deepspeed")
+    if spec and spec.origin:
+        built += list((Path(spec.origin).parent / "ops" / "aio").glob("async_io_op*.so"))
+    if built:
+        return []
+    return ["DeepSpeed's async_io op needs libaio, which is not installed (no libaio.h): install the system package "
+            "'libaio-dev' (apt-get install libaio-dev; 'libaio-devel' with dnf/yum); scripts/setup-env.sh does it "
+            "when run as root"]
+
+
+# Outside DeepSpeed's own launcher its writer engines read CROSS_RANK/CROSS_SIZE (one node: cross rank 0 of
+# 1). FastPersist page-locks its I/O buffer; on a CPU-only machine only DeepSpeed's native pinning backend
+# (its pin_memory op, mlock) can, torch's pin_memory() needs an accelerator. The launch environment does not
+# depend on the device, so GPU runs pin through the native backend too (DeepSpeed registers the mlock'd
+# buffer with CUDA): the buffer is allocated once, at deepspeed.initialize.
+_WRITER_ENV = {"CROSS_RANK": "0", "CROSS_SIZE": "1", "DS_PIN_MEMORY_BACKEND": "native",
+               "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
 _DS = "restartbench.engines.deepspeed_engines"
 
 register(EngineInfo("none", "restartbench.engines.baseline", "NoCheckpoint",
                     "no checkpoint: the baseline iteration time, and a relaunch that restores nothing"))
 register(EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous"))
-_FAST_ON_CPU = ("as shipped, DeepSpeed's fast writer pins its I/O buffer with tensor.pin_memory(), which needs an "
-                "accelerator: on a CPU-only machine deepspeed.initialize fails with 'Cannot access accelerator device "
-                "when none is available' (then also the async_io op needs libaio-dev). Measure it on a GPU node.")
 _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
               "refuse the non-leaf fp32 partitions ('Cowardly refusing to serialize non-leaf tensor'), so every save "
               "is recorded as failed and nothing is committed.")
 register(EngineInfo("fastpersist", _DS, "FastPersistEngine",
                     "DeepSpeed FastPersist writer: aligned buffers, libaio", ds_config=_writer_block(False),
-                    launch_env=_WRITER_ENV, known_issues={"cpu": _FAST_ON_CPU}))
+                    launch_env=_WRITER_ENV, system_check=_libaio_missing))
 register(EngineInfo("decoupled", _DS, "DecoupledEngine",
                     "DeepSpeed decoupled writer: background writer processes", ds_config=_writer_block(True),
-                    launch_env=_WRITER_ENV, known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED}))
+                    launch_env=_WRITER_ENV, system_check=_libaio_missing,
+                    known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED}))
 register(EngineInfo("datastates", _DS, "DataStatesEngine",
                     "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
                     ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
@@ -128,11 +162,12 @@ def engine_info(name: str) -> EngineInfo:
 
 def missing_requirements(name: str) -> list[str]:
     """Human lines for each package the engine needs and cannot import here; empty when it can run."""
+    info = engine_info(name)
     return [
         f"engine {name!r} needs the Python module {module!r}: {how}"
-        for module, how in engine_info(name).requires
+        for module, how in info.requires
         if importlib.util.find_spec(module) is None
-    ]
+    ] + [f"engine {name!r}: {problem}" for problem in info.system_check()]
 
 
 def known_issue(name: str, device: str) -> str | None:

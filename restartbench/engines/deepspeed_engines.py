@@ -105,22 +105,38 @@ class TorchEngine(DeepSpeedEngine):
     """DeepSpeed's default TorchCheckpointEngine: torch.save per file, synchronous, no fsync of its own."""
 
 
-_WRITER_SUFFIX = re.compile(r"-\d+\.\d+$")
+_WRITER_SUFFIX = re.compile(r"-(\d+)\.(\d+)")
 
 
-def drop_writer_suffixes(paths: list[str]) -> list[str]:
-    """Rename ``<path>-<writer>.<writers>`` to ``<path>`` where only the suffixed file exists; one line per rename."""
-    renamed = []
-    for path in paths:
-        if os.path.exists(path):
-            continue
-        folder, name = os.path.split(path)
-        suffixed = [f for f in os.listdir(folder or ".") if f.startswith(name) and _WRITER_SUFFIX.fullmatch(f[len(name):])]
-        if len(suffixed) == 1:
-            os.replace(os.path.join(folder, suffixed[0]), path)
-            renamed.append(f"renamed {suffixed[0]} -> {name} (FastPersist's writer suffix; DeepSpeed's load expects "
-                           "the plain name)")
-    return renamed
+def restore_deepspeed_name(plain: str, actual: str) -> str:
+    """Rename FastPersist's ``<plain>-<writer>.<writers>`` to DeepSpeed's ``plain``; return where the file is now.
+
+    Under the ``replica`` writer layout every data-parallel replica writes a full copy of the replicated
+    model-states file: writer 0's copy takes the plain name and the others stay as FastPersist named them
+    (the load never reads them). Ranks need not talk to each other: every file exists once DeepSpeed's
+    save returns (it ends in a barrier), and a lower writer's copy is checked for under its suffixed name
+    first, then under the plain name (``os.replace`` is atomic, so one of the two is always seen).
+    Two ranks that wrote the same path (one writer index for several ranks) raise: that file's content
+    cannot be trusted.
+    """
+    match = _WRITER_SUFFIX.fullmatch(actual[len(plain):]) if actual.startswith(plain) else None
+    if match is None:
+        return actual
+    writer, writers = int(match[1]), int(match[2])
+    if any(os.path.exists(f"{plain}-{lower}.{writers}") for lower in range(writer)):
+        return actual
+    clash = RuntimeError(f"FastPersist wrote {actual} from more than one rank at once, so its content cannot be "
+                         "trusted: its writer.data_parallel layout gave those ranks the same writer index; "
+                         "use --writer-data-parallel replica")
+    if os.path.exists(plain):
+        if writer == 0:
+            raise clash
+        return actual
+    try:
+        os.replace(actual, plain)
+    except FileNotFoundError:
+        raise clash from None
+    return plain
 
 
 def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any]]:
@@ -128,19 +144,138 @@ def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any
     return [{**asdict(r), "path": os.path.relpath(r.path, root)} for r in records]
 
 
-class FastPersistEngine(DeepSpeedEngine):
-    """DeepSpeed's FastPersist writer (``checkpoint.writer.type = fast``), as shipped, with one stated workaround.
+def use_deepspeed_utils_op() -> str | None:
+    """Let FastPersist's file writer load DeepSpeed's ``utils`` op on a CPU-only machine; the note to record.
 
-    FastPersist names each file ``<name>-<writer>.<writers>`` (e.g. ``...optim_states.pt-0.1``) and
-    DeepSpeed's own ``load_checkpoint`` then fails to find ``<name>``. After the save the harness renames
-    the files back to DeepSpeed's names — bytes untouched — and records each rename as a
-    ``checkpoint.workaround`` event, so every run says it happened.
+    ``FastFileWriter.__init__`` loads the op (for ``cast_to_byte_tensor``) through the accelerator's
+    table of op builders, and the CPU accelerator lists none for it: it answers with a builder whose
+    ``load`` raises "This op had not been implemented on CPU backend". The op is plain C++
+    (``csrc/utils``) and DeepSpeed ships its accelerator-independent builder
+    (``deepspeed.ops.op_builder.utils.UtilsBuilder``), so the writer module is pointed at that builder:
+    DeepSpeed's own op, JIT-built once into ``TORCH_EXTENSIONS_DIR``. Its only user,
+    ``save_torch_storage_object_list``, is never called by stock ``torch.save``, which writes through
+    ``write()``. Where the accelerator has the op (a GPU) nothing is changed and None is returned.
+    The op is loaded here, at engine set-up, so that no save's stall includes a build.
+    """
+    from deepspeed.io import fast_file_writer
+    from deepspeed.ops.op_builder import utils as generic_builders
+
+    try:
+        fast_file_writer.UtilsBuilder().load()
+        return None
+    except ValueError as not_on_this_accelerator:  # NotImplementedBuilder.load
+        original = f"{fast_file_writer.UtilsBuilder.__name__}: {not_on_this_accelerator}"
+    fast_file_writer.UtilsBuilder = generic_builders.UtilsBuilder
+    fast_file_writer.UtilsBuilder().load(verbose=False)
+    return ("deepspeed.io.fast_file_writer.UtilsBuilder pointed at DeepSpeed's accelerator-independent "
+            f"deepspeed.ops.op_builder.utils.UtilsBuilder (this accelerator's builder is {original}); "
+            "the op is only loaded by the writer, stock torch.save never calls it")
+
+
+def allow_deepspeed_classes_in_load() -> str:
+    """FastPersist's and the decoupled engine's ``load`` call ``torch.load`` without ``weights_only=False``
+    (DeepSpeed's torch engine passes it), and torch >= 2.6 then refuses the DeepSpeed classes the ZeRO files
+    hold ("Unsupported global: ... LossScaler"). Allow exactly those classes
+    (``torch.serialization.add_safe_globals``), at engine set-up in both phases; the note to record with
+    each save, whose checkpoint loads only so."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    classes = [LossScaler, ZeroStageEnum, fragment_address]
+    torch.serialization.add_safe_globals(classes)
+    return ("torch.serialization.add_safe_globals(" + ", ".join(c.__name__ for c in classes) + "): DeepSpeed's "
+            "writer engines load with torch.load's weights_only default, which refuses DeepSpeed's own classes")
+
+
+class FastPersistEngine(DeepSpeedEngine):
+    """DeepSpeed's FastPersist writer (``checkpoint.writer.type = fast``), as shipped, with stated workarounds.
+
+    FastPersist writes each file as ``<name>-<writer>.<writers>`` (e.g. ``...optim_states.pt-0.2``) and
+    DeepSpeed's own ``load_checkpoint`` then cannot find ``<name>``. After the save the harness renames the
+    files back to DeepSpeed's names (bytes untouched; see ``restore_deepspeed_name``) and records each rename, and
+    the time it took, as a ``checkpoint.workaround`` event; the rename is inside the save span (the stall),
+    so the stall is an upper bound by that much. On a CPU-only machine the writer also needs DeepSpeed's
+    ``utils`` op (``use_deepspeed_utils_op``) and its native pinning backend (``DS_PIN_MEMORY_BACKEND=native``,
+    set by the registry's launch environment); on every machine its ``load`` needs DeepSpeed's classes
+    allowed (``allow_deepspeed_classes_in_load``). Both notes are recorded with every save.
     """
 
+    def __init__(self, options: EngineConfig):
+        super().__init__(options)
+        self._setup_notes = [note for note in (use_deepspeed_utils_op(), allow_deepspeed_classes_in_load()) if note]
+        self._written_as: dict[str, str] = {}
+        """DeepSpeed's path -> the path FastPersist wrote it to, for the last save."""
+        self._now_at: dict[str, str] = {}
+        """DeepSpeed's path -> where that file of the last save is now."""
+
+    def _watch_writer(self, ds_engine: Any) -> None:
+        """Record the path of each file FastPersist's writer factory opens (what it really names it)."""
+        factory = getattr(self._recording(ds_engine).inner, "_writer", None)
+        if factory is None:
+            raise RuntimeError("DeepSpeed's checkpoint engine has no FastPersist writer on this rank: the run's "
+                               "DeepSpeed config lacks checkpoint.writer.type=fast, or this rank got no writer")
+        if getattr(factory, "_restartbench_watched", False):
+            return
+        create_writer = factory.create_writer
+
+        def watched(file_path: str, optimize_dp_state: bool) -> Any:
+            writer = create_writer(file_path, optimize_dp_state)
+            self._written_as[file_path] = writer.file_path()
+            return writer
+
+        factory.create_writer = watched
+        factory._restartbench_watched = True
+
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        self._watch_writer(ds_engine)
+        self._written_as.clear()
         super().save(ds_engine, save_dir, tag)
-        self.workarounds = drop_writer_suffixes([r.path for r in self._recorder.saved])
+        start = time.perf_counter()
+        self._now_at = {plain: restore_deepspeed_name(plain, actual) for plain, actual in self._written_as.items()}
+        seconds = time.perf_counter() - start
+        self.workarounds = self._setup_notes + [
+            f"renamed {os.path.basename(self._written_as[plain])} -> {os.path.basename(plain)} (FastPersist's writer "
+            f"suffix; DeepSpeed's load expects the plain name; this rank's renames took {seconds:.4f} s, inside the "
+            "save span)" for plain, now in self._now_at.items() if now == plain != self._written_as[plain]]
+
+    def written(self) -> list[FileRecord]:
+        records = self._recorder.saved if self._recorder else []
+        paths = [self._now_at.get(r.path, r.path) for r in records]
+        return [FileRecord(path, _size_or_zero(path), r.seconds) for path, r in zip(paths, records)]
+
 
 
 class DecoupledEngine(DeepSpeedEngine):
-    """DeepSpeed's decoupled writer (background writer processes), as shipped."""
+    """DeepSpeed's decoupled writer (``checkpoint.writer.decoupled = true``), as shipped.
+
+    ``save`` hands each file's state to a background writer process and returns; DeepSpeed commits the
+    checkpoint (waits for its writer) in ``engine.step()``, which a PipelineEngine never calls, so the
+    harness calls DeepSpeed's own ``_commit_decoupled_checkpoint()`` when it waits for durability (before
+    the next save or at the end of training, as for every asynchronous engine). The writer process is not
+    a daemon: DeepSpeed's ``cleanup()`` (what ``engine.destroy()`` calls) is registered to run at exit,
+    before multiprocessing would wait for that process forever.
+    """
+
+    asynchronous = True
+
+    def __init__(self, options: EngineConfig):
+        super().__init__(options)
+        self._ds_engine: Any = None
+        self._setup_notes = [allow_deepspeed_classes_in_load()]
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        if self._ds_engine is None:
+            import atexit
+
+            atexit.register(ds_engine.checkpoint_engine.cleanup)
+        self._ds_engine = ds_engine
+        self.workarounds = self._setup_notes + [
+            "the harness calls DeepSpeed's engine._commit_decoupled_checkpoint() when it waits for durability: "
+            "a PipelineEngine never calls step(), where DeepSpeed commits"]
+        super().save(ds_engine, save_dir, tag)
+
+    def wait_until_durable(self) -> float:
+        self._ds_engine._commit_decoupled_checkpoint()
+        return super().wait_until_durable()

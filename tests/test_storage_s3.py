@@ -1,0 +1,237 @@
+"""Checkpoints in S3, against a real S3 server on loopback (SeaweedFS, tests/s3server.py): the target is
+probed before anything is written, each bad target is said in words, the store keeps the manifest and
+``latest``, objects above the multipart threshold round-trip exactly, and a run restores exactly from S3."""
+
+import hashlib
+import io
+import json
+import os
+import time
+
+import pytest
+from conftest import run_study
+from s3server import SeaweedS3, SeaweedUnavailable, free_ports
+
+from restartbench import storage, study
+from restartbench.config import config_from_args
+from restartbench.events import read_events
+
+pytest.importorskip("s3torchconnector", reason="pip install -c constraints.txt -e '.[s3]'")
+
+TINY = ("tiny", "tp1pp1dp2", "--dtype", "fp32")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    try:
+        with SeaweedS3(tmp_path_factory.mktemp("seaweed"), buckets=("ckpt", "doomed")) as running:
+            yield running
+    except SeaweedUnavailable as why:
+        pytest.skip(str(why))
+
+
+@pytest.fixture
+def s3_env(server, monkeypatch):
+    """This process talks to the server as a user would: through the AWS variables."""
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    return server
+
+
+def _keys(server, bucket="ckpt", prefix=""):
+    listing = server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return {o["Key"]: o for o in listing.get("Contents", [])}
+
+
+# --- locations and settings (no server) ---------------------------------------------------------
+
+
+def test_s3_location_parse_and_refusals():
+    where = storage.S3Location.parse("s3://bucket/runs/a/")
+    assert (where.bucket, where.prefix, where.url) == ("bucket", "runs/a", "s3://bucket/runs/a")
+    assert where.url_of("step2/x.pt") == "s3://bucket/runs/a/step2/x.pt"
+    assert where.relative("s3://bucket/runs/a/step2/x.pt") == "step2/x.pt"
+    assert storage.S3Location.parse("s3://bucket").key("latest") == "latest"
+    for bad in ("s3://", "s3:///key", "/tmp/x", "s3://b/a//c"):
+        with pytest.raises(storage.StorageError, match="s3://BUCKET"):
+            storage.S3Location.parse(bad)
+
+
+def test_settings_from_options_before_environment_and_no_secret_values():
+    env = {"AWS_ENDPOINT_URL": "http://env:9000", "AWS_REGION": "eu-west-3", "AWS_ACCESS_KEY_ID": "AKIAXX",
+           "AWS_SECRET_ACCESS_KEY": "very-secret"}
+    from_env = storage.S3Settings.resolve(environ=env)
+    assert (from_env.endpoint, from_env.region, from_env.force_path_style) == ("http://env:9000", "eu-west-3", True)
+    given = storage.S3Settings.resolve("http://opt:1", "us-west-2", False, environ=env)
+    assert (given.endpoint, given.region, given.force_path_style) == ("http://opt:1", "us-west-2", False)
+    aws = storage.S3Settings.resolve(environ={})
+    assert (aws.endpoint, aws.region, aws.force_path_style) == (None, "us-east-1", False)
+    recorded = json.dumps(from_env.to_plan())
+    assert "AWS_ACCESS_KEY_ID" in recorded and "AKIAXX" not in recorded and "very-secret" not in recorded
+    assert storage.S3Settings.from_plan(from_env.to_plan()) == from_env
+
+
+def test_engines_that_write_local_files_are_refused_for_s3():
+    with pytest.raises(storage.StorageError, match="engine 'lazy' writes local files only.*--engine torch"):
+        storage.check_s3_target("lazy", "s3://b/p")
+    assert storage.check_s3_target("torch", "s3://b/p").bucket == "b"
+
+
+def test_listing_answers_glob_and_exists_for_s3_paths_only(tmp_path):
+    (tmp_path / "local.pt").write_bytes(b"x")
+    objects = {"s3://b/p/step2/layer_00-model_00-model_states.pt": 10, "s3://b/p/step2/mp_rank_00_model_states.pt": 5,
+               "s3://b/p/step2/sub/layer_00-x-model_states.pt": 1}
+    with storage.s3_paths_from_listing(objects):
+        import glob
+
+        assert glob.glob("s3://b/p/step2/layer_00-*model_states.pt") == ["s3://b/p/step2/layer_00-model_00-model_states.pt"]
+        assert os.path.exists("s3://b/p/step2/mp_rank_00_model_states.pt") and os.path.exists("s3://b/p/step2")
+        assert not os.path.exists("s3://b/p/step4/mp_rank_00_model_states.pt")
+        assert glob.glob(str(tmp_path / "*.pt")) == [str(tmp_path / "local.pt")] and os.path.exists(tmp_path)
+    assert not os.path.exists("s3://b/p/step2/mp_rank_00_model_states.pt"), "the real functions are back"
+
+
+# --- against the server -------------------------------------------------------------------------
+
+
+def test_probe_says_what_is_wrong_for_each_bad_target_quickly(s3_env, monkeypatch):
+    ok = storage.S3Settings.resolve()
+    storage.probe(storage.S3Location.parse("s3://ckpt/probe"), ok)
+    assert _keys(s3_env, prefix="probe") == {}, "the probe object is deleted"
+    closed_port = free_ports(1)[0]
+    cases = [
+        ("s3://no-such-bucket/run", ok, "bucket 'no-such-bucket' does not exist"),
+        ("s3://ckpt/run", storage.S3Settings.resolve(endpoint=f"http://127.0.0.1:{closed_port}"),
+         "endpoint cannot be reached"),
+    ]
+    for url, settings, words in cases:
+        start = time.monotonic()
+        with pytest.raises(storage.StorageError, match=words):
+            storage.probe(storage.S3Location.parse(url), settings)
+        assert time.monotonic() - start < 10
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(storage.StorageError, match="credentials were refused") as refused:
+        storage.probe(storage.S3Location.parse("s3://ckpt/run"), ok)
+    assert "not-the-secret" not in str(refused.value) and s3_env.secret_key not in str(refused.value)
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "bad credentials", "unreachable endpoint"])
+def test_study_refuses_a_bad_s3_target_before_writing_anything(s3_env, monkeypatch, tmp_path, case):
+    target, extra = "s3://ckpt/run", []
+    if case == "missing bucket":
+        target = "s3://no-such-bucket/run"
+    elif case == "bad credentials":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    else:
+        extra = ["--s3-endpoint", f"http://127.0.0.1:{free_ports(1)[0]}"]
+    cfg = config_from_args([*TINY, "--logs", str(tmp_path / "logs"), "--checkpoint-dir", target, *extra])
+    words = {"missing bucket": "does not exist", "bad credentials": "credentials were refused",
+             "unreachable endpoint": "cannot be reached"}[case]
+    with pytest.raises(study.StudyError, match=words):
+        study.run_study(cfg)
+    assert not (tmp_path / "logs").exists(), "no run folder: nothing was launched, nothing claimed durable"
+
+
+def test_s3_options_without_an_s3_target_are_refused(tmp_path):
+    cfg = config_from_args([*TINY, "--logs", str(tmp_path), "--s3-endpoint", "http://127.0.0.1:9"])
+    with pytest.raises(study.StudyError, match="--s3-endpoint only apply to an s3:// --checkpoint-dir"):
+        study.plan_run(cfg)
+
+
+def test_store_keeps_manifest_and_latest(s3_env):
+    store = storage.open_store("s3://ckpt/store-test")
+    assert store.remote and store.free_bytes() is None and not store.exists("latest")
+    with pytest.raises(FileNotFoundError):
+        store.read_text("latest")
+    store.write_durably("step2/manifest.json", '{"files": []}')
+    store.write_durably("step2/a.pt", "payload")
+    store.write_durably("latest", "step2")
+    assert store.read_text("latest") == "step2" and store.size("step2/a.pt") == 7
+    assert store.glob("*/manifest.json") == ["step2/manifest.json"]
+    assert store.sha256("step2/a.pt") == hashlib.sha256(b"payload").hexdigest()
+    store.remove_tree("step2")
+    assert store.files() == {"latest": 5}
+
+
+def test_object_above_the_multipart_threshold_round_trips_exactly(s3_env):
+    """The file engine DeepSpeed's save and load go through: a 12 MiB state dict is a multipart upload
+    (its ETag has a part count) and loads back bit for bit; its SHA-256 in the store is that of the bytes."""
+    import torch
+
+    store = storage.open_store("s3://ckpt/multipart")
+    inner = type("DeepSpeedTorchEngine", (), {"zipfile_serialization": True})()
+    files = storage.S3FileEngine(inner, store)
+    state = {"w": torch.randn(3 * 2**20, generator=torch.Generator().manual_seed(0)), "step": 7}
+    url = store.url_of("step1/big.pt")
+    files.save(state, url)
+    [record] = files.saved
+    head = s3_env.client().head_object(Bucket="ckpt", Key="multipart/step1/big.pt")
+    assert record.bytes == head["ContentLength"] > 8 * 2**20
+    assert "-" in head["ETag"], f"not a multipart upload: ETag {head['ETag']}"
+    files.sizes = {url: record.bytes}
+    loaded = files.load(url)
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+    body = s3_env.client().get_object(Bucket="ckpt", Key="multipart/step1/big.pt")["Body"].read()
+    assert store.sha256("step1/big.pt") == hashlib.sha256(body).hexdigest()
+    assert torch.equal(torch.load(io.BytesIO(body))["w"], state["w"])
+
+
+def test_s3_baseline_writes_both_routes_and_leaves_nothing(s3_env, tmp_path):
+    plan_s3 = storage.S3Settings.resolve().to_plan()
+    path = storage.record_s3_baseline(tmp_path, "s3://ckpt/baseline", plan_s3, 16)
+    data = json.loads(path.read_text())
+    assert path == tmp_path / "baseline.json" and data["tool"] == "s3torchconnector"
+    assert data["write_MBps"] > 0 and data["read_MBps"] > 0 and data["size_bytes"] == 16 * 2**20
+    assert data["block_size"] < data["size_bytes"], "a multipart upload"
+    assert data["fsspec"]["tool"] == "s3fs" and data["fsspec"]["write_MBps"] > 0 and data["fsspec"]["read_MBps"] > 0
+    assert _keys(s3_env, prefix="baseline") == {}
+    assert s3_env.secret_key not in path.read_text()
+
+
+# --- whole runs (2 ranks) --------------------------------------------------------------------------
+
+
+@pytest.mark.multirank
+def test_run_to_s3_restores_exactly_and_keeps_secrets_out(server, tmp_path):
+    proc, run = run_study(tmp_path / "logs", *TINY, "--iters", "4", "--save-interval", "2",
+                          "--checkpoint-dir", "s3://ckpt/run-exact", "--baseline-mib", "16", env=server.env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "complete"
+    events = read_events(run)
+    results = [e for e in events if e["event"] == "restore.result"]
+    assert len(results) == 2 and all(e["exact"] for e in results)
+    loads = [e for e in events if e["event"] == "restore.load"]
+    assert {e["cache"] for e in loads} == {"remote"} and all(e["bytes"] > 0 for e in loads)
+    keys = _keys(server, prefix="run-exact/")
+    assert server.client().get_object(Bucket="ckpt", Key="run-exact/latest")["Body"].read() == b"step4"
+    manifest = json.loads(server.client().get_object(Bucket="ckpt", Key="run-exact/step4/manifest.json")["Body"].read())
+    assert manifest["files"] and all(keys[f"run-exact/{f['path']}"]["Size"] == f["bytes"] for f in manifest["files"])
+    assert "run-exact/zero_to_fp32.py" in keys
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["checkpoint_dir"] == "s3://ckpt/run-exact" and plan["s3"]["endpoint"] == server.endpoint
+    assert json.loads((run / "baseline.json").read_text())["tool"] == "s3torchconnector"
+    assert not (run / "checkpoints").exists()
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert server.secret_key.encode() not in path.read_bytes(), f"secret in {path}"
+    assert server.secret_key not in proc.stdout + proc.stderr
+
+
+@pytest.mark.multirank
+def test_bucket_gone_after_the_probe_fails_the_run_with_nothing_committed(server, s3_env, tmp_path, monkeypatch):
+    """The batch-job case: the target was fine when the run was prepared and is gone when it runs."""
+    prepared = []
+    real_execute = study.execute
+    monkeypatch.setattr(study, "execute", lambda run_dir: prepared.append(run_dir) or 0)
+    cfg = config_from_args([*TINY, "--iters", "2", "--save-interval", "1", "--baseline-mib", "0",
+                            "--logs", str(tmp_path / "logs"), "--checkpoint-dir", "s3://doomed/run"])
+    assert study.run_study(cfg) == 0 and len(prepared) == 1
+    server.client().delete_bucket(Bucket="doomed")
+    assert real_execute(prepared[0]) == 1
+    meta = json.loads((prepared[0] / "metadata.json").read_text())
+    assert meta["status"] == "failed" and "committed no checkpoint" in meta["error"]
+    assert [c["tag"] for c in meta["failed_checkpoints"]] == ["step1", "step2"]
+    assert all("bucket 'doomed' does not exist" in c["error"] for c in meta["failed_checkpoints"])
+    events = read_events(prepared[0])
+    assert not [e for e in events if e["event"] in ("checkpoint.commit", "checkpoint.durable")]
