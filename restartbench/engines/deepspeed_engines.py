@@ -209,6 +209,8 @@ class FastPersistEngine(DeepSpeedEngine):
         """DeepSpeed's path -> the path FastPersist wrote it to, for the last save."""
         self._now_at: dict[str, str] = {}
         """DeepSpeed's path -> where that file of the last save is now."""
+        self._problems: list[str] = []
+        """What went wrong in the last save's renames."""
 
     def _watch_writer(self, ds_engine: Any) -> None:
         """Record the path of each file FastPersist's writer factory opens (what it really names it)."""
@@ -233,18 +235,31 @@ class FastPersistEngine(DeepSpeedEngine):
         self._written_as.clear()
         super().save(ds_engine, save_dir, tag)
         start = time.perf_counter()
-        self._now_at = {plain: restore_deepspeed_name(plain, actual) for plain, actual in self._written_as.items()}
+        self._now_at, self._problems = {}, []
+        for plain, actual in self._written_as.items():
+            try:
+                self._now_at[plain] = restore_deepspeed_name(plain, actual)
+            except (RuntimeError, OSError) as problem:
+                self._now_at[plain] = actual
+                self._problems.append(f"{type(problem).__name__}: {problem}")
         seconds = time.perf_counter() - start
         self.workarounds = self._setup_notes + [
             f"renamed {os.path.basename(self._written_as[plain])} -> {os.path.basename(plain)} (FastPersist's writer "
             f"suffix; DeepSpeed's load expects the plain name; this rank's renames took {seconds:.4f} s, inside the "
             "save span)" for plain, now in self._now_at.items() if now == plain != self._written_as[plain]]
 
+    def wait_until_durable(self) -> float:
+        """Raises what went wrong in the renames: not in ``save``, because DeepSpeed's save ends in a barrier, and
+        a rank failing alone after it would break the harness's matching of collectives for a failed save."""
+        if self._problems:
+            raise RuntimeError("renaming FastPersist's files back to DeepSpeed's names failed: "
+                               + "; ".join(self._problems))
+        return super().wait_until_durable()
+
     def written(self) -> list[FileRecord]:
         records = self._recorder.saved if self._recorder else []
         paths = [self._now_at.get(r.path, r.path) for r in records]
         return [FileRecord(path, _size_or_zero(path), r.seconds) for path, r in zip(paths, records)]
-
 
 
 class DecoupledEngine(DeepSpeedEngine):
@@ -279,3 +294,7 @@ class DecoupledEngine(DeepSpeedEngine):
     def wait_until_durable(self) -> float:
         self._ds_engine._commit_decoupled_checkpoint()
         return super().wait_until_durable()
+
+
+class DataStatesEngine(DeepSpeedEngine):
+    """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), as shipped; needs the ``datastates`` package."""
