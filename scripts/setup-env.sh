@@ -10,32 +10,22 @@ PYTHON="${PYTHON:-python3}"
 EXTRA=""
 [[ "${1:-}" == "--test" ]] && EXTRA="[test]"
 
-# libaio (system package): DeepSpeed's async_io op, which the fastpersist and decoupled engines
-# JIT-build on first use, links against it. Checked on every call since it lives outside the venv.
-if [[ ! -e /usr/include/libaio.h ]]; then
+# System packages, checked on every call since they live outside the venv; installed with apt-get
+# when running as root, else a note says what to ask for.
+apt_install() {  # apt_install PACKAGE WHAT-IT-IS-FOR
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-        echo "[setup] installing libaio-dev (for DeepSpeed's async_io op: engines fastpersist, decoupled)" >&2
-        apt-get install -y -q libaio-dev >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libaio-dev >/dev/null; } \
-            || echo "[setup] note: apt-get could not install libaio-dev; engines fastpersist and decoupled will not run" >&2
+        echo "[setup] installing $1 ($2)" >&2
+        apt-get install -y -q "$1" >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "$1" >/dev/null; } \
+            || echo "[setup] note: apt-get could not install $1 ($2)" >&2
     else
-        echo "[setup] note: libaio-dev is missing and cannot be installed here (needs root and apt-get);" \
-             "engines fastpersist and decoupled need it: ask for 'apt-get install libaio-dev' (or libaio-devel)" >&2
+        echo "[setup] note: $1 is missing and cannot be installed here (needs root and apt-get): $2" >&2
     fi
-fi
-
-# fio (system package): measures the checkpoint folder's raw bandwidth before each run (baseline.json,
-# --baseline-mib). Optional: without it runs go on and the analysis says "no baseline measured".
-if ! command -v fio >/dev/null; then
-    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-        echo "[setup] installing fio (for the storage baseline of each run)" >&2
-        apt-get install -y -q fio >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fio >/dev/null; } \
-            || echo "[setup] note: apt-get could not install fio; runs will have no storage baseline" >&2
-    else
-        echo "[setup] note: fio is missing and cannot be installed here (needs root and apt-get); runs will have no storage baseline: ask for 'apt-get install fio'" >&2
-    fi
-fi
+}
+# libaio: DeepSpeed's async_io op, which the fastpersist and decoupled engines JIT-build on first use.
+[[ -e /usr/include/libaio.h ]] || apt_install libaio-dev "DeepSpeed's async_io op: engines fastpersist, decoupled"
+# fio: the checkpoint folder's raw bandwidth before each run (baseline.json; optional).
+command -v fio >/dev/null || apt_install fio "the storage baseline of each run; without it runs have none"
 
 STAMP="$VENV/.restartbench-installed$EXTRA"
 if [[ -f "$STAMP" && "$STAMP" -nt "$ROOT/pyproject.toml" && "$STAMP" -nt "$ROOT/constraints.txt" ]]; then
