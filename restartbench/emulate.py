@@ -376,22 +376,9 @@ def _check_files(ranks: EmulatedRanks, tag: str) -> None:
 
 def _page_cache(ranks: EmulatedRanks, tag: str) -> dict[str, Any]:
     """Evict (cold restore) and measure the checkpoint's files, one process per node, as restartbench.train does."""
-    import torch.distributed as dist
-
     from restartbench import pagecache
-    from restartbench.integrity import read_manifest
 
-    state = None
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        paths = [Path(ranks.ckpt_dir) / f["path"] for f in read_manifest(ranks.ckpt_dir, tag)]
-        if ranks.cfg.launch.restore_cache == "cold":
-            pagecache.evict(paths)
-        state = pagecache.measure(paths).resident_fraction
-    states: list = [None] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    resident = max(s for s in states if s is not None)
-    return {"cache": "cold" if resident == 0 else "warm", "resident_fraction": resident,
-            "cache_requested": ranks.cfg.launch.restore_cache}
+    return pagecache.before_restore(ranks.ckpt_dir, tag, ranks.cfg.launch.restore_cache)
 
 
 def _load_rank(ranks: EmulatedRanks, rank: int, tag: str, shards: list[Any], cache: dict[str, Any]) -> list[Any]:

@@ -61,3 +61,23 @@ def measure(paths: list[Path]) -> CacheState:
         r, t = resident_pages(path)
         resident, total = resident + r, total + t
     return CacheState(resident / total if total else 0.0)
+
+
+def before_restore(ckpt_dir: str | Path, tag: str, wanted: str) -> dict:
+    """On every rank (a collective): evict checkpoint ``tag``'s files if ``wanted`` is ``cold``, then measure
+    what is resident. One rank per node does the work, since each node has its own page cache; the label
+    is ``cold`` only if no byte of the checkpoint was resident on any node."""
+    import torch.distributed as dist
+
+    from restartbench.integrity import read_manifest
+
+    state = None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        paths = [Path(ckpt_dir) / f["path"] for f in read_manifest(ckpt_dir, tag)]
+        if wanted == "cold":
+            evict(paths)
+        state = measure(paths).resident_fraction
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    resident = max(s for s in states if s is not None)
+    return {"cache": "cold" if resident == 0 else "warm", "resident_fraction": resident, "cache_requested": wanted}

@@ -245,28 +245,13 @@ class RankRun:
                   + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
 
     def _page_cache_before_load(self, tag: str) -> dict:
-        """Evict the checkpoint's files on every node (for a cold restore), then measure what is resident.
-
-        One rank per node does it, since each node has its own page cache. The label is ``cold``
-        only if no byte of the checkpoint was resident on any node."""
-        import torch.distributed as dist
-
+        """The checkpoint's page-cache state when the load begins: evicted first for a cold restore
+        (``pagecache.before_restore``); ``remote`` for an object store, where no page cache applies."""
         from restartbench import pagecache
-        from restartbench.integrity import read_manifest
 
         if self.store.remote:  # every byte comes over the network: no page cache to evict or measure
             return {"cache": "remote", "resident_fraction": None, "cache_requested": self.cfg.launch.restore_cache}
-        state = None
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            paths = [Path(self.ckpt_dir) / f["path"] for f in read_manifest(self.ckpt_dir, tag)]
-            if self.cfg.launch.restore_cache == "cold":
-                pagecache.evict(paths)
-            state = pagecache.measure(paths).resident_fraction
-        states: list = [None] * dist.get_world_size()
-        dist.all_gather_object(states, state)
-        resident = max(s for s in states if s is not None)
-        return {"cache": "cold" if resident == 0 else "warm", "resident_fraction": resident,
-                "cache_requested": self.cfg.launch.restore_cache}
+        return pagecache.before_restore(self.ckpt_dir, tag, self.cfg.launch.restore_cache)
 
     def _checked_tag(self, tag: str) -> str:
         """``tag`` if its files match its manifest on every rank's share; else refuse, or fall back
