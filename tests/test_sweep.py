@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from conftest import ROOT
@@ -59,6 +60,11 @@ def test_interrupted_sweep_resumes_only_missing_cells(tmp_path):
         time.sleep(0.5)
     os.killpg(sweep.pid, signal.SIGKILL)
     sweep.wait()
+    # The ranks run in sessions of their own; kill them too, as a batch system kills a cancelled job's processes.
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if str(logs) in " ".join(p.info["cmdline"] or [])]
+    for rank in ranks:
+        rank.kill()
+    psutil.wait_procs(ranks, timeout=30)
     assert states(logs) == {"tiny/tp1pp1dp2/none/rep1": "complete", "tiny/tp1pp1dp2/torch/rep1": "running"}
     first_mtime = (first / "metadata.json").stat().st_mtime
 
