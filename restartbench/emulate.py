@@ -247,8 +247,8 @@ def train_phase(ranks: EmulatedRanks) -> None:
 def _checkpoint(ranks: EmulatedRanks, step: int) -> None:
     import torch.distributed as dist
 
-    from restartbench.engines import commit_latest
     from restartbench.integrity import write_manifest
+    from restartbench.storage import LocalStore
 
     tag = f"step{step}"
     files_by_rank = ranks.files_of(step)
@@ -262,7 +262,7 @@ def _checkpoint(ranks: EmulatedRanks, step: int) -> None:
     dist.all_gather_object(everyone, mine)
     if 0 in ranks.ranks:
         write_manifest(ranks.ckpt_dir, tag, [f for share in everyone for f in share])
-        commit_latest(ranks.ckpt_dir, tag)
+        LocalStore(ranks.ckpt_dir).write_durably("latest", tag)
         ranks.logs[0].emit("checkpoint.commit", step=step, tag=tag,
                            since_save_start_s=time.perf_counter() - commit_start)
     _record_resources(ranks, tag)

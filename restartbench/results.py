@@ -158,7 +158,11 @@ def write_inventory(run_dir: Path) -> None:
 
 def summarize_run(run_dir: Path) -> list[str]:
     """A few lines for the terminal, every figure saying what it is."""
+    from restartbench.storage import is_s3
+
     events = read_events(run_dir)
+    remote = is_s3(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
+    durable = "uploaded" if remote else "fsync'd"
     lines = []
     iteration = iteration_time(events)
     if iteration is not None:
@@ -167,14 +171,15 @@ def summarize_run(run_dir: Path) -> list[str]:
         lines.append(
             f"checkpoint {row['tag']}: {row['bytes'] / 1e6:.1f} MB in {row['files']} files from {row['ranks']} ranks; "
             f"training stalled {row['stall_max_s']:.3f} s (max over ranks); durable after "
-            f"{row['durable_rank_max_s']:.3f} s (fsync'd, max over ranks); committed after {row['committed_s']:.3f} s"
+            f"{row['durable_rank_max_s']:.3f} s ({durable}, max over ranks); committed after {row['committed_s']:.3f} s"
         )
     info = restart(events)
     if info and info["total_s"] is not None:
         parts = ", ".join(f"{label} {value:.2f}" for label, value in info["parts"].items() if value is not None)
         exact = {True: "restore exact (state and resumed loss verified)", False: "RESTORE NOT EXACT",
                  None: "restore not verified"}[info["exact"]]
-        source = f"from {info['tag']} ({info['cache']} page cache)" if info["tag"] else "without a checkpoint (engine none)"
+        cache = "read from S3" if remote else f"{info['cache']} page cache"
+        source = f"from {info['tag']} ({cache})" if info["tag"] else "without a checkpoint (engine none)"
         lines.append(f"restart {source}: {info['total_s']:.2f} s from launch to end of first iteration "
                      f"(max over ranks); parts (s, max over ranks): {parts}")
         lines.append(exact)

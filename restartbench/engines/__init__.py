@@ -187,18 +187,6 @@ def create_engine(options: EngineConfig):
     return getattr(importlib.import_module(info.module), info.cls)(options)
 
 
-def commit_latest(save_dir: str | Path, tag: str) -> None:
-    """Point ``latest`` at ``tag`` atomically and durably (write, fsync, rename, fsync the folder)."""
-    save_dir = Path(save_dir)
-    tmp = save_dir / "latest.tmp"
-    with tmp.open("w") as handle:
-        handle.write(tag)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, save_dir / "latest")
-    fsync_dir(save_dir)
-
-
 def fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
