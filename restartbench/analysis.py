@@ -94,6 +94,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "bytes_per_rank_max": "largest bytes written by one rank", "bytes_per_rank_min": "smallest bytes written by one rank",
     "files_per_rank_max": "most files written by one rank", "files_per_rank_min": "fewest files written by one rank",
     "write_MBps": "bytes / durable_rank_max_s (10^6 B/s)",
+    "write_pct_of_storage": "write_MBps as a share of the storage's write bandwidth (baseline.json: fio for a folder, "
+                            "a plain multipart upload for S3), percent",
     "save_MiBps": "seed 000's save throughput: bytes / durable_rank_max_s in MiB/s (2^20 B/s); durable_rank_max_s "
                   "is its 'corrected' save duration (save start -> fsync'd, no model set-up or device load in it)",
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
@@ -108,6 +110,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
     "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
+    "read_pct_of_storage": "read_MBps as a share of the storage's read bandwidth (baseline.json), percent; above 100 "
+                           "only when pages were served from a warm page cache (see cache)",
     "load_MiBps": "seed 000's load throughput: bytes_read / restart_ckpt_load_s in MiB/s; restart_ckpt_load_s is its "
                   "'corrected' load duration (no process set-up or model build in it)",
     "cache": "page cache of the checkpoint when the restore began, measured with mincore on every node: cold (no "
@@ -262,8 +266,9 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
     info = restart(events)
     if info is not None:
         ranks = rank_restarts(events)
-        collected.rows.append({**common, "kind": "restart", **_restart_row(info, ranks),
-                               **critical_path(ranks, info["total_s"])})
+        row = _restart_row(info, ranks)
+        row["read_pct_of_storage"] = _percent(row["read_MBps"], common["baseline_read_MBps"])
+        collected.rows.append({**common, "kind": "restart", **row, **critical_path(ranks, info["total_s"])})
         collected.ranks.extend({**ident, **r} for r in ranks)
     for entry in _run_files(run_dir, events):
         collected.files.append({**ident, **entry})
@@ -294,8 +299,15 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
         "files_per_rank_max": max((r["files"] for r in written), default=None),
         "files_per_rank_min": min((r["files"] for r in written), default=None),
         "write_MBps": row["bytes"] / MB / durable if durable else None,
+        "write_pct_of_storage": _percent(row["bytes"] / MB / durable if durable else None,
+                                         common["baseline_write_MBps"]),
         "save_MiBps": row["bytes"] / MiB / durable if durable else None,
     }
+
+
+def _percent(rate: float | None, baseline: float | None) -> float | None:
+    """``rate`` as a percentage of the storage's measured bandwidth; None where either is missing."""
+    return 100 * rate / baseline if rate is not None and baseline else None
 
 
 def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -653,7 +665,8 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
         durable_max_s=("durable_rank_max_s", "max"), durable_rank_spread_s=("durable_spread_s", "median"),
         committed_s=("committed_s", "median"), bytes=("bytes", "median"), files=("files", "median"),
         bytes_per_rank_max=("bytes_per_rank_max", "median"), bytes_per_rank_min=("bytes_per_rank_min", "median"),
-        write_MBps=("write_MBps", "median"), iteration_s=("iteration_s", "median"),
+        write_MBps=("write_MBps", "median"), write_pct_of_storage=("write_pct_of_storage", "median"),
+        iteration_s=("iteration_s", "median"),
         stall_iterations=("stall_iterations", "median"), stall_overhead_pct=("stall_overhead_pct", "median"),
         baseline_write_MBps=("baseline_write_MBps", "median"),
     ).reset_index()
@@ -675,7 +688,7 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         **{column: (column, "median") for column, _ in RESTART_PART_COLUMNS},
         **{column: (column, "median") for column, _ in PATH_COLUMNS if column in restarts},
         bytes_read=("bytes_read", "median"), files_read=("files_read", "median"), read_MBps=("read_MBps", "median"),
-        restores_checkpoint=("restores_checkpoint", "any"),
+        read_pct_of_storage=("read_pct_of_storage", "median"), restores_checkpoint=("restores_checkpoint", "any"),
         cache=("cache", lambda s: ", ".join(sorted({str(v) for v in s.dropna()})) or None),
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
@@ -776,8 +789,8 @@ def engine_comparison(table: pd.DataFrame, preset: str | None = None, layout: st
     keys = [k for k in group_keys(selected) if k in ckpt.columns and k in rest.columns] if not selected.empty \
         else ["engine"]
     keep_c = [*keys, "runs", "checkpoints", "stall_s", "stall_rank_spread_s", "durable_s", "committed_s",
-              "stall_overhead_pct", "bytes", "files", "write_MBps"]
-    keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "cache", "exact"]
+              "stall_overhead_pct", "bytes", "files", "write_MBps", "write_pct_of_storage"]
+    keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "read_pct_of_storage", "cache", "exact"]
     merged = pd.merge(ckpt.reindex(columns=keep_c).drop(columns="runs"), rest.reindex(columns=keep_r),
                       on=keys, how="outer")
     if not selected.empty:

@@ -69,6 +69,13 @@ def fmt_rate(value: Any) -> str:
     return f"{value:.0f} MB/s" if value >= 10 else f"{value:.2g} MB/s"
 
 
+def fmt_share(value: Any) -> str:
+    """A throughput as a share of the storage baseline (percent)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
+
+
 def engine_colors(engines) -> dict[str, tuple]:
     """A fixed color per engine: the registry's order, so an engine has the same color in every figure."""
     from restartbench.engines import engine_names
@@ -721,7 +728,8 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
         view = _view(summary, {"runs": None, "checkpoints": None, "ranks": None, "stall_s": fmt_s,
                                "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "durable_rank_spread_s": fmt_s,
                                "committed_s": fmt_s, "iteration_s": fmt_s, "stall_overhead_pct": "{:.1f}%",
-                               "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate})
+                               "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate,
+                               "write_pct_of_storage": fmt_share})
         spread = analysis.rank_spread(ranks)
         spread = spread[spread["kind"] == "checkpoint"] if not spread.empty else spread
         detail = _view(spread.head(300), {"run_id": None, "tag": None, "stall_s_min": fmt_s, "stall_s_max": fmt_s,
@@ -737,7 +745,7 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
         summary = analysis.restart_summary(table)
         fmt = {"runs": None, "restart_s": fmt_s, "rank_spread_s": fmt_s,
                **{column: fmt_s for column, _ in RESTART_PART_COLUMNS}, "bytes_read": fmt_bytes,
-               "read_MBps": fmt_rate, "cache": None, "exact": None}
+               "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "cache": None, "exact": None}
         view = _view(summary, fmt).rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
         return "<p>Per configuration (medians over runs; each part max over ranks):</p>" + _html_table(view)
     if name == "files_per_rank":
@@ -794,7 +802,8 @@ def _view(frame: pd.DataFrame, formats: dict[str, Any], keys: list[str] | None =
 DISPLAY_NAMES = {
     "stall_s": "stall", "stall_rank_spread_s": "stall rank spread", "durable_s": "durable",
     "durable_rank_spread_s": "durable rank spread", "committed_s": "committed", "iteration_s": "iteration",
-    "stall_overhead_pct": "stall overhead", "write_MBps": "write", "restart_s": "restart",
+    "stall_overhead_pct": "stall overhead", "write_MBps": "write", "write_pct_of_storage": "write / storage",
+    "read_pct_of_storage": "read / storage", "restart_s": "restart",
     "rank_spread_s": "rank spread", "read_MBps": "read", "files_per_checkpoint": "files / ckpt",
     "files_per_rank_max": "most files on a rank", "min_bytes": "min size", "median_bytes": "median size",
     "max_bytes": "max size", "bytes_per_checkpoint": "bytes / ckpt", "predicted_bytes": "predicted",

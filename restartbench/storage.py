@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from restartbench.engines import fsync_dir
+from restartbench.engines import fsync_dir, object_store_engines
 from restartbench.engines.deepspeed_engines import FileRecord, TorchEngine
 
 S3_SCHEME = "s3://"
@@ -377,31 +377,30 @@ def open_store(location: str | Path, s3: dict[str, Any] | None = None) -> LocalS
 
 # --- checkpoint engines writing to S3 -----------------------------------------------------------
 
-ENGINES_FOR_S3 = ("torch", "none")
-"""Engines that can write to an s3:// location (the others write local files themselves)."""
-
-
 def check_s3_target(engine: str, location: str) -> S3Location:
     """The parsed S3 location, if this installation and ``engine`` can checkpoint to it; else StorageError."""
     where = S3Location.parse(location)
     if importlib.util.find_spec("s3torchconnector") is None:
         raise StorageError(f"checkpoints to {location} need the Python package s3torchconnector: "
                            "pip install -c constraints.txt -e '.[s3]'")
-    if engine not in ENGINES_FOR_S3:
+    able = object_store_engines()
+    if engine not in able:
         raise StorageError(f"engine {engine!r} writes local files only, so it cannot checkpoint to {location}; "
-                           f"with an s3:// --checkpoint-dir use --engine {' or '.join(ENGINES_FOR_S3)}, or give a "
+                           f"with an s3:// --checkpoint-dir use --engine {', '.join(able)}, or give a "
                            "local --checkpoint-dir")
     return where
 
 
 def engine_for_target(engine: Any, store: LocalStore | S3Store) -> Any:
-    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder; for S3 the torch
-    engine through s3torchconnector (``engine none`` needs no storage)."""
+    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder (and for ``none``, which
+    writes nothing); for S3 the one its ``for_store`` gives (engines registered with ``object_store``)."""
     if not store.remote or not engine.saves_state:
         return engine
-    if type(engine) is not TorchEngine:
-        raise StorageError(f"engine {type(engine).__name__} cannot write to {store.location}; use --engine torch")
-    return S3TorchEngine(engine.options, store)
+    for_store = getattr(engine, "for_store", None)
+    if for_store is None:
+        raise StorageError(f"engine {type(engine).__name__} cannot write to {store.location}; use --engine "
+                           f"{', '.join(object_store_engines())}")
+    return for_store(store)
 
 
 class S3FileEngine:

@@ -240,6 +240,14 @@ def test_baseline_from_the_run_folder_or_a_parent(mixed_logs):
     assert set(with_baseline["layout"]) == {with_baseline["layout"].iloc[0]}  # only the layout folder that has one
     assert (with_baseline["baseline_write_MBps"] == 321.0).all() and (with_baseline["baseline_read_MBps"] == 654.0).all()
     assert table["baseline_tool"].isna().any()
+    ckpt, rest = with_baseline[with_baseline["kind"] == "checkpoint"], with_baseline[with_baseline["kind"] == "restart"]
+    assert (ckpt["write_pct_of_storage"] - 100 * ckpt["write_MBps"] / 321.0).abs().max() < 1e-9
+    assert (rest["read_pct_of_storage"] - 100 * rest["read_MBps"] / 654.0).abs().max() < 1e-9
+    assert table.loc[table["baseline_tool"].isna(), ["write_pct_of_storage", "read_pct_of_storage"]].isna().all().all()
+    comparison = analysis.engine_comparison(with_baseline)
+    wrote = comparison["write_MBps"].notna()
+    assert wrote.any() and comparison.loc[wrote, "write_pct_of_storage"].notna().all()
+    assert comparison["read_pct_of_storage"].notna().any()
     (mixed_logs / "tiny" / "baseline.json").write_text('{"tool": "fio"}')
     collected = collect(mixed_logs)
     assert any("needs a positive write_MBps" in w for w in collected.warnings)

@@ -59,6 +59,10 @@ class EngineInfo:
     """Device ("cpu", "cuda") -> how the engine as shipped is known to fail there. The run still goes
     ahead (the study measures engines as they are, failures included); the note is printed and kept
     in metadata.json so that a failure is read with its known cause."""
+    object_store: bool = False
+    """The engine can checkpoint to an ``s3://`` location (through s3torchconnector); its class then has
+    ``for_store(store)``, which gives the engine writing to that store (``restartbench.storage``); ``none``
+    writes nothing, so any location will do."""
 
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -115,8 +119,10 @@ _WRITER_ENV = {"CROSS_RANK": "0", "CROSS_SIZE": "1", "DS_PIN_MEMORY_BACKEND": "n
 _DS = "restartbench.engines.deepspeed_engines"
 
 register(EngineInfo("none", "restartbench.engines.baseline", "NoCheckpoint",
-                    "no checkpoint: the baseline iteration time, and a relaunch that restores nothing"))
-register(EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous"))
+                    "no checkpoint: the baseline iteration time, and a relaunch that restores nothing",
+                    object_store=True))
+register(EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous",
+                    object_store=True))
 _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
               "refuse the non-leaf fp32 partitions ('Cowardly refusing to serialize non-leaf tensor'), so every save "
               "is recorded as failed and nothing is committed.")
@@ -137,9 +143,10 @@ register(EngineInfo("torchsnapshot", "restartbench.engines.torchsnapshot_engine"
                     "TorchSnapshot 0.1.0 with the study's patch (every rank saves its own distinct state)",
                     requires=(("torchsnapshot", "pip install torchsnapshot==0.1.0"),)))
 register(EngineInfo("dcp", "restartbench.engines.dcp_engine", "DCPEngine",
-                    "PyTorch Distributed Checkpoint, synchronous save"))
+                    "PyTorch Distributed Checkpoint, synchronous save", object_store=True))
 register(EngineInfo("dcp-async", "restartbench.engines.dcp_engine", "AsyncDCPEngine",
-                    "PyTorch Distributed Checkpoint, async_save (staging, then a background write)"))
+                    "PyTorch Distributed Checkpoint, async_save (staging, then a background write)",
+                    object_store=True))
 register(EngineInfo("lazy", "restartbench.engines.lazy_engine", "LazyEngine",
                     "restartbench's lazy engine: reused host buffer, copies overlapped with the next fwd/bwd, "
                     "streamed fsync'd flush"))
@@ -168,6 +175,11 @@ def missing_requirements(name: str) -> list[str]:
         for module, how in info.requires
         if importlib.util.find_spec(module) is None
     ] + [f"engine {name!r}: {problem}" for problem in info.system_check()]
+
+
+def object_store_engines() -> list[str]:
+    """Engines that can checkpoint to an s3:// location."""
+    return [name for name, info in _REGISTRY.items() if info.object_store]
 
 
 def known_issue(name: str, device: str) -> str | None:

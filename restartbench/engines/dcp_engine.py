@@ -11,7 +11,10 @@ per rank. Keys carry the rank's place in the 3D layout:
   ranks), as DeepSpeed's own checkpoint does;
 - ``pp<P>-tp<T>-dp<D>/...``: the optimizer partition and everything else, distinct per rank.
 
-The checkpoint lives in ``<save_dir>/<tag>/`` and is restored with the same layout.
+The checkpoint lives in ``<save_dir>/<tag>/`` and is restored with the same layout. The folder is
+either local (DCP's ``FileSystemWriter``/``Reader``; durable once fsync'd) or an S3 prefix
+(s3torchconnector's ``S3StorageWriter``/``S3StorageReader``, seeds 000 and 001; durable once the
+uploads have completed, which DCP's write waits for): ``for_store`` picks the second.
 DCP is imported with this module (when the engine is created at start-up, seconds on a busy
 CPU), not in the first save, whose stall would otherwise include it.
 """
@@ -19,6 +22,7 @@ CPU), not in the first save, whose stall would otherwise include it.
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from typing import Any
 
@@ -102,6 +106,63 @@ def files_of_rank(names: list[str], pg_rank: int) -> list[str]:
     return sorted(mine + ([METADATA] if pg_rank == 0 and METADATA in names else []))
 
 
+class LocalFolder:
+    """DCP's own file-system writer and reader; a file is durable once it and its folder are fsync'd."""
+
+    def writer(self, folder: str) -> Any:
+        return dcp.FileSystemWriter(folder, sync_files=True)
+
+    def reader(self, folder: str) -> Any:
+        return dcp.FileSystemReader(folder)
+
+    def sizes(self, folder: str) -> dict[str, int]:
+        """Name -> bytes of every file in the checkpoint folder."""
+        return {name: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)}
+
+    def durable(self, records: list[FileRecord], write_done: float) -> float:
+        return durable_now(records)
+
+
+class S3Prefix:
+    """s3torchconnector's DCP writer and reader on an S3 prefix, through the harness's client (their own
+    constructors take no endpoint: the endpoint, region and addressing style are the run's, ``plan.json``).
+    An object is durable once its upload has completed, which happens inside DCP's write."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def _file_system(self, reader_constructor: Any = None) -> Any:
+        from s3torchconnector.dcp import S3FileSystem
+
+        from restartbench.storage import s3_client
+
+        return S3FileSystem(self.store.settings.region, s3_client=s3_client(self.store.settings),
+                            reader_constructor=reader_constructor)
+
+    def writer(self, folder: str) -> Any:
+        from s3torchconnector.dcp import S3StorageWriter
+
+        writer = S3StorageWriter(self.store.settings.region, folder)
+        writer.fs = self._file_system()
+        return writer
+
+    def reader(self, folder: str) -> Any:
+        from s3torchconnector import S3ReaderConstructor
+        from s3torchconnector.dcp import S3StorageReader
+
+        constructor = S3ReaderConstructor.dcp_optimized()
+        reader = S3StorageReader(self.store.settings.region, folder, reader_constructor=constructor)
+        reader.fs = self._file_system(constructor)
+        return reader
+
+    def sizes(self, folder: str) -> dict[str, int]:
+        tag = self.store.where.relative(folder)
+        return {posixpath.relpath(key, tag): size for key, size in self.store.files(tag).items()}
+
+    def durable(self, records: list[FileRecord], write_done: float) -> float:
+        return write_done
+
+
 class DCPEngine:
     """``torch.distributed.checkpoint.save``: returns once every rank's files are written (and fsync'd by DCP)."""
 
@@ -110,11 +171,17 @@ class DCPEngine:
 
     def __init__(self, options: EngineConfig):
         self.options = options
+        self.target: LocalFolder | S3Prefix = LocalFolder()
         self._folder: str | None = None
         self._pg_rank = 0
         self._save_start = 0.0
         self._write_done = 0.0
         self._read: list[FileRecord] = []
+
+    def for_store(self, store: Any) -> "DCPEngine":
+        """For an S3 store: this engine with s3torchconnector's DCP writer and reader."""
+        self.target = S3Prefix(store)
+        return self
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
         self._folder = os.path.join(save_dir, tag)
@@ -122,7 +189,7 @@ class DCPEngine:
         self._pg_rank = dist.get_rank(group)
         self._save_start = time.perf_counter()
         flat = flat_state(harness_state.capture(ds_engine), *harness_state.coordinates(ds_engine))
-        self._start_save(flat, dcp.FileSystemWriter(self._folder, sync_files=True), save_planner(), group)
+        self._start_save(flat, self.target.writer(self._folder), save_planner(), group)
 
     def _process_group(self) -> Any:
         return None  # the default group: the save runs on the training thread
@@ -132,14 +199,14 @@ class DCPEngine:
         self._write_done = time.perf_counter()
 
     def wait_until_durable(self) -> float:
-        return durable_now(self.written())
+        return self.target.durable(self.written(), self._write_done)
 
     def written(self) -> list[FileRecord]:
         if self._folder is None:
             return []
-        names = files_of_rank(os.listdir(self._folder), self._pg_rank)
-        sizes = {os.path.join(self._folder, n): os.path.getsize(os.path.join(self._folder, n)) for n in names}
-        return harness_state.records(sizes, self._write_done - self._save_start)
+        sizes = self.target.sizes(self._folder)
+        mine = {os.path.join(self._folder, n): sizes[n] for n in files_of_rank(list(sizes), self._pg_rank)}
+        return harness_state.records(mine, self._write_done - self._save_start)
 
     def read(self) -> list[FileRecord]:
         return list(self._read)
@@ -147,7 +214,7 @@ class DCPEngine:
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
         folder = os.path.join(load_dir, tag)
         start = time.perf_counter()
-        reader = dcp.FileSystemReader(folder)
+        reader = self.target.reader(folder)
         metadata = reader.read_metadata()
         coords = harness_state.coordinates(ds_engine)
         template = load_template(metadata, flat_state(harness_state.capture(ds_engine), *coords), *coords)
@@ -156,10 +223,9 @@ class DCPEngine:
         harness_state.restore(ds_engine, unflatten(template, *coords))
         self._read = harness_state.records(self._bytes_read(folder, metadata, template), seconds)
 
-    @staticmethod
-    def _bytes_read(folder: str, metadata: Any, template: dict[str, Any]) -> dict[str, int]:
+    def _bytes_read(self, folder: str, metadata: Any, template: dict[str, Any]) -> dict[str, int]:
         """Bytes this rank read from each file: its entries' extents, plus the whole ``.metadata``."""
-        sizes = {os.path.join(folder, METADATA): os.path.getsize(os.path.join(folder, METADATA))}
+        sizes = {os.path.join(folder, METADATA): self.target.sizes(folder)[METADATA]}
         for index, info in metadata.storage_data.items():
             if index.fqn in template:
                 path = os.path.join(folder, info.relative_path)
@@ -195,7 +261,8 @@ class AsyncDCPEngine(DCPEngine):
         self._done_at = time.perf_counter()
 
     def wait_until_durable(self) -> float:
-        """Wait for the background write (raising its error, if any), then fsync this rank's files."""
+        """Wait for the background write (raising its error, if any), then make this rank's files durable
+        (fsync them in a folder; in S3 the completed uploads already are)."""
         if self._future is not None:
             future, self._future = self._future, None
             future.result()
