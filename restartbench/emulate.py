@@ -38,6 +38,7 @@ PROCESS_START = time.time()
 
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: imports are a measured phase)
 from restartbench.events import EventLog  # noqa: E402
+from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
 #: The engine an emulated run is listed under (metadata.json, run folder), so that no table mixes it with real runs.
@@ -59,11 +60,19 @@ def run_emulation(cfg: RunConfig) -> int:
         print(f"# emulation: {plan.world_size} ranks in {plan.nproc_per_node * plan.nnodes} processes; "
               f"one checkpoint {plan.checkpoint_bytes_estimate / 2**30:.3f} GiB")
         print(rendered.launch_script, end="")
+        if rendered.job_script:
+            print(f"# --- {study.LAUNCHERS[plan.launcher].job_file} ---\n{rendered.job_script}", end="")
         return 0
+    launcher = study.LAUNCHERS[plan.launcher]
+    missing = launcher.missing_submit_command(cfg.launch.submit)
+    if missing:
+        raise study.StudyError(missing)
     run_dir = study._prepare_run_dir(cfg, plan, rendered)
     meta = study._metadata(cfg, plan) | {"engine": ENGINE_LABEL, "emulation": emulation_metadata(cfg, plan)}
     study._write_json(run_dir / "metadata.json", meta)
     say(f"run folder {run_dir} (emulated checkpoint I/O, no training)")
+    if launcher.job_template and not launcher.inside_allocation():  # a Slurm/PBS job runs the phases
+        return study._hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
     return study.execute(run_dir)
 
 
@@ -92,6 +101,8 @@ def plan_emulation(cfg: RunConfig):
         raise study.StudyError("--emulate writes its files to a local folder; give --checkpoint-dir a path, not s3://")
     processes = _processes(plan.world_size, options.ranks_per_process, cfg.layout.nnodes)
     plan.nnodes, plan.nproc_per_node = cfg.layout.nnodes, processes // cfg.layout.nnodes
+    if plan.nnodes > 1 and not cfg.launch.master_port:  # the probe planned one node, on a port free here only
+        plan.master_port = 29500  # --master-port's documented default across nodes
     if not cfg.launch.dry_run and cfg.launch.memory_check:
         shards = predict(probe, scale=options.emulate_scale).per_rank_bytes()
         need = 2 * max(shards.values()) * options.ranks_per_process  # the state, and its copy read back on restore
@@ -181,8 +192,8 @@ class EmulatedRanks:
     def start(self) -> None:
         launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
         for log in self.logs.values():
-            log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0, host=os.uname().nodename,
-                     pid=os.getpid(), local_rank=int(os.environ.get("LOCAL_RANK", "0")), emulated=True)
+            log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement(),
+                     emulated=True)
         with self.span_all("startup.imports"):
             import torch  # noqa: F401
 
@@ -428,6 +439,7 @@ def _pairs(want: Any, got: Any, name: str = "") -> Iterator[tuple[str, tuple[Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()  # first: a process must not outlive a killed torchrun
     parser = argparse.ArgumentParser(description="One process of an emulated checkpoint run (see the module doc).")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--phase", required=True, choices=("train", "restore"))

@@ -8,9 +8,18 @@ which launches the phases one after the other (the restart is a genuinely separa
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+LAUNCHER_PID_VARIABLE = "RB_LAUNCHER_PID"
+"""Set by launch.sh to its own pid, which ``exec`` hands to torchrun: the parent every rank must have."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,13 @@ class Launcher:
 
     def inside_allocation(self) -> bool:
         return self.allocation_variable is not None and self.allocation_variable in os.environ
+
+    def missing_submit_command(self, submit: bool) -> str | None:
+        """Why ``--submit`` cannot work here (the batch system's submit command is not on PATH), or None."""
+        if not (self.job_template and submit) or shutil.which(self.submit_command) is not None:
+            return None
+        return (f"--launcher {self.name} --submit needs {self.submit_command!r}, which is not on PATH here; run on a "
+                "login node of the cluster, or leave out --submit to only write the job script")
 
     def phase_command(self, run_dir: Path, phase: str, nnodes: int) -> list[str]:
         """The command that runs ``launch.sh PHASE`` once on every node of the run."""
@@ -59,3 +75,39 @@ def allocation_gpus(launcher: Launcher) -> int | None:
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")))
     per_node = os.environ.get("SLURM_GPUS_ON_NODE", "")
     return nodes * int(per_node) if per_node.isdigit() else None
+
+
+def die_with_launcher(signal_number: int = signal.SIGKILL) -> bool:
+    """Have the kernel kill this rank the moment its launcher (torchrun) dies, however it dies.
+
+    torchrun starts every rank in a session of its own (``start_new_session``), so a killed launcher's
+    process group no longer includes the ranks: without this they sit in their next collective until
+    its timeout. ``PR_SET_PDEATHSIG`` fires when the thread that forked us exits; torchrun forks the
+    ranks from its main thread (elastic agent, ``SubprocessContext._start``), so that is when torchrun
+    exits. SIGKILL, because a rank blocked inside a gloo/NCCL call never runs a Python signal handler.
+    If the launcher died before the call (our parent is no longer the pid launch.sh exported), we die
+    now. Returns False where there is no such mechanism (not Linux): nothing is done there.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal_number), 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(error)}")
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE, "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal_number)
+    return True
+
+
+def placement() -> dict[str, Any]:
+    """Where the launcher put this process, for its ``process.start`` event.
+
+    ``node`` is the batch system's name for the node (Slurm's ``SLURMD_NODENAME``), else the host name:
+    several Slurm nodes can share one host (one slurmd each), and then only the node name tells them
+    apart. ``node_rank`` is torchrun's ``GROUP_RANK``.
+    """
+    host = os.uname().nodename
+    return {"host": host, "node": os.environ.get("SLURMD_NODENAME") or host,
+            "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}

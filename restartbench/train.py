@@ -22,10 +22,12 @@ PROCESS_START = time.time()
 
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.events import EventLog  # noqa: E402
+from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()  # first: a rank must not outlive a killed torchrun
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--phase", required=True, choices=("train", "restore"))
@@ -34,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     log = EventLog(args.run_dir, args.phase, rank)
     launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
-    log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0,
-             host=os.uname().nodename, pid=os.getpid(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
     try:
         rank_run = RankRun(RunConfig.load(args.run_dir / "config.json"), args.run_dir, rank, log)
         rank_run.start()

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# A throwaway single-node Slurm cluster on this machine, for the tests (and for trying --launcher slurm).
-#   scripts/slurm-local.sh install        apt-get install Debian's slurmctld, slurmd, client and munge (root)
-#   scripts/slurm-local.sh up DIR [CPUS]  start munged, slurmctld and slurmd with state and logs under DIR
-#                                         (ports SLURM_LOCAL_PORT and the next one; default 6817)
-#   scripts/slurm-local.sh down DIR       stop them
+# A throwaway Slurm cluster on this machine, for the tests (and for trying --launcher slurm).
+#   scripts/slurm-local.sh install               apt-get install Debian's slurmctld, slurmd, client and munge (root)
+#   scripts/slurm-local.sh up DIR [CPUS [NODES]]  start munged, slurmctld and NODES slurmd (default 1) with state
+#                                                and logs under DIR; CPUS is what each node advertises (default 8)
+#   scripts/slurm-local.sh down DIR              stop them
+# One node is called "localhost". Several are node1..nodeN: one slurmd each (slurmd -N nodeK), all on 127.0.0.1,
+# each on its own port (Debian's Slurm is built with multiple-slurmd support), so a job really spans N nodes of
+# Slurm's, on one host. Ports: SLURM_LOCAL_PORT (slurmctld, default 6817) and the NODES ports after it.
 # Then: export SLURM_CONF=DIR/slurm.conf. No systemd, no cgroups: processes are tracked via /proc.
 set -euo pipefail
-CMD="${1:?usage: slurm-local.sh install|up DIR [CPUS]|down DIR}"
+USAGE="usage: slurm-local.sh install|up DIR [CPUS [NODES]]|down DIR"
+CMD="${1:?$USAGE}"
 
 install() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
@@ -17,9 +21,11 @@ install() {
 }
 
 up() {
-    local dir cpus user
+    local dir cpus nodes user
     dir="$(mkdir -p "$1" && cd "$1" && pwd)"
     cpus="${2:-8}"
+    nodes="${3:-1}"
+    [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || { echo "slurm-local: NODES must be a whole number >= 1 (got '$nodes')" >&2; exit 2; }
     user="$(id -un)"
     local port="${SLURM_LOCAL_PORT:-6817}"
     mkdir -p "$dir"/{munge,state,spool,log}
@@ -37,11 +43,11 @@ AuthType=auth/munge
 AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd.%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd.%n.log
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 ProctrackType=proctrack/linuxproc
@@ -53,29 +59,42 @@ SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf
 MailProg=/bin/true
 ReturnToService=2
 MpiDefault=none
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
+    local names=() name i
+    if (( nodes == 1 )); then names=(localhost); else for i in $(seq 1 "$nodes"); do names+=("node$i"); done; fi
+    for i in "${!names[@]}"; do
+        echo "NodeName=${names[i]} NodeAddr=127.0.0.1 Port=$((port + 1 + i)) CPUs=$cpus State=UNKNOWN" >> "$dir/slurm.conf"
+    done
+    echo "PartitionName=debug Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP" >> "$dir/slurm.conf"
     slurmctld -f "$dir/slurm.conf"
-    slurmd -f "$dir/slurm.conf" -N localhost
+    for name in "${names[@]}"; do
+        mkdir -p "$dir/spool/$name"
+        slurmd -f "$dir/slurm.conf" -N "$name"
+    done
+    wait_idle "$dir" "$nodes"
+}
+
+wait_idle() {
+    local dir="$1" nodes="$2" idle
     for _ in $(seq 1 30); do
-        SLURM_CONF="$dir/slurm.conf" sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed)' && { echo "slurm-local: up ($dir/slurm.conf)"; return 0; }
+        idle="$(SLURM_CONF="$dir/slurm.conf" sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed)' || true)"
+        (( idle == nodes )) && { echo "slurm-local: up, $nodes node(s) ($dir/slurm.conf)"; return 0; }
         sleep 1
     done
-    echo "slurm-local: the node did not become idle; see $dir/log" >&2
+    echo "slurm-local: $idle of $nodes node(s) became idle; see $dir/log" >&2
     exit 1
 }
 
 down() {
     local dir="$1" pidfile
-    for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+    for pidfile in "$dir"/slurmd.*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         [[ -f "$pidfile" ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
     done
 }
 
 case "$CMD" in
     install) install ;;
-    up) up "${2:?usage: slurm-local.sh up DIR [CPUS]}" "${3:-8}" ;;
-    down) down "${2:?usage: slurm-local.sh down DIR}" ;;
-    *) echo "usage: slurm-local.sh install|up DIR [CPUS]|down DIR" >&2; exit 2 ;;
+    up) up "${2:?$USAGE}" "${3:-8}" "${4:-1}" ;;
+    down) down "${2:?$USAGE}" ;;
+    *) echo "$USAGE" >&2; exit 2 ;;
 esac
