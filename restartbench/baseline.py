@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -151,90 +150,3 @@ def evict(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-# -- S3 (not wired into the study yet) ------------------------------------------------------------
-
-S3_PART_SIZE = 8 * MiB
-
-
-def measure_s3(uri: str, size_mib: int, *, region: str = "us-east-1", endpoint: str | None = None,
-               part_size: int = S3_PART_SIZE, path_style: bool | None = None) -> dict[str, Any]:
-    """Upload then download one object of ``size_mib`` MiB under ``uri`` (s3://bucket/prefix) with s3torchconnector.
-
-    The same client a checkpoint engine writing to S3 uses: its CRT client uploads in parts of
-    ``part_size`` (multipart) and downloads with concurrent ranged GETs. The write time ends when the
-    multipart upload is completed (the object is then durable); the object is always deleted.
-    Credentials come from the usual AWS variables; ``endpoint`` points at a non-AWS store, which is
-    addressed path-style (``endpoint/bucket/key``) unless ``path_style`` says otherwise.
-    """
-    from s3torchconnector import S3ClientConfig
-    from s3torchconnector._s3client import S3Client  # the public S3Checkpoint wraps it, but cannot delete
-
-    if size_mib <= 0:
-        raise BaselineError(f"the baseline size must be a positive number of MiB, got {size_mib}")
-    bucket, prefix = split_s3_uri(uri)
-    key = f"{prefix.rstrip('/') + '/' if prefix else ''}.restartbench-baseline-{os.getpid()}"
-    client = S3Client(region, endpoint=endpoint,
-                      s3client_config=S3ClientConfig(part_size=part_size, force_path_style=(
-                          endpoint is not None if path_style is None else path_style)))
-    size = size_mib * MiB
-    try:
-        write_s = _timed_upload(client, bucket, key, size, part_size)
-        read_s = _timed_download(client, bucket, key, size, part_size)
-    finally:
-        _delete_quietly(client, bucket, key)
-    return {
-        "tool": "s3torchconnector", "write_MBps": size / write_s / 1e6, "read_MBps": size / read_s / 1e6,
-        "target": f"s3://{bucket}/{key}", "endpoint": endpoint, "size_bytes": size, "block_size": part_size,
-        "write_method": f"multipart upload in parts of {part_size} B, time until the upload is completed",
-        "read_method": "streamed GET (concurrent ranged requests) of the whole object",
-        "s3torchconnector_version": _version("s3torchconnector"),
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """("bucket", "prefix") of s3://bucket/prefix; a clear error for anything else."""
-    if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
-        raise BaselineError(f"{uri!r} is not an S3 location: write it as s3://BUCKET[/PREFIX]")
-    bucket, _, prefix = uri[5:].partition("/")
-    return bucket, prefix
-
-
-def _timed_upload(client: Any, bucket: str, key: str, size: int, part_size: int) -> float:
-    """Seconds to write ``size`` random bytes (one random part repeated: stores do not compress)."""
-    part = os.urandom(part_size)
-    start = time.perf_counter()
-    writer = client.put_object(bucket, key)
-    for offset in range(0, size, part_size):
-        writer.write(part[:min(part_size, size - offset)])
-    writer.close()
-    return time.perf_counter() - start
-
-
-def _timed_download(client: Any, bucket: str, key: str, size: int, part_size: int) -> float:
-    """Seconds to read the whole object into one reused buffer; a short read is an error."""
-    buffer = bytearray(part_size)
-    start = time.perf_counter()
-    reader = client.get_object(bucket, key)
-    got = 0
-    while count := reader.readinto(buffer):
-        got += count
-    elapsed = time.perf_counter() - start
-    if got != size:
-        raise BaselineError(f"s3://{bucket}/{key}: read back {got} bytes of the {size} written")
-    return elapsed
-
-
-def _delete_quietly(client: Any, bucket: str, key: str) -> None:
-    try:
-        client.delete_object(bucket, key)
-    except Exception as error:  # noqa: BLE001 - the measurement stands; a leftover object is only reported
-        say(f"note: could not delete the baseline object s3://{bucket}/{key}: {error}")
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

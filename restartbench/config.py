@@ -80,12 +80,18 @@ class EngineConfig:
 class StorageConfig:
     checkpoint_dir: str | None = opt(
         None, "Where checkpoints are written: a folder (local disk, parallel file system, /dev/shm) or "
-        "s3://BUCKET/PREFIX (credentials from the AWS variables or profile, never an option); "
-        "default: <run folder>/checkpoints.")
+        "s3://BUCKET/PREFIX (credentials from the AWS variables or profile, never an option) or gs://BUCKET/PREFIX "
+        "(through fsspec's gcsfs; credentials from Google's default chain); default: <run folder>/checkpoints.")
+    object_client: str | None = opt(
+        None, "The client s3:// checkpoints go through: s3torchconnector (AWS's CRT client; DCP's S3StorageWriter) "
+        "or fsspec (s3fs; DCP's FsspecWriter), the route seed 002 compares a connector with; default: "
+        "s3torchconnector. gs:// always goes through fsspec.", choices=("s3torchconnector", "fsspec"))
     s3_endpoint: str | None = opt(None, "S3 endpoint URL (MinIO, SeaweedFS, Ceph...); default: AWS_ENDPOINT_URL, else AWS.")
     s3_region: str | None = opt(None, "S3 region; default: AWS_REGION, else us-east-1.")
     s3_path_style: bool | None = opt(
         None, "S3 path-style addressing (bucket in the path, not the host name); default: on with a custom endpoint.")
+    gcs_endpoint: str | None = opt(
+        None, "GCS endpoint URL (an emulator, a private endpoint); default: STORAGE_EMULATOR_HOST, else Google.")
     baseline_mib: int = opt(
         64, "Before phase 1, measure the checkpoint folder's raw write (with fsync) and read bandwidth with fio "
         "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.")

@@ -97,8 +97,9 @@ def plan_emulation(cfg: RunConfig):
         labelled.engine.engine = ENGINE_LABEL
         probe.paths.run_dir = str(study._new_run_dir(labelled, _layout_name(probe)))
     plan = study.plan_run(probe)
-    if getattr(plan, "s3", None):
-        raise study.StudyError("--emulate writes its files to a local folder; give --checkpoint-dir a path, not s3://")
+    if plan.remote:
+        raise study.StudyError("--emulate writes its files to a local folder; give --checkpoint-dir a path, not an "
+                               "s3:// or gs:// location")
     processes = _processes(plan.world_size, options.ranks_per_process, cfg.layout.nnodes)
     plan.nnodes, plan.nproc_per_node = cfg.layout.nnodes, processes // cfg.layout.nnodes
     if plan.nnodes > 1 and not cfg.launch.master_port:  # the probe planned one node, on a port free here only

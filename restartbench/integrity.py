@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from restartbench.storage import LocalStore, S3Store, open_store
+from restartbench.storage import LocalStore, ObjectStore, open_store
 
 MANIFEST = "manifest.json"
 
@@ -26,11 +26,11 @@ def sha256_of(path: str | Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-Store = LocalStore | S3Store
+Store = LocalStore | ObjectStore
 
 
 def _store(ckpt_dir: str | Path | Store) -> Store:
-    return ckpt_dir if isinstance(ckpt_dir, (LocalStore, S3Store)) else open_store(ckpt_dir)
+    return ckpt_dir if isinstance(ckpt_dir, (LocalStore, ObjectStore)) else open_store(ckpt_dir)
 
 
 def write_manifest(ckpt_dir: str | Path | Store, tag: str, files: list[dict[str, Any]]) -> None:

@@ -77,6 +77,18 @@ def allocation_gpus(launcher: Launcher) -> int | None:
     return nodes * int(per_node) if per_node.isdigit() else None
 
 
+def set_parent_death_signal(signal_number: int) -> bool:
+    """Ask the kernel to send ``signal_number`` to this process when the thread that started it exits (Linux's
+    ``PR_SET_PDEATHSIG``; it survives ``exec``). Returns False off Linux, where nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal_number), 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(error)}")
+    return True
+
+
 def die_with_launcher(signal_number: int = signal.SIGKILL) -> bool:
     """Have the kernel kill this rank the moment its launcher (torchrun) dies, however it dies.
 
@@ -88,12 +100,8 @@ def die_with_launcher(signal_number: int = signal.SIGKILL) -> bool:
     If the launcher died before the call (our parent is no longer the pid launch.sh exported), we die
     now. Returns False where there is no such mechanism (not Linux): nothing is done there.
     """
-    if not sys.platform.startswith("linux"):
+    if not set_parent_death_signal(signal_number):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal_number), 0, 0, 0) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(error)}")
     launcher = os.environ.get(LAUNCHER_PID_VARIABLE, "")
     if launcher.isdigit() and os.getppid() != int(launcher):
         os.kill(os.getpid(), signal_number)

@@ -119,7 +119,7 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
     from restartbench.storage import open_store
 
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = open_store(plan["checkpoint_dir"], plan.get("s3"))
+    store = open_store(plan["checkpoint_dir"], plan.get("remote"))
     writers = {}
     for e in read_events(run_dir):
         if e["event"] == "checkpoint.durable":
@@ -147,7 +147,7 @@ def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]
     from restartbench.storage import open_store
 
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = open_store(plan["checkpoint_dir"], plan.get("s3"))
+    store = open_store(plan["checkpoint_dir"], plan.get("remote"))
     kept = store.read_text("latest").strip() if store.exists("latest") else None
     return [{"tag": tag, "error": error, "latest_kept": kept} for tag, error in failed.items()]
 
@@ -158,10 +158,10 @@ def write_inventory(run_dir: Path) -> None:
 
 def summarize_run(run_dir: Path) -> list[str]:
     """A few lines for the terminal, every figure saying what it is."""
-    from restartbench.storage import is_s3
+    from restartbench.storage import is_remote
 
     events = read_events(run_dir)
-    remote = is_s3(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
+    remote = is_remote(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
     durable = "uploaded" if remote else "fsync'd"
     lines = []
     iteration = iteration_time(events)

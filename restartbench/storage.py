@@ -1,19 +1,24 @@
-"""Where checkpoints live: a local folder (disk, parallel file system, /dev/shm) or an S3 prefix.
+"""Where checkpoints live: a local folder (disk, parallel file system, /dev/shm) or an object-store prefix.
 
-``--checkpoint-dir`` takes either a path or ``s3://BUCKET/PREFIX``. For S3 the endpoint, region and
-addressing style come from the options (``--s3-endpoint``, ``--s3-region``, ``--s3-path-style``) or
-else from the usual AWS variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``); the credentials only ever
-from the AWS credential chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, an
-instance role): they are never options, so they never reach ``config.json``, ``plan.json`` or a log.
+``--checkpoint-dir`` takes a path, ``s3://BUCKET/PREFIX`` or ``gs://BUCKET/PREFIX``. An s3:// prefix is
+reached through s3torchconnector (AWS's CRT client, the default) or through fsspec's s3fs
+(``--object-client fsspec``), so that the two routes can be compared on the same checkpoints, as seed 002
+compares a storage connector with fsspec; gs:// through fsspec's gcsfs. For S3 the endpoint, region and
+addressing style come from the options (``--s3-endpoint``, ``--s3-region``, ``--s3-path-style``) or else from
+the usual AWS variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``); for GCS the endpoint from ``--gcs-endpoint`` or
+``STORAGE_EMULATOR_HOST``. Credentials only ever come from the provider's own chain (AWS variables, profile or
+role; Google's application default credentials): they are never options, so they never reach ``config.json``,
+``plan.json`` or a log.
 
 The harness reaches the checkpoint's own files (the manifest, ``latest``, the hashes, the listing of
-committed tags) through a ``Store``: ``LocalStore`` for a folder, ``S3Store`` for a prefix, where one
-object PUT is atomic (a reader sees the old ``latest`` or the new one, never a torn one) and an object
-is durable once its upload has completed. ``engine_for_target`` gives the checkpoint engine that writes
-to the target: for S3, ``S3TorchEngine`` runs DeepSpeed's own ``save_checkpoint``/``load_checkpoint``
-with every file streamed through s3torchconnector (``torch.save`` into an ``S3Checkpoint`` writer).
+committed tags) through a ``Store``: ``LocalStore`` for a folder; ``S3Store`` (s3torchconnector) or
+``FsspecStore`` for a prefix, where one object PUT is atomic (a reader sees the old ``latest`` or the new
+one, never a torn one) and an object is durable once its upload has completed. ``engine_for_target`` gives
+the checkpoint engine that writes to the target (each engine registered with ``object_store`` has a
+``for_store``): for DeepSpeed's default engine, ``ObjectStoreTorchEngine`` runs DeepSpeed's own
+``save_checkpoint``/``load_checkpoint`` with every file streamed through the store's client.
 
-s3torchconnector is imported only when an S3 target is used.
+The object-store clients are imported only when such a target is used.
 """
 
 from __future__ import annotations
@@ -23,25 +28,33 @@ import fnmatch
 import functools
 import glob
 import hashlib
+import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import posixpath
 import re
 import shutil
+import socket
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from restartbench.engines import fsync_dir, object_store_engines
 from restartbench.engines.deepspeed_engines import FileRecord, TorchEngine
 
-S3_SCHEME = "s3://"
+S3_SCHEME, GS_SCHEME = "s3://", "gs://"
+OBJECT_SCHEMES = (S3_SCHEME, GS_SCHEME)
 DEFAULT_REGION = "us-east-1"
+PART_SIZE = 8 * 2**20
+"""Bytes per upload part (multipart) and per read of every object-store client, and of the baseline."""
 PROBE_ATTEMPTS = 2
-"""Attempts per request of the preflight probe: an unreachable endpoint is reported in about a second."""
+"""Attempts per request of the preflight probe: an unreachable endpoint is reported in seconds."""
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+S3_CLIENTS = ("s3torchconnector", "fsspec")
 
 
 class StorageError(RuntimeError):
@@ -52,31 +65,44 @@ def is_s3(location: str | Path | None) -> bool:
     return str(location or "").startswith(S3_SCHEME)
 
 
-# --- S3 locations and client settings ----------------------------------------------------------
+def is_remote(location: str | Path | None) -> bool:
+    """An object-store location (s3:// or gs://), not a folder."""
+    return str(location or "").startswith(OBJECT_SCHEMES)
+
+
+# --- object-store locations and client settings ---------------------------------------------------
 
 
 @dataclass(frozen=True)
-class S3Location:
+class ObjectLocation:
+    scheme: str
+    """``s3://`` or ``gs://``."""
     bucket: str
     prefix: str
     """Key prefix without leading or trailing '/' (may be empty: the bucket's root)."""
 
     @classmethod
-    def parse(cls, url: str) -> "S3Location":
-        bucket, _, prefix = str(url)[len(S3_SCHEME):].partition("/")
-        if not is_s3(url) or not bucket or "//" in prefix:
-            raise StorageError(f"{url!r} is not an S3 location: write it as s3://BUCKET or s3://BUCKET/PREFIX")
-        return cls(bucket, prefix.strip("/"))
+    def parse(cls, url: str) -> "ObjectLocation":
+        scheme = next((s for s in OBJECT_SCHEMES if str(url).startswith(s)), None)
+        bucket, _, prefix = str(url)[len(scheme or ""):].partition("/")
+        if scheme is None or not bucket or "//" in prefix:
+            raise StorageError(f"{url!r} is not an object-store location: write it as s3://BUCKET or "
+                               "s3://BUCKET/PREFIX (gs://BUCKET/PREFIX for Google Cloud Storage)")
+        return cls(scheme, bucket, prefix.strip("/"))
 
     @property
     def url(self) -> str:
-        return f"{S3_SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{S3_SCHEME}{self.bucket}"
+        return f"{self.scheme}{self.bucket}/{self.prefix}" if self.prefix else f"{self.scheme}{self.bucket}"
 
     def key(self, relative: str = "") -> str:
         return posixpath.join(self.prefix, relative) if self.prefix else relative
 
     def url_of(self, relative: str) -> str:
-        return f"{S3_SCHEME}{self.bucket}/{self.key(relative)}"
+        return f"{self.scheme}{self.bucket}/{self.key(relative)}"
+
+    def path(self, relative: str = "") -> str:
+        """fsspec's name of the object or prefix: ``bucket/key`` without the scheme."""
+        return posixpath.join(self.bucket, self.key(relative)).rstrip("/")
 
     def relative(self, url: str) -> str:
         """``url`` (an object of this location) relative to the prefix."""
@@ -95,10 +121,13 @@ class S3Settings:
     force_path_style: bool
     credentials: str
     """Where the credentials come from, in words (never their values)."""
+    client: str = "s3torchconnector"
+    """The client checkpoints go through: s3torchconnector or fsspec (s3fs)."""
+    scheme: ClassVar[str] = S3_SCHEME
 
     @classmethod
     def resolve(cls, endpoint: str | None = None, region: str | None = None, path_style: bool | None = None,
-                environ: dict[str, str] | None = None) -> "S3Settings":
+                environ: dict[str, str] | None = None, client: str | None = None) -> "S3Settings":
         """Options first, then the AWS variables; path-style addressing by default for a custom endpoint
         (MinIO, SeaweedFS, Ceph: buckets are not DNS names there), virtual-hosted on AWS itself."""
         env = os.environ if environ is None else environ
@@ -110,19 +139,66 @@ class S3Settings:
             credentials = f"AWS profile {env['AWS_PROFILE']!r}"
         else:
             credentials = "AWS default chain (shared credentials file, instance or task role)"
-        return cls(endpoint, region, endpoint is not None if path_style is None else path_style, credentials)
-
-    @classmethod
-    def from_plan(cls, recorded: dict[str, Any]) -> "S3Settings":
-        return cls(**recorded)
-
-    def to_plan(self) -> dict[str, Any]:
-        return asdict(self)
+        return cls(endpoint, region, endpoint is not None if path_style is None else path_style, credentials,
+                   client or "s3torchconnector")
 
     def describe(self) -> str:
         return (f"endpoint {self.endpoint or 'AWS'}, region {self.region}, "
-                f"{'path-style' if self.force_path_style else 'virtual-hosted'} addressing, credentials from "
-                f"{self.credentials}")
+                f"{'path-style' if self.force_path_style else 'virtual-hosted'} addressing, client {self.client}, "
+                f"credentials from {self.credentials}")
+
+    def fsspec_options(self, attempts: int | None = None) -> dict[str, Any]:
+        """s3fs's options for the same service, in parts of PART_SIZE as s3torchconnector's (``attempts``: retries
+        per request, for a quick probe)."""
+        config: dict[str, Any] = {"s3": {"addressing_style": "path" if self.force_path_style else "auto"}}
+        if attempts:
+            config |= {"retries": {"max_attempts": attempts, "mode": "standard"}, "connect_timeout": 3}
+        return {"endpoint_url": self.endpoint, "client_kwargs": {"region_name": self.region},
+                "config_kwargs": config, "default_block_size": PART_SIZE}
+
+    def with_client(self, client: str) -> "S3Settings":
+        return S3Settings(self.endpoint, self.region, self.force_path_style, self.credentials, client)
+
+
+@dataclass(frozen=True)
+class GCSSettings:
+    """How to reach Google Cloud Storage (what plan.json records; no credentials)."""
+
+    endpoint: str | None
+    anonymous: bool
+    """No credentials are sent: a custom endpoint (an emulator) without GOOGLE_APPLICATION_CREDENTIALS."""
+    credentials: str
+    client: str = "fsspec"
+    scheme: ClassVar[str] = GS_SCHEME
+
+    @classmethod
+    def resolve(cls, endpoint: str | None = None, environ: dict[str, str] | None = None) -> "GCSSettings":
+        env = os.environ if environ is None else environ
+        endpoint = endpoint or env.get("STORAGE_EMULATOR_HOST") or None
+        anonymous = endpoint is not None and not env.get("GOOGLE_APPLICATION_CREDENTIALS")
+        credentials = ("none (anonymous requests to a custom endpoint)" if anonymous else
+                       "GOOGLE_APPLICATION_CREDENTIALS" if env.get("GOOGLE_APPLICATION_CREDENTIALS") else
+                       "Google application default credentials (gcloud, metadata server)")
+        return cls(endpoint, anonymous, credentials)
+
+    def describe(self) -> str:
+        return f"endpoint {self.endpoint or 'Google'}, client fsspec (gcsfs), credentials from {self.credentials}"
+
+    def fsspec_options(self, attempts: int | None = None) -> dict[str, Any]:
+        """gcsfs's options (it retries by its own rules: ``attempts`` is not used)."""
+        return {"endpoint_url": self.endpoint, "token": "anon" if self.anonymous else None, "block_size": PART_SIZE}
+
+
+SETTINGS = {S3_SCHEME: S3Settings, GS_SCHEME: GCSSettings}
+
+
+def settings_to_plan(settings: S3Settings | GCSSettings) -> dict[str, Any]:
+    return {"scheme": settings.scheme, **asdict(settings)}
+
+
+def settings_from_plan(recorded: dict[str, Any]) -> S3Settings | GCSSettings:
+    fields = {k: v for k, v in recorded.items() if k != "scheme"}
+    return SETTINGS[recorded.get("scheme", S3_SCHEME)](**fields)
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,7 +207,7 @@ def s3_client(settings: S3Settings) -> Any:
     return new_s3_client(settings)
 
 
-def new_s3_client(settings: S3Settings, max_attempts: int = 10, part_size: int = 8 * 2**20) -> Any:
+def new_s3_client(settings: S3Settings, max_attempts: int = 10, part_size: int = PART_SIZE) -> Any:
     """A fresh client: it reads the credentials from the environment (or profile) as they are now."""
     from s3torchconnector import S3ClientConfig
     from s3torchconnector._s3client import S3Client  # S3Checkpoint wraps it but cannot list, head or delete
@@ -159,68 +235,31 @@ def condense(message: str) -> str:
     return f"{code[1]}: {text[1] if text else ''}" + (f" (HTTP {status[1]})" if status else "")
 
 
-def explain_s3_error(error: BaseException, location: S3Location, settings: S3Settings, doing: str) -> StorageError:
+def explain_error(error: BaseException, location: ObjectLocation, settings: S3Settings | GCSSettings,
+                  doing: str) -> StorageError:
     """A StorageError naming the target, what failed, the likely cause and what to do."""
     raw = condense(redact(str(error)))
     lowered = raw.lower()
-    where = f"S3 checkpoint location {location.url} ({settings.describe()})"
-    if "bucket does not exist" in lowered or "nosuchbucket" in lowered:
-        cause = (f"bucket {location.bucket!r} does not exist there; create it (e.g. aws s3 mb s3://{location.bucket}) "
-                 "or name an existing bucket in --checkpoint-dir")
-    elif any(word in lowered for word in ("forbidden", "signature", "access key", "accessdenied", "access denied",
-                                          "credentials", "invalidaccesskeyid", "403")):
-        cause = ("the credentials were refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) "
-                 "and that they may list, write and read this bucket")
+    where = f"checkpoint location {location.url} ({settings.describe()})"
+    if isinstance(error, FileNotFoundError) or "bucket does not exist" in lowered or "nosuchbucket" in lowered:
+        cause = (f"bucket {location.bucket!r} does not exist there; create it (e.g. aws s3 mb "
+                 f"s3://{location.bucket}, gcloud storage buckets create gs://{location.bucket}) or name an existing "
+                 "bucket in --checkpoint-dir")
+    elif isinstance(error, PermissionError) or any(word in lowered for word in (
+            "forbidden", "signature", "access key", "accessdenied", "access denied", "credentials",
+            "invalidaccesskeyid", "403", "401")):
+        cause = ("the credentials were refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+                 "or GOOGLE_APPLICATION_CREDENTIALS, and that they may list, write and read this bucket")
     elif any(word in lowered for word in ("crt error", "connection", "connect", "dns", "resolve", "timed out",
                                           "timeout", "socket")):
-        cause = ("the endpoint cannot be reached: check --s3-endpoint / AWS_ENDPOINT_URL and that the S3 service "
-                 "is running and reachable from here")
+        cause = ("the endpoint cannot be reached: check --s3-endpoint / AWS_ENDPOINT_URL (or --gcs-endpoint / "
+                 "STORAGE_EMULATOR_HOST) and that the service is running and reachable from here")
     else:
-        cause = "the S3 service refused the request"
+        cause = "the storage service refused the request"
     return StorageError(f"{where}: {doing} failed: {cause} ({type(error).__name__}: {raw})")
 
 
-def probe(location: S3Location, settings: S3Settings) -> None:
-    """Before launching: list the prefix, then write, read back and delete one small object.
-
-    Raises StorageError for a missing bucket, refused credentials or an unreachable endpoint, each
-    said in words. Requests are retried at most ``PROBE_ATTEMPTS`` times, so this takes about a second
-    even when the endpoint does not answer."""
-    client = new_s3_client(settings, max_attempts=PROBE_ATTEMPTS)
-    key = location.key(f".restartbench-probe-{os.getpid()}")
-    payload = b"restartbench probe\n"
-    steps = [("listing the prefix", lambda: _list_page(client, location)),
-             ("writing a probe object", lambda: _put(client, location.bucket, key, payload)),
-             ("reading the probe object back", lambda: _check_probe(client, location.bucket, key, payload)),
-             ("deleting the probe object", lambda: client.delete_object(location.bucket, key))]
-    for doing, step in steps:
-        try:
-            step()
-        except StorageError:
-            raise
-        except Exception as error:  # noqa: BLE001 - S3Exception and the CRT's errors, explained in words
-            raise explain_s3_error(error, location, settings, doing) from None
-
-
-def _list_page(client: Any, location: S3Location) -> None:
-    for _page in client.list_objects(location.bucket, location.key() and location.key() + "/", max_keys=1):
-        return
-
-
-def _put(client: Any, bucket: str, key: str, data: bytes) -> None:
-    writer = client.put_object(bucket, key)
-    writer.write(data)
-    writer.close()
-
-
-def _check_probe(client: Any, bucket: str, key: str, payload: bytes) -> None:
-    got = client.get_object(bucket, key).read()
-    if got != payload:
-        raise StorageError(f"s3://{bucket}/{key}: read back {len(got)} bytes that differ from the {len(payload)} "
-                           "written; the S3 service does not return what was stored")
-
-
-# --- stores: the checkpoint's own files, local or in S3 -----------------------------------------
+# --- stores: the checkpoint's own files, local or in an object store --------------------------------
 
 
 class LocalStore:
@@ -274,24 +313,106 @@ class LocalStore:
         return shutil.disk_usage(self.root).free
 
 
-class S3Store:
-    """A checkpoint prefix in S3 (s3torchconnector's client)."""
+class ObjectStore:
+    """What the object-store stores share: names, globbing, hashing through the client's reader, errors."""
 
     remote = True
+    tool = ""
+    """The client library, as baseline.json names it."""
 
-    def __init__(self, location: S3Location, settings: S3Settings):
+    def __init__(self, location: ObjectLocation, settings: S3Settings | GCSSettings):
         self.where, self.settings = location, settings
         self.location = location.url
-
-    @property
-    def client(self) -> Any:
-        return s3_client(self.settings)
 
     def url_of(self, relative: str) -> str:
         return self.where.url_of(relative)
 
+    def relative(self, url: str) -> str:
+        return self.where.relative(url)
+
     def exists(self, relative: str) -> bool:
         return self.size(relative) is not None
+
+    def glob(self, pattern: str) -> list[str]:
+        """Keys matching a glob whose '*' stays within one path segment, like a file system's glob."""
+        depth = pattern.count("/")
+        return sorted(k for k in self.files() if k.count("/") == depth and fnmatch.fnmatchcase(k, pattern))
+
+    def sha256(self, relative: str) -> str:
+        """SHA-256 of the object as the service returns it now (a full read)."""
+        digest, buffer = hashlib.sha256(), bytearray(PART_SIZE)
+        try:
+            with self.reader(self.url_of(relative)) as reader:
+                while count := reader.readinto(buffer):
+                    digest.update(memoryview(buffer)[:count])
+        except self.client_errors as error:
+            raise self.error(error, f"reading {relative} to hash it") from None
+        return digest.hexdigest()
+
+    def remove_tree(self, relative: str) -> None:
+        """Delete every object under ``relative``, as far as the service lets us (like ``rmtree(ignore_errors=True)``:
+        what is left has no manifest, so it is never restored)."""
+        with contextlib.suppress(Exception):
+            for key in self.files(relative):
+                self.delete(key)
+
+    def free_bytes(self) -> int | None:
+        return None  # an object store has no free-space figure
+
+    def error(self, error: BaseException, doing: str) -> StorageError:
+        return explain_error(error, self.where, self.settings, doing)
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.tool)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+
+class S3Store(ObjectStore):
+    """An S3 prefix through s3torchconnector's client (``S3Checkpoint`` streams for whole objects)."""
+
+    tool = "s3torchconnector"
+
+    def __init__(self, location: ObjectLocation, settings: S3Settings, client: Any = None):
+        super().__init__(location, settings)
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        return self._client or s3_client(self.settings)
+
+    @property
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        from s3torchconnector import S3Exception
+
+        return (S3Exception,)
+
+    def for_probe(self) -> "S3Store":
+        """The same store with a client that retries little, so that a dead endpoint is reported in seconds."""
+        return S3Store(self.where, self.settings, new_s3_client(self.settings, max_attempts=PROBE_ATTEMPTS))
+
+    def list_some(self) -> None:
+        try:
+            for _page in self.client.list_objects(self.where.bucket, self.where.key() and self.where.key() + "/",
+                                                  max_keys=1):
+                return
+        except Exception as error:  # noqa: BLE001 - S3Exception and the CRT's errors, explained in words
+            raise self.error(error, "listing the prefix") from None
+
+    def writer(self, url: str) -> Any:
+        """A writable stream into the object at ``url`` (a multipart upload, completed when it is closed)."""
+        return self._checkpoint.writer(url)
+
+    def reader(self, url: str) -> Any:
+        return self._checkpoint.reader(url)
+
+    @functools.cached_property
+    def _checkpoint(self) -> Any:
+        from s3torchconnector import S3Checkpoint
+
+        return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint,
+                            s3client_config=self.client.s3client_config)
 
     def read_text(self, relative: str) -> str:
         try:
@@ -299,14 +420,16 @@ class S3Store:
         except Exception as error:  # noqa: BLE001
             if _not_found(error):
                 raise FileNotFoundError(f"{self.url_of(relative)} does not exist") from None
-            raise self._error(error, f"reading {relative}") from None
+            raise self.error(error, f"reading {relative}") from None
 
     def write_durably(self, relative: str, text: str) -> None:
         """One PUT: S3 makes the object visible whole or not at all, and durable when the PUT returns."""
         try:
-            _put(self.client, self.where.bucket, self.where.key(relative), text.encode())
+            writer = self.client.put_object(self.where.bucket, self.where.key(relative))
+            writer.write(text.encode())
+            writer.close()
         except Exception as error:  # noqa: BLE001
-            raise self._error(error, f"writing {relative}") from None
+            raise self.error(error, f"writing {relative}") from None
 
     def size(self, relative: str) -> int | None:
         try:
@@ -314,18 +437,7 @@ class S3Store:
         except Exception as error:  # noqa: BLE001
             if _not_found(error):
                 return None
-            raise self._error(error, f"looking up {relative}") from None
-
-    def sha256(self, relative: str, chunk: int = 8 * 2**20) -> str:
-        """SHA-256 of the object as the service returns it now (a full GET)."""
-        digest, buffer = hashlib.sha256(), bytearray(chunk)
-        try:
-            reader = self.client.get_object(self.where.bucket, self.where.key(relative))
-            while count := reader.readinto(buffer):
-                digest.update(memoryview(buffer)[:count])
-        except Exception as error:  # noqa: BLE001
-            raise self._error(error, f"reading {relative} to hash it") from None
-        return digest.hexdigest()
+            raise self.error(error, f"looking up {relative}") from None
 
     def files(self, under: str = "") -> dict[str, int]:
         """Every object under the prefix (or under ``under`` in it), relative key -> bytes."""
@@ -335,30 +447,18 @@ class S3Store:
         try:
             for page in self.client.list_objects(self.where.bucket, prefix):
                 for info in page.object_info:
-                    found[self.where.relative(f"{S3_SCHEME}{self.where.bucket}/{info.key}")] = info.size
+                    found[self.where.relative(f"{self.where.scheme}{self.where.bucket}/{info.key}")] = info.size
         except StorageError:
             raise
         except Exception as error:  # noqa: BLE001
-            raise self._error(error, f"listing {under or 'the prefix'}") from None
+            raise self.error(error, f"listing {under or 'the prefix'}") from None
         return found
 
-    def glob(self, pattern: str) -> list[str]:
-        """Keys matching a glob whose '*' stays within one path segment, like a file system's glob."""
-        depth = pattern.count("/")
-        return sorted(k for k in self.files() if k.count("/") == depth and fnmatch.fnmatchcase(k, pattern))
-
-    def remove_tree(self, relative: str) -> None:
-        """Delete every object under ``relative``, as far as the service lets us (like ``rmtree(ignore_errors=True)``:
-        what is left has no manifest, so it is never restored)."""
-        with contextlib.suppress(Exception):
-            for key in self.files(relative):
-                self.client.delete_object(self.where.bucket, self.where.key(key))
-
-    def free_bytes(self) -> int | None:
-        return None  # an object store has no free-space figure
-
-    def _error(self, error: BaseException, doing: str) -> StorageError:
-        return explain_s3_error(error, self.where, self.settings, doing)
+    def delete(self, relative: str) -> None:
+        try:
+            self.client.delete_object(self.where.bucket, self.where.key(relative))
+        except Exception as error:  # noqa: BLE001
+            raise self.error(error, f"deleting {relative}") from None
 
 
 def _not_found(error: BaseException) -> bool:
@@ -367,33 +467,186 @@ def _not_found(error: BaseException) -> bool:
     return any(words in text for words in ("not found", "does not exist", "nosuchkey", "nosuchbucket", "404"))
 
 
-def open_store(location: str | Path, s3: dict[str, Any] | None = None) -> LocalStore | S3Store:
-    """The store of a checkpoint location; ``s3``: the settings plan.json recorded (else from the environment)."""
-    if not is_s3(location):
+FSSPEC_FILESYSTEMS = {
+    S3_SCHEME: ("s3fs", "s3fs", "S3FileSystem", "pip install -c constraints.txt -e '.[s3]'"),
+    # gcsfs's core file system (the JSON API); its experimental zonal-bucket layer probes each bucket over gRPC
+    GS_SCHEME: ("gcsfs", "gcsfs.core", "GCSFileSystem", "pip install -c constraints.txt -e '.[gcs]'"),
+}
+"""scheme -> (package, module, class, how to install it)."""
+
+
+class FsspecStore(ObjectStore):
+    """An S3 or GCS prefix through fsspec (s3fs, gcsfs): the route Lightning and most tools take."""
+
+    def __init__(self, location: ObjectLocation, settings: S3Settings | GCSSettings, attempts: int | None = None):
+        super().__init__(location, settings)
+        self.tool = FSSPEC_FILESYSTEMS[location.scheme][0]
+        self._attempts = attempts
+
+    @functools.cached_property
+    def fs(self) -> Any:
+        package, module, cls, install = FSSPEC_FILESYSTEMS[self.where.scheme]
+        try:
+            filesystem = getattr(importlib.import_module(module), cls)
+        except ImportError:
+            raise StorageError(f"checkpoints to {self.location} through fsspec need the Python package {package}: "
+                               f"{install}") from None
+        return filesystem(skip_instance_cache=True, **self.settings.fsspec_options(self._attempts))
+
+    @property
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        return _fsspec_errors()
+
+    def for_probe(self) -> "FsspecStore":
+        return FsspecStore(self.where, self.settings, attempts=PROBE_ATTEMPTS)
+
+    def list_some(self) -> None:
+        try:
+            _check_reachable(self.settings.endpoint)
+            self.fs.info(self.where.bucket)
+        except self.client_errors as error:
+            raise self.error(error, "looking up the bucket") from None
+
+    def writer(self, url: str) -> Any:
+        """A writable file (uploaded in parts of PART_SIZE; complete, and durable, when closed)."""
+        return self.fs.open(url, "wb", block_size=PART_SIZE)
+
+    def reader(self, url: str) -> Any:
+        return self.fs.open(url, "rb", block_size=PART_SIZE)
+
+    def read_text(self, relative: str) -> str:
+        try:
+            return self.fs.cat_file(self.where.path(relative)).decode()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.url_of(relative)} does not exist") from None
+        except self.client_errors as error:
+            raise self.error(error, f"reading {relative}") from None
+
+    def write_durably(self, relative: str, text: str) -> None:
+        """One upload of the whole object: visible whole or not at all, durable when it returns."""
+        try:
+            self.fs.pipe_file(self.where.path(relative), text.encode())
+        except self.client_errors as error:
+            raise self.error(error, f"writing {relative}") from None
+
+    def size(self, relative: str) -> int | None:
+        try:
+            self.fs.invalidate_cache()
+            return self.fs.info(self.where.path(relative))["size"]
+        except FileNotFoundError:
+            return None
+        except self.client_errors as error:
+            raise self.error(error, f"looking up {relative}") from None
+
+    def files(self, under: str = "") -> dict[str, int]:
+        """Every object under the prefix (or under ``under`` in it), relative key -> bytes."""
+        head = self.where.path() + "/"
+        try:
+            self.fs.invalidate_cache()
+            found = self.fs.find(self.where.path(under), detail=True)
+        except FileNotFoundError:
+            return {}
+        except self.client_errors as error:
+            raise self.error(error, f"listing {under or 'the prefix'}") from None
+        return {name[len(head):]: info["size"] for name, info in sorted(found.items())
+                if name.startswith(head) and info.get("type") != "directory"}
+
+    def delete(self, relative: str) -> None:
+        try:
+            self.fs.rm_file(self.where.path(relative))
+        except self.client_errors as error:
+            raise self.error(error, f"deleting {relative}") from None
+
+
+def _check_reachable(endpoint: str | None, timeout_s: float = 3) -> None:
+    """A TCP connection to a custom endpoint, first: gcsfs retries a refused connection six times with back-off
+    (about a minute) before it gives up, and no option of its own shortens that."""
+    if not endpoint:
+        return
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConnectionError(f"cannot connect to {parsed.hostname}:{port}: {error}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _fsspec_errors() -> tuple[type[BaseException], ...]:
+    """What fsspec's object-store clients raise: OSError subclasses mostly, and their HTTP stacks' own errors."""
+    errors: list[type[BaseException]] = [OSError, ValueError]
+    for module, name in (("botocore.exceptions", "BotoCoreError"), ("botocore.exceptions", "ClientError"),
+                         ("aiohttp", "ClientError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(getattr(importlib.import_module(module), name))
+    return tuple(errors)
+
+
+STORES = {"s3torchconnector": S3Store, "fsspec": FsspecStore}
+"""The client recorded in the settings -> the store that uses it."""
+
+
+def open_store(location: str | Path, remote: dict[str, Any] | None = None) -> LocalStore | ObjectStore:
+    """The store of a checkpoint location; ``remote``: the settings plan.json recorded (else from the environment)."""
+    if not is_remote(location):
         return LocalStore(location)
-    settings = S3Settings.from_plan(s3) if s3 else S3Settings.resolve()
-    return S3Store(S3Location.parse(str(location)), settings)
+    where = ObjectLocation.parse(str(location))
+    settings = settings_from_plan(remote) if remote else SETTINGS[where.scheme].resolve()
+    return STORES[settings.client](where, settings)
 
 
-# --- checkpoint engines writing to S3 -----------------------------------------------------------
+def probe(store: ObjectStore) -> None:
+    """Before launching: find the bucket, then write, read back and delete one small object.
 
-def check_s3_target(engine: str, location: str) -> S3Location:
-    """The parsed S3 location, if this installation and ``engine`` can checkpoint to it; else StorageError."""
-    where = S3Location.parse(location)
-    if importlib.util.find_spec("s3torchconnector") is None:
-        raise StorageError(f"checkpoints to {location} need the Python package s3torchconnector: "
-                           "pip install -c constraints.txt -e '.[s3]'")
+    Raises StorageError for a missing bucket, refused credentials or an unreachable endpoint, each
+    said in words; requests are retried little, so a dead endpoint is reported in seconds."""
+    quick = store.for_probe()
+    name, payload = f".restartbench-probe-{os.getpid()}", "restartbench probe\n"
+    quick.list_some()
+    quick.write_durably(name, payload)
+    try:
+        got = quick.read_text(name)
+    except FileNotFoundError:
+        got = None
+    if got != payload:
+        raise StorageError(f"{quick.url_of(name)}: reading back the probe object gave {got!r}, not what was written; "
+                           "the storage service does not return what was stored")
+    quick.delete(name)
+
+
+# --- checkpoint engines writing to an object store ------------------------------------------------
+
+
+def check_remote_target(engine: str, location: str, client: str | None) -> ObjectLocation:
+    """The parsed location, if this installation, ``engine`` and ``client`` can checkpoint to it; else StorageError."""
+    where = ObjectLocation.parse(location)
+    if where.scheme == GS_SCHEME and client not in (None, "fsspec"):
+        raise StorageError(f"gs:// checkpoints go through fsspec (gcsfs); --object-client {client} applies to s3:// only")
+    if where.scheme == S3_SCHEME and client in (None, "s3torchconnector"):
+        package, install = "s3torchconnector", "pip install -c constraints.txt -e '.[s3]'"
+    else:
+        package, _module, _cls, install = FSSPEC_FILESYSTEMS[where.scheme]
+    if importlib.util.find_spec(package) is None:
+        raise StorageError(f"checkpoints to {location} need the Python package {package}: {install}")
     able = object_store_engines()
     if engine not in able:
         raise StorageError(f"engine {engine!r} writes local files only, so it cannot checkpoint to {location}; "
-                           f"with an s3:// --checkpoint-dir use --engine {', '.join(able)}, or give a "
+                           f"with an object-store --checkpoint-dir use --engine {', '.join(able)}, or give a "
                            "local --checkpoint-dir")
     return where
 
 
-def engine_for_target(engine: Any, store: LocalStore | S3Store) -> Any:
+def resolve_settings(where: ObjectLocation, options: Any) -> S3Settings | GCSSettings:
+    """The settings of a location from the run's storage options (``config.StorageConfig``) and the environment."""
+    if where.scheme == GS_SCHEME:
+        return GCSSettings.resolve(options.gcs_endpoint)
+    return S3Settings.resolve(options.s3_endpoint, options.s3_region, options.s3_path_style,
+                              client=options.object_client)
+
+
+def engine_for_target(engine: Any, store: LocalStore | ObjectStore) -> Any:
     """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder (and for ``none``, which
-    writes nothing); for S3 the one its ``for_store`` gives (engines registered with ``object_store``)."""
+    writes nothing); for an object store the one its ``for_store`` gives (engines registered with ``object_store``)."""
     if not store.remote or not engine.saves_state:
         return engine
     for_store = getattr(engine, "for_store", None)
@@ -403,19 +656,14 @@ def engine_for_target(engine: Any, store: LocalStore | S3Store) -> Any:
     return for_store(store)
 
 
-class S3FileEngine:
-    """A DeepSpeed checkpoint engine that streams each file to S3 (``torch.save`` into s3torchconnector's
-    ``S3Checkpoint`` writer: a multipart upload for objects larger than one part) and loads with ``torch.load``
-    from its reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` are the object URLs. Everything but
-    save, load and makedirs is DeepSpeed's own torch engine's (``inner``)."""
+class ObjectFileEngine:
+    """A DeepSpeed checkpoint engine that streams each file to the object store (``torch.save`` into the store
+    client's writer: a multipart upload for objects larger than one part) and loads with ``torch.load`` from its
+    reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` (or gs://) are the object URLs. Everything but save,
+    load and makedirs is DeepSpeed's own torch engine's (``inner``)."""
 
-    def __init__(self, inner: Any, store: "S3Store"):
-        from s3torchconnector import S3Checkpoint
-
-        settings = store.settings
-        config = s3_client(settings).s3client_config
+    def __init__(self, inner: Any, store: ObjectStore):
         self.inner, self.store = inner, store
-        self.checkpoint = S3Checkpoint(settings.region, endpoint=settings.endpoint, s3client_config=config)
         self.saved: list[FileRecord] = []
         self.loaded: list[FileRecord] = []
         self.sizes: dict[str, int] = {}
@@ -426,65 +674,65 @@ class S3FileEngine:
         return getattr(self.inner, name)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        """S3 has no folders: a key prefix exists once an object is written under it."""
+        """An object store has no folders: a key prefix exists once an object is written under it."""
 
     def save(self, state_dict: Any, path: str) -> None:
         import torch
-        from s3torchconnector import S3Exception
 
         start = time.perf_counter()
         try:
-            with self.checkpoint.writer(path) as writer:
+            with self.store.writer(path) as writer:
                 torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
-        except S3Exception as error:  # the CRT's error, said in words, with the object
-            raise self.store._error(error, f"uploading {path}") from None
+                size = writer.tell()
+        except self.store.client_errors as error:  # the client's error, said in words, with the object
+            raise self.store.error(error, f"uploading {path}") from None
         # leaving the block completed the upload: the object is durable and visible from here on
         self.durable_at = time.perf_counter()
-        self.saved.append(FileRecord(path, writer.tell(), self.durable_at - start))
+        self.saved.append(FileRecord(path, size, self.durable_at - start))
 
     def load(self, path: str, map_location: Any = None) -> Any:
         import torch
-        from s3torchconnector import S3Exception
 
         start = time.perf_counter()
         try:
-            state = torch.load(self.checkpoint.reader(path), map_location=map_location, weights_only=False)
-        except S3Exception as error:
-            raise self.store._error(error, f"downloading {path}") from None
+            with self.store.reader(path) as reader:
+                state = torch.load(reader, map_location=map_location, weights_only=False)
+        except self.store.client_errors as error:
+            raise self.store.error(error, f"downloading {path}") from None
         self.loaded.append(FileRecord(path, self.sizes.get(path, 0), time.perf_counter() - start))
         return state
 
 
-class S3TorchEngine(TorchEngine):
-    """DeepSpeed's default engine (``torch``) with its files in S3, through DeepSpeed's own save and load.
+class ObjectStoreTorchEngine(TorchEngine):
+    """DeepSpeed's default engine (``torch``) with its files in an object store, through DeepSpeed's own save and load.
 
     Two places where DeepSpeed 0.19.8 reaches the local file system directly, not through its checkpoint
-    engine, are answered for S3 (each stated in ``workarounds`` or here):
+    engine, are answered for the object store (each stated in ``workarounds`` or here):
 
     - at save, global rank 0 copies ``zero_to_fp32.py`` and ``zero_to_torch.py`` into the tag folder with
       ``shutil.copyfile``: here they are uploaded instead (same bytes; like DeepSpeed's copy they are not
       checkpoint-engine files, so they are not in the manifest);
     - at load, DeepSpeed finds the model files with ``glob.glob`` and checks names with ``os.path.exists``:
-      for ``s3://`` paths only, and only during the load, both are answered from one listing of the tag's
+      for object URLs only, and only during the load, both are answered from one listing of the tag's
       objects, taken before the load (and counted in it). Local paths go to the real functions.
 
     A file is durable when its upload has completed (inside ``save``), so there is no fsync to wait for.
     """
 
-    def __init__(self, options: Any, store: S3Store):
+    def __init__(self, options: Any, store: ObjectStore):
         super().__init__(options)
         self.store = store
-        self._files: S3FileEngine | None = None
+        self._files: ObjectFileEngine | None = None
 
-    def _s3_files(self, ds_engine: Any) -> S3FileEngine:
+    def _object_files(self, ds_engine: Any) -> ObjectFileEngine:
         if self._files is None or ds_engine.checkpoint_engine is not self._files:
-            self._files = S3FileEngine(ds_engine.checkpoint_engine, self.store)
+            self._files = ObjectFileEngine(ds_engine.checkpoint_engine, self.store)
             ds_engine.checkpoint_engine = self._files
             ds_engine._copy_recovery_script = self._upload_recovery_scripts
         return self._files
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
-        files = self._s3_files(ds_engine)
+        files = self._object_files(ds_engine)
         files.saved.clear()
         self.workarounds = []
         ds_engine.save_checkpoint(save_dir, tag=tag, save_latest=False)
@@ -494,7 +742,7 @@ class S3TorchEngine(TorchEngine):
 
         utils = Path(deepspeed.__file__).parent / "utils"
         for script in ("zero_to_fp32.py", "zero_to_torch.py"):
-            self.store.write_durably(self.store.where.relative(f"{save_path.rstrip('/')}/{script}"),
+            self.store.write_durably(self.store.relative(f"{save_path.rstrip('/')}/{script}"),
                                      (utils / script).read_text())
         self.workarounds.append("uploaded DeepSpeed's zero_to_fp32.py and zero_to_torch.py to the checkpoint prefix, "
                                 "where DeepSpeed puts them in a folder (it copies them with shutil.copyfile, which "
@@ -510,10 +758,10 @@ class S3TorchEngine(TorchEngine):
         return list(self._files.loaded) if self._files else []
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
-        files = self._s3_files(ds_engine)
+        files = self._object_files(ds_engine)
         files.loaded.clear()
         files.sizes = {self.store.url_of(k): size for k, size in self.store.files(tag).items()}
-        with s3_paths_from_listing(files.sizes):
+        with object_paths_from_listing(files.sizes, self.store.where.scheme):
             path, _client_state = ds_engine.load_checkpoint(
                 load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:
@@ -521,98 +769,104 @@ class S3TorchEngine(TorchEngine):
 
 
 @contextlib.contextmanager
-def s3_paths_from_listing(objects: dict[str, int]) -> Iterator[None]:
-    """While active, ``glob.glob`` and ``os.path.exists`` answer ``s3://`` paths from ``objects`` (URL -> bytes);
-    every other path goes to the real functions."""
+def object_paths_from_listing(objects: dict[str, int], scheme: str) -> Iterator[None]:
+    """While active, ``glob.glob`` and ``os.path.exists`` answer paths starting with ``scheme`` (s3://, gs://) from
+    ``objects`` (URL -> bytes); every other path goes to the real functions."""
     real_glob, real_exists = glob.glob, os.path.exists
 
-    def s3_glob(pattern: Any, *args: Any, **kwargs: Any) -> list[str]:
-        if not is_s3(pattern):
+    def object_glob(pattern: Any, *args: Any, **kwargs: Any) -> list[str]:
+        if not str(pattern).startswith(scheme):
             return real_glob(pattern, *args, **kwargs)
         folder = posixpath.dirname(pattern)
         return sorted(u for u in objects if posixpath.dirname(u) == folder and fnmatch.fnmatchcase(u, pattern))
 
-    def s3_exists(path: Any) -> bool:
-        if not isinstance(path, str) or not is_s3(path):
+    def object_exists(path: Any) -> bool:
+        if not isinstance(path, str) or not path.startswith(scheme):
             return real_exists(path)
         return path in objects or any(u.startswith(path.rstrip("/") + "/") for u in objects)
 
-    glob.glob, os.path.exists = s3_glob, s3_exists
+    glob.glob, os.path.exists = object_glob, object_exists
     try:
         yield
     finally:
         glob.glob, os.path.exists = real_glob, real_exists
 
 
-# --- the S3 baseline: plain multipart transfers of the same size, both client routes ------------------
-
-BASELINE_PART = 8 * 2**20
+# --- the object-store baseline: a plain upload and download of the same size, through each client ----------
 
 
-def record_s3_baseline(run_dir: Path, location: str, s3: dict[str, Any], size_mib: int) -> Path | None:
-    """Measure the S3 location with plain transfers and write ``run_dir/baseline.json``; on a problem print a
+def record_remote_baseline(run_dir: Path, location: str, remote: dict[str, Any], size_mib: int) -> Path | None:
+    """Measure the location with plain transfers and write ``run_dir/baseline.json``; on a problem print a
     note and return None (a baseline is context for the analysis, never a reason to fail the run).
 
-    The top-level figures are s3torchconnector's (the client the checkpoints go through); ``fsspec`` holds
-    the same transfer through s3fs, the fsspec route, for comparison."""
+    The top-level figures are those of the client the checkpoints go through; ``other_clients`` holds the same
+    transfer through the other route to S3 (s3torchconnector or s3fs), for comparison."""
     from restartbench import baseline
     from restartbench.progress import say
 
-    where, settings = S3Location.parse(location), S3Settings.from_plan(s3)
-    say(f"storage baseline: a {size_mib} MiB object uploaded (multipart) and downloaded in {where.url}")
+    store = open_store(location, remote)
+    say(f"storage baseline: a {size_mib} MiB object uploaded and downloaded in {store.location} through {store.tool}")
     try:
-        result = baseline.measure_s3(where.url, size_mib, region=settings.region, endpoint=settings.endpoint,
-                                     part_size=BASELINE_PART, path_style=settings.force_path_style)
-    except Exception as error:  # noqa: BLE001 - S3Exception, BaselineError: reported, the run goes on
+        result = measure_store(store, size_mib)
+    except Exception as error:  # noqa: BLE001 - StorageError, the clients' errors: reported, the run goes on
         say(f"note: storage baseline not measured: {redact(str(error))}")
         return None
-    result["fsspec"] = _fsspec_or_reason(where, settings, size_mib)
+    result["other_clients"] = {other.tool: _measured_or_reason(other, size_mib) for other in _other_routes(store)}
     path = Path(run_dir) / baseline.BASELINE_FILE
     path.write_text(json.dumps(result, indent=2) + "\n")
-    fsspec = result["fsspec"]
-    say(f"storage baseline: s3torchconnector write {result['write_MBps']:.0f} MB/s, read {result['read_MBps']:.0f} "
-        "MB/s; s3fs " + (f"write {fsspec['write_MBps']:.0f} MB/s, read {fsspec['read_MBps']:.0f} MB/s"
-                         if "write_MBps" in fsspec else f"not measured ({fsspec['error']})"))
+    others = "; ".join(f"{tool} " + (f"write {r['write_MBps']:.0f} MB/s, read {r['read_MBps']:.0f} MB/s"
+                                      if "write_MBps" in r else f"not measured ({r['error']})")
+                       for tool, r in result["other_clients"].items())
+    say(f"storage baseline: {store.tool} write {result['write_MBps']:.0f} MB/s, read {result['read_MBps']:.0f} MB/s"
+        + (f"; {others}" if others else ""))
     return path
 
 
-def _fsspec_or_reason(where: S3Location, settings: S3Settings, size_mib: int) -> dict[str, Any]:
+def _other_routes(store: ObjectStore) -> list[ObjectStore]:
+    """The same S3 location through the other client (none for GCS: fsspec is its only route here)."""
+    if not isinstance(store.settings, S3Settings):
+        return []
+    other = next(c for c in S3_CLIENTS if c != store.settings.client)
+    return [STORES[other](store.where, store.settings.with_client(other))]
+
+
+def _measured_or_reason(store: ObjectStore, size_mib: int) -> dict[str, Any]:
     try:
-        return measure_fsspec(where, settings, size_mib)
+        return measure_store(store, size_mib)
     except ImportError as missing:
-        return {"tool": "s3fs", "error": f"{missing.name} is not installed (pip install s3fs)"}
+        return {"tool": store.tool, "error": f"{missing.name} is not installed"}
     except Exception as error:  # noqa: BLE001
-        return {"tool": "s3fs", "error": redact(f"{type(error).__name__}: {error}")}
+        return {"tool": store.tool, "error": redact(f"{type(error).__name__}: {error}")}
 
 
-def measure_fsspec(where: S3Location, settings: S3Settings, size_mib: int, part_size: int = BASELINE_PART
-                   ) -> dict[str, Any]:
-    """The same upload and download as ``baseline.measure_s3`` through s3fs (fsspec's S3 file system):
-    written in blocks of ``part_size`` (a multipart upload), read back whole; the object is then deleted."""
-    import s3fs
-
-    fs = s3fs.S3FileSystem(endpoint_url=settings.endpoint, skip_instance_cache=True,
-                           client_kwargs={"region_name": settings.region},
-                           config_kwargs={"s3": {"addressing_style": "path" if settings.force_path_style else "auto"}})
-    url = where.url_of(f".restartbench-baseline-fsspec-{os.getpid()}")
-    size, part = size_mib * 2**20, os.urandom(part_size)
+def measure_store(store: ObjectStore, size_mib: int) -> dict[str, Any]:
+    """Upload then download one object of ``size_mib`` MiB through the store's client, as a checkpoint file goes:
+    written in parts of PART_SIZE (multipart), the time ending when the upload is complete (the object is then
+    durable); read back whole into one reused buffer. The object is always deleted."""
+    if size_mib <= 0:
+        raise StorageError(f"the baseline size must be a positive number of MiB, got {size_mib}")
+    name = f".restartbench-baseline-{store.tool}-{os.getpid()}"
+    url, size, part = store.url_of(name), size_mib * 2**20, os.urandom(PART_SIZE)
     try:
         start = time.perf_counter()
-        with fs.open(url, "wb", block_size=part_size) as handle:
-            for offset in range(0, size, part_size):
-                handle.write(part[:min(part_size, size - offset)])
+        with store.writer(url) as writer:
+            for offset in range(0, size, PART_SIZE):
+                writer.write(part[:min(PART_SIZE, size - offset)])
         write_s, start = time.perf_counter() - start, time.perf_counter()
-        got = 0
-        with fs.open(url, "rb", block_size=part_size, cache_type="none") as handle:
-            while chunk := handle.read(part_size):
-                got += len(chunk)
+        got, buffer = 0, bytearray(PART_SIZE)
+        with store.reader(url) as reader:
+            while count := reader.readinto(buffer):
+                got += count
         read_s = time.perf_counter() - start
     finally:
         with contextlib.suppress(Exception):
-            fs.rm(url)
+            store.delete(name)
     if got != size:
-        raise StorageError(f"{url}: s3fs read back {got} bytes of the {size} written")
-    return {"tool": "s3fs", "version": s3fs.__version__, "write_MBps": size / write_s / 1e6,
-            "read_MBps": size / read_s / 1e6, "size_bytes": size, "block_size": part_size,
-            "write_method": f"s3fs file written in blocks of {part_size} B (multipart), time until closed",
-            "read_method": f"s3fs file read in blocks of {part_size} B, no read-ahead cache"}
+        raise StorageError(f"{url}: {store.tool} read back {got} bytes of the {size} written")
+    return {"tool": store.tool, "version": store.version(), "write_MBps": size / write_s / 1e6,
+            "read_MBps": size / read_s / 1e6, "target": url, "endpoint": store.settings.endpoint,
+            "size_bytes": size, "block_size": PART_SIZE,
+            "write_method": f"{store.tool}: one object written in parts of {PART_SIZE} B (multipart), time until the "
+                            "upload is complete",
+            "read_method": f"{store.tool}: the whole object read in blocks of {PART_SIZE} B into one buffer",
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

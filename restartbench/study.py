@@ -13,6 +13,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from restartbench import engines, storage
 from restartbench.baseline import record_baseline
 from restartbench.config import RunConfig
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
-from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher
+from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher, set_parent_death_signal
 from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
@@ -63,9 +64,10 @@ class Plan:
     checkpoint_bytes_estimate: int
     memory_per_rank_estimate: str
     launcher: str
-    s3: dict[str, Any] | None = None
-    """For an s3:// checkpoint_dir, how to reach it (storage.S3Settings: endpoint, region, addressing, where the
-    credentials come from — never their values); None for a folder."""
+    remote: dict[str, Any] | None = None
+    """For an object-store checkpoint_dir (s3://, gs://), how to reach it (storage.S3Settings or GCSSettings: the
+    scheme, client, endpoint, region, addressing, where the credentials come from — never their values); None for
+    a folder."""
 
 
 def plan_run(cfg: RunConfig) -> Plan:
@@ -89,11 +91,11 @@ def plan_run(cfg: RunConfig) -> Plan:
                              grad_accum=grad_accum, device=device,
                              activation_checkpoint_interval=cfg.model.activation_checkpoint_interval)
     run_dir = Path(cfg.paths.run_dir) if cfg.paths.run_dir else _new_run_dir(cfg, layout.name)
-    checkpoint_dir, s3 = _checkpoint_target(cfg, run_dir)
+    checkpoint_dir, remote = _checkpoint_target(cfg, run_dir)
     plan = Plan(
         preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
         nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
-        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, s3=s3,
+        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, remote=remote,
         master_port=cfg.launch.master_port or (_free_port() if nnodes == 1 else 29500),
         checkpoint_bytes_estimate=checkpoint_bytes(cfg),
         memory_per_rank_estimate=memory.describe(), launcher=launcher.name,
@@ -104,22 +106,29 @@ def plan_run(cfg: RunConfig) -> Plan:
 
 
 def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, Any] | None]:
-    """The checkpoint location as the ranks use it (an absolute folder or s3://bucket/prefix), and for S3 how
-    to reach it."""
+    """The checkpoint location as the ranks use it (an absolute folder, s3://bucket/prefix or gs://bucket/prefix),
+    and for an object store how to reach it."""
     location, options = cfg.storage.checkpoint_dir, cfg.storage
-    if not storage.is_s3(location):
-        given = [f"--{n.replace('_', '-')}" for n in ("s3_endpoint", "s3_region") if getattr(options, n)]
-        given += ["--s3-path-style"] if options.s3_path_style is not None else []
-        if given:
-            raise StudyError(f"{', '.join(given)} only apply to an s3:// --checkpoint-dir, and the checkpoints go to "
-                             f"{location or 'the run folder'}; give --checkpoint-dir s3://BUCKET/PREFIX or drop them")
+    scheme = next((s for s in storage.OBJECT_SCHEMES if str(location or "").startswith(s)), None)
+    given = [f"--{name.replace('_', '-')}" for name, applies in STORAGE_OPTIONS.items()
+             if getattr(options, name) is not None and applies != scheme]
+    if given:
+        raise StudyError(f"{', '.join(given)} do not apply to the checkpoints' location "
+                         f"{location or 'the run folder'}: the --s3-* options and --object-client are for an s3:// "
+                         "--checkpoint-dir, --gcs-endpoint for gs://; give such a --checkpoint-dir or drop them")
+    if scheme is None:
         return str((Path(location) if location else run_dir / "checkpoints").resolve()), None
     try:
-        where = storage.check_s3_target(cfg.engine.engine, location)
+        where = storage.check_remote_target(cfg.engine.engine, location, options.object_client)
     except storage.StorageError as error:
         raise StudyError(str(error)) from None
-    settings = storage.S3Settings.resolve(options.s3_endpoint, options.s3_region, options.s3_path_style)
-    return where.url, settings.to_plan()
+    return where.url, storage.settings_to_plan(storage.resolve_settings(where, options))
+
+
+#: Storage options that apply to one kind of location only: option -> the scheme it is for.
+STORAGE_OPTIONS = {"s3_endpoint": storage.S3_SCHEME, "s3_region": storage.S3_SCHEME,
+                   "s3_path_style": storage.S3_SCHEME, "object_client": storage.S3_SCHEME,
+                   "gcs_endpoint": storage.GS_SCHEME}
 
 
 def _preset(cfg: RunConfig) -> ModelPreset:
@@ -345,9 +354,9 @@ def run_study(cfg: RunConfig) -> int:
         return dry_run(cfg)
     plan = plan_run(cfg)
     launcher = LAUNCHERS[plan.launcher]
-    if launcher.job_template and cfg.launch.submit and shutil.which(launcher.submit_command) is None:
-        raise StudyError(f"--launcher {launcher.name} --submit needs {launcher.submit_command!r}, which is not on PATH "
-                         "here; run on a login node of the cluster, or leave out --submit to only write the job script")
+    missing = launcher.missing_submit_command(cfg.launch.submit)
+    if missing:
+        raise StudyError(missing)
     if _optional_engine_missing(cfg, plan):
         return 0
     rendered = render(cfg, plan)
@@ -377,8 +386,8 @@ def execute(run_dir: Path) -> int:
     if issue:
         say(f"note: engine {cfg.engine.engine} {issue}")
         meta["engine_known_issue"] = issue
-    if cfg.storage.baseline_mib > 0 and plan.get("s3"):
-        storage.record_s3_baseline(run_dir, plan["checkpoint_dir"], plan["s3"], cfg.storage.baseline_mib)
+    if cfg.storage.baseline_mib > 0 and plan.get("remote"):
+        storage.record_remote_baseline(run_dir, plan["checkpoint_dir"], plan["remote"], cfg.storage.baseline_mib)
     elif cfg.storage.baseline_mib > 0:
         record_baseline(run_dir, Path(plan["checkpoint_dir"]), cfg.storage.baseline_mib)
     status, error = "complete", None
@@ -424,7 +433,7 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     _check_target(cfg, plan)
     try:
         run_dir.mkdir(parents=True)
-        if not plan.s3:  # an S3 prefix needs no creating
+        if not plan.remote:  # an object-store prefix needs no creating
             Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -443,11 +452,11 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
 
 def _check_target(cfg: RunConfig, plan: Plan) -> None:
     """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint;
-    an S3 location answers a list, a write, a read and a delete (missing bucket, refused credentials and an
-    unreachable endpoint are each said in words, before anything is written or launched)."""
-    if plan.s3:
+    an object-store location answers a lookup, a write, a read and a delete (missing bucket, refused credentials
+    and an unreachable endpoint are each said in words, before anything is written or launched)."""
+    if plan.remote:
         try:
-            storage.probe(storage.S3Location.parse(plan.checkpoint_dir), storage.S3Settings.from_plan(plan.s3))
+            storage.probe(storage.open_store(plan.checkpoint_dir, plan.remote))
         except storage.StorageError as error:
             raise StudyError(str(error)) from None
         return
@@ -500,8 +509,10 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -
     """Launch one phase (a fresh torchrun on every node), stream its progress lines, keep its output."""
     say(f"phase {phase}: launching")
     start = time.time()
-    # Same process group as ours: a Ctrl-C or a kill of the whole job reaches every rank too.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    # Same process group as ours: a Ctrl-C or a kill of the whole job reaches every rank too. If this process
+    # alone is killed, the phase gets SIGTERM (torchrun then stops its ranks; srun cancels its step).
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                               preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))
     pumps = [
         threading.Thread(target=_pump, args=(process.stdout, run_dir / f"{phase}.stdout.log", True)),
         threading.Thread(target=_pump, args=(process.stderr, run_dir / f"{phase}.stderr.log", False)),
@@ -561,7 +572,7 @@ def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
 
 def _nothing_committed(cfg: RunConfig, plan: dict[str, Any]) -> bool:
     """Every save of phase 1 failed: there is nothing to restore (engine none saves nothing by design)."""
-    return cfg.engine.engine != "none" and not storage.open_store(plan["checkpoint_dir"], plan.get("s3")).exists("latest")
+    return cfg.engine.engine != "none" and not storage.open_store(plan["checkpoint_dir"], plan.get("remote")).exists("latest")
 
 
 def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> str:

@@ -63,8 +63,8 @@ class RankRun:
         self.ckpt_dir = self.plan["checkpoint_dir"]
         from restartbench.storage import open_store
 
-        self.store = open_store(self.ckpt_dir, self.plan.get("s3"))
-        """The checkpoint's own files (manifest, latest, hashes): a folder or an S3 prefix."""
+        self.store = open_store(self.ckpt_dir, self.plan.get("remote"))
+        """The checkpoint's own files (manifest, latest, hashes): a folder or an object-store prefix."""
 
     # -- start-up: each part is a restart phase -----------------------------------------
 

@@ -57,7 +57,7 @@ def wait_for_training(run_dir_parent: Path, ranks: int, timeout_s: float = 300) 
 @pytest.mark.multirank
 def test_ranks_die_when_torchrun_is_killed_mid_training(tmp_path):
     """SIGKILL to torchrun alone (no clean-up possible): the launcher above it lives on and keeps reading the ranks'
-    output, so nothing but the parent-death signal stops them training on."""
+    output, so nothing but the ranks' parent-death signal stops them training on."""
     logs = tmp_path / "logs"
     launcher = subprocess.Popen([sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp1pp1dp2", "--dtype", "fp32",
                                  "--iters", "100000", "--save-interval", "100000", "--baseline-mib", "0",
@@ -75,8 +75,8 @@ def test_ranks_die_when_torchrun_is_killed_mid_training(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
-        for rank in processes_running(logs, "restartbench.train"):
-            rank.kill()
+        for process in processes_running(logs, "restartbench.train") + processes_running(logs, "torch.distributed.run"):
+            process.kill()
 
 
 def test_a_process_whose_launcher_is_already_gone_dies_at_once():
@@ -96,3 +96,16 @@ def test_die_with_launcher_sets_the_parent_death_signal():
                          env={k: v for k, v in os.environ.items() if k != "RB_LAUNCHER_PID"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(int(signal.SIGTERM))
+
+
+def test_a_phase_gets_sigterm_when_the_study_process_dies(tmp_path):
+    """The phase command (launch.sh, exec'ing torchrun or srun) carries SIGTERM as its parent-death signal, so a
+    study process killed alone still stops its phase (torchrun stops its ranks on SIGTERM, srun its step). Killing
+    it mid-run usually breaks the phase's output pipe too, which is why this is checked on the signal itself."""
+    from restartbench.study import run_phase
+
+    code = ("import ctypes; value = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0); "
+            "print(value.value)")  # 2: PR_GET_PDEATHSIG
+    result = run_phase(tmp_path, "probe", [sys.executable, "-c", code], timeout_s=60)
+    assert result["exit_code"] == 0
+    assert (tmp_path / "probe.stdout.log").read_text().strip() == str(int(signal.SIGTERM))

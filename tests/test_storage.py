@@ -1,4 +1,4 @@
-"""Storage baseline: fio's JSON report parsed, baseline.json written and picked up by the analysis; S3 on loopback."""
+"""Storage baseline: fio's JSON report parsed, baseline.json written and picked up by the analysis (object stores: tests/test_storage_s3.py)."""
 
 import json
 import shutil
@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 from conftest import run_study
-from s3server import SeaweedS3, SeaweedUnavailable
 
 from restartbench import baseline
 from restartbench.baseline import BaselineError, MiB, parse_fio, record_baseline, run_fio
@@ -107,32 +106,3 @@ def test_study_run_measures_baseline_and_analysis_reads_it(tmp_path):
     assert json.loads((run_dir / "baseline.json").read_text())["size_bytes"] == 64 * MiB
     table = collect(logs).table()
     assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_read_MBps"] > 0).all()
-
-
-@pytest.fixture
-def s3_endpoint(tmp_path, monkeypatch):
-    """A real S3 store on loopback (tests/s3server.py: SeaweedFS, signatures checked) with bucket "bench"."""
-    pytest.importorskip("s3torchconnector")
-    try:
-        with SeaweedS3(tmp_path / "seaweed", buckets=("bench",)) as server:
-            for name, value in server.env.items():
-                monkeypatch.setenv(name, value)
-            yield server.endpoint, server.client()
-    except SeaweedUnavailable as why:
-        pytest.skip(str(why))
-
-
-def test_s3_baseline_measures_and_deletes_its_object(s3_endpoint):
-    endpoint, client = s3_endpoint
-    data = baseline.measure_s3("s3://bench/ckpt", 24, endpoint=endpoint)
-    assert data["tool"] == "s3torchconnector" and data["write_MBps"] > 0 and data["read_MBps"] > 0
-    assert data["size_bytes"] == 24 * MiB and data["target"].startswith("s3://bench/ckpt/")
-    assert client.list_objects_v2(Bucket="bench").get("KeyCount") == 0, "the baseline object must be deleted"
-
-
-def test_split_s3_uri_names_what_is_wrong():
-    assert baseline.split_s3_uri("s3://bucket") == ("bucket", "")
-    assert baseline.split_s3_uri("s3://bucket/a/b") == ("bucket", "a/b")
-    for bad in ("/tmp/x", "s3:///key", "gs://bucket"):
-        with pytest.raises(BaselineError, match="s3://BUCKET"):
-            baseline.split_s3_uri(bad)

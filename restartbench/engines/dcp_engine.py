@@ -12,9 +12,10 @@ per rank. Keys carry the rank's place in the 3D layout:
 - ``pp<P>-tp<T>-dp<D>/...``: the optimizer partition and everything else, distinct per rank.
 
 The checkpoint lives in ``<save_dir>/<tag>/`` and is restored with the same layout. The folder is
-either local (DCP's ``FileSystemWriter``/``Reader``; durable once fsync'd) or an S3 prefix
-(s3torchconnector's ``S3StorageWriter``/``S3StorageReader``, seeds 000 and 001; durable once the
-uploads have completed, which DCP's write waits for): ``for_store`` picks the second.
+either local (DCP's ``FileSystemWriter``/``Reader``; durable once fsync'd) or an object-store prefix
+(s3torchconnector's ``S3StorageWriter``/``S3StorageReader``, seeds 000 and 001, or torch's
+``FsspecWriter``/``FsspecReader`` on s3fs or gcsfs; durable once the uploads have completed, which
+DCP's write waits for): ``for_store`` picks the writer of the store's client.
 DCP is imported with this module (when the engine is created at start-up, seconds on a busy
 CPU), not in the first save, whose stall would otherwise include it.
 """
@@ -123,20 +124,29 @@ class LocalFolder:
         return durable_now(records)
 
 
-class S3Prefix:
-    """s3torchconnector's DCP writer and reader on an S3 prefix, through the harness's client (their own
-    constructors take no endpoint: the endpoint, region and addressing style are the run's, ``plan.json``).
-    An object is durable once its upload has completed, which happens inside DCP's write."""
+class ObjectPrefix:
+    """A DCP checkpoint folder that is an object-store prefix: an object is durable once its upload has
+    completed, which happens inside DCP's write; sizes come from the store's listing."""
 
     def __init__(self, store: Any):
         self.store = store
 
+    def sizes(self, folder: str) -> dict[str, int]:
+        tag = self.store.relative(folder)
+        return {posixpath.relpath(key, tag): size for key, size in self.store.files(tag).items()}
+
+    def durable(self, records: list[FileRecord], write_done: float) -> float:
+        return write_done
+
+
+class S3ConnectorPrefix(ObjectPrefix):
+    """s3torchconnector's DCP writer and reader (seeds 000 and 001), through the run's client: their own
+    constructors take no endpoint, so their file system is given the store's (endpoint, region, addressing)."""
+
     def _file_system(self, reader_constructor: Any = None) -> Any:
         from s3torchconnector.dcp import S3FileSystem
 
-        from restartbench.storage import s3_client
-
-        return S3FileSystem(self.store.settings.region, s3_client=s3_client(self.store.settings),
+        return S3FileSystem(self.store.settings.region, s3_client=self.store.client,
                             reader_constructor=reader_constructor)
 
     def writer(self, folder: str) -> Any:
@@ -155,12 +165,28 @@ class S3Prefix:
         reader.fs = self._file_system(constructor)
         return reader
 
-    def sizes(self, folder: str) -> dict[str, int]:
-        tag = self.store.where.relative(folder)
-        return {posixpath.relpath(key, tag): size for key, size in self.store.files(tag).items()}
 
-    def durable(self, records: list[FileRecord], write_done: float) -> float:
-        return write_done
+class FsspecPrefix(ObjectPrefix):
+    """torch's own fsspec writer and reader for DCP, on the store's fsspec file system (s3fs, or gcsfs's core
+    one). Files are not fsync'd (an object has no file descriptor; it is durable once uploaded)."""
+
+    def writer(self, folder: str) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        writer = FsspecWriter(folder, sync_files=False, **self.store.settings.fsspec_options())
+        writer.fs.fs = self.store.fs
+        return writer
+
+    def reader(self, folder: str) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        reader = FsspecReader(folder, **self.store.settings.fsspec_options())
+        reader.fs.fs = self.store.fs
+        return reader
+
+
+#: The store's class -> how DCP reaches it.
+OBJECT_PREFIXES = {"S3Store": S3ConnectorPrefix, "FsspecStore": FsspecPrefix}
 
 
 class DCPEngine:
@@ -171,7 +197,7 @@ class DCPEngine:
 
     def __init__(self, options: EngineConfig):
         self.options = options
-        self.target: LocalFolder | S3Prefix = LocalFolder()
+        self.target: LocalFolder | ObjectPrefix = LocalFolder()
         self._folder: str | None = None
         self._pg_rank = 0
         self._save_start = 0.0
@@ -179,8 +205,8 @@ class DCPEngine:
         self._read: list[FileRecord] = []
 
     def for_store(self, store: Any) -> "DCPEngine":
-        """For an S3 store: this engine with s3torchconnector's DCP writer and reader."""
-        self.target = S3Prefix(store)
+        """For an object store: this engine with the DCP writer and reader of the store's client."""
+        self.target = OBJECT_PREFIXES[type(store).__name__](store)
         return self
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:

@@ -105,10 +105,10 @@ class TorchEngine(DeepSpeedEngine):
     """DeepSpeed's default TorchCheckpointEngine: torch.save per file, synchronous, no fsync of its own."""
 
     def for_store(self, store: Any) -> Any:
-        """For an S3 store: the same engine with every file streamed through s3torchconnector."""
-        from restartbench.storage import S3TorchEngine
+        """For an object store: the same engine with every file streamed through the store's client."""
+        from restartbench.storage import ObjectStoreTorchEngine
 
-        return S3TorchEngine(self.options, store)
+        return ObjectStoreTorchEngine(self.options, store)
 
 
 _WRITER_SUFFIX = re.compile(r"-(\d+)\.(\d+)")
