@@ -66,6 +66,7 @@ TABLE_COLUMNS: dict[str, str] = {
     "preset": "model preset", "layout": "canonical parallel layout", "tp": "tensor parallel",
     "pp": "pipeline parallel", "dp": "data parallel", "engine": "checkpoint engine",
     "dtype": "training precision", "storage": "checkpoint folder given by --checkpoint-dir, else 'run folder'",
+    "client": "object-store client the checkpoints went through (s3torchconnector or fsspec); None for a folder",
     "ranks": "world size", "nodes": "nodes", "device": "cpu or cuda", "backend": "gloo or nccl",
     "gpu": "GPU model (runtime.json)", "host": "host of rank 0", "started": "run start (UTC)",
     "torch": "torch version", "deepspeed": "DeepSpeed version", "python": "Python version",
@@ -131,7 +132,7 @@ RANK_COLUMNS: dict[str, str] = {
     "read_deserialize_s": "time inside this rank's file reads",
 }
 
-SETUP_KEYS = ("dtype", "device", "storage", "nodes")
+SETUP_KEYS = ("dtype", "device", "storage", "client", "nodes")
 
 # -- reading -----------------------------------------------------------------------------------------
 
@@ -245,6 +246,7 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
         "tp": layout.get("tp"), "pp": layout.get("pp"), "dp": layout.get("dp"),
         "engine": _require(meta, "engine", run_dir / "metadata.json"), "dtype": dtype,
         "storage": (config.get("storage") or {}).get("checkpoint_dir") or "run folder",
+        "client": (plan.get("remote") or {}).get("client"),
         "ranks": meta.get("world_size"), "nodes": plan.get("nnodes", 1), "device": meta.get("device"),
         "backend": plan.get("backend"), "gpu": runtime.get("gpu"), "host": meta.get("host"),
         "started": pd.Timestamp(meta["start"], unit="s", tz="UTC").isoformat(timespec="seconds")
