@@ -6,8 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The property tests check logic, not speed: a per-example deadline only fails them on a loaded machine.
+settings.register_profile("restartbench", deadline=None)
+settings.load_profile("restartbench")
 
 # (layout, dtype, extra options): the three layouts the suite proves, one in bf16 (slow on these CPUs),
 # one with activation recomputation.
