@@ -10,8 +10,9 @@ Pure arithmetic on the preset and layout, written out so that it can be checked:
   pp micro-batches in flight; with recomputation every k layers, 2·b·s·h per layer plus k
   full layers) + fp32 logits on the last stage (b·s·V/tp · 4 B, three copies)
   + a fixed per-process overhead;
-- checkpoint bytes: ``restartbench.plan``'s prediction of every file DeepSpeed writes, to the byte (it needs torch
-  and DeepSpeed, imported only when asked).
+- checkpoint bytes: ``restartbench.plan``'s prediction of every file the run's engine writes, to the byte within
+  the engine's stated tolerance (it needs torch and DeepSpeed, imported only when asked, and is kept between
+  processes: ``restartbench.plan.PLAN_CACHE``).
 """
 
 from __future__ import annotations

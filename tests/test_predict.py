@@ -3,28 +3,85 @@
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import run_study
+from restartbench import engines
 from restartbench.config import RunConfig
-from restartbench.plan import (SIZE_TOLERANCE_BYTES, materialize, payload_bytes, predict, scaled_preset, setup_for,
-                               shard_files, zero_partition)
+from restartbench.plan import (NOT_PREDICTED, PREDICTORS, checkpoint_bytes, materialize, payload_bytes, predict,
+                               random_names_as_placeholders, scaled_preset, setup_for, shard_files, zero_partition)
 from restartbench.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# One real run per engine besides torch (whose runs are the session's study_runs), layouts and dtypes spread
+# over them: (engine, layout, dtype).
+ENGINE_CASES = [("fastpersist", "pp2dp2", "fp32"),  # every data-parallel writer writes its stage's model file
+                ("lazy", "pp2dp1", "bf16"),
+                ("dcp", "tp1pp1dp2", "bf16"),  # DCP's deduplication of the module across data-parallel replicas
+                ("dcp-async", "tp2pp1dp1", "fp32"),
+                ("torchsnapshot", "tp2pp1dp1", "bf16")]
 
-def config(preset: str, layout: str, dtype: str = "bf16", **train) -> RunConfig:
+
+def config(preset: str, layout: str, dtype: str = "bf16", engine: str = "torch", **train) -> RunConfig:
     cfg = RunConfig()
-    cfg.model.preset, cfg.layout.layout, cfg.model.dtype = preset, layout, dtype
+    cfg.model.preset, cfg.layout.layout, cfg.model.dtype, cfg.engine.engine = preset, layout, dtype, engine
     for name, value in train.items():
         setattr(cfg.train, name, value)
     return cfg
 
 
-# -- against the session's real runs (tp2pp2 fp32, pp2dp2 bf16, tp1pp1dp2 fp32) ------------------------------
+@pytest.fixture(scope="session")
+def engine_runs(tmp_path_factory):
+    """engine -> (process, run folder) of its ENGINE_CASES run, made on first use (4 iterations, saves at 2 and 4)."""
+    logs = tmp_path_factory.mktemp("engines") / "logs"
+    runs = {}
+
+    def run(engine):
+        if engine not in runs:
+            missing = engines.missing_requirements(engine)
+            if missing:
+                pytest.skip("; ".join(missing))
+            _, layout, dtype = next(case for case in ENGINE_CASES if case[0] == engine)
+            # fastpersist's first run on a machine JIT-builds DeepSpeed's ops (minutes on 2 cores)
+            runs[engine] = run_study(logs, "tiny", layout, "--dtype", dtype, "--engine", engine, "--iters", "4",
+                                     "--save-interval", "2", timeout=1200)
+        return runs[engine]
+
+    return run
+
+
+def assert_files_as_predicted(run: Path) -> None:
+    """Both checkpoints of the run: the same file names (random parts aside), each written by the predicted rank
+    with the predicted size within the engine's stated tolerance; the durable events, plan.json's estimate and the
+    files at the checkpoint folder's root agree."""
+    cfg = RunConfig.load(run / "config.json")
+    inventory = json.loads((run / "inventory.json").read_text())
+    written = [f for f in inventory if f["tag"]]
+    tags = sorted({f["tag"] for f in written})
+    assert tags == ["step2", "step4"]
+    for tag in tags:
+        plan = predict(cfg, step=int(tag.removeprefix("step")))
+        real = sorted((random_names_as_placeholders(f["path"]), f["rank"], f["bytes"]) for f in written
+                      if f["tag"] == tag)
+        predicted = sorted((f.path, f.rank, f.bytes) for f in plan.files)
+        assert [r[:2] for r in real] == [p[:2] for p in predicted]
+        for (path, _, size), (_, _, expected) in zip(real, predicted):
+            assert abs(size - expected) <= plan.tolerance_bytes, (path, size, expected)
+        durable = [e for p in (run / "events").glob("train-rank*.jsonl") for e in map(json.loads, p.read_text().splitlines())
+                   if e["event"] == "checkpoint.durable" and e["tag"] == tag]
+        assert abs(sum(e["bytes"] for e in durable) - plan.checkpoint_bytes) <= plan.tolerance_bytes * len(plan.files)
+    roots = {f["path"]: f["bytes"] for f in inventory if not f["tag"]}
+    assert {name: roots[name] for name in plan.root_files} == plan.root_files
+    planned = json.loads((run / "plan.json").read_text())["checkpoint_bytes_estimate"]
+    assert abs(planned - plan.checkpoint_bytes) <= plan.tolerance_bytes * len(plan.files)
+
+
+# -- against real runs: the session's (torch: tp2pp2 fp32, pp2dp2 bf16, tp1pp1dp2 fp32) and one per engine ------
 
 
 @pytest.mark.multirank
@@ -32,24 +89,21 @@ def config(preset: str, layout: str, dtype: str = "bf16", **train) -> RunConfig:
 def test_every_file_name_size_and_writer_as_predicted(study_runs, layout):
     proc, run = study_runs[layout]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    cfg = RunConfig.load(run / "config.json")
-    written = [f for f in json.loads((run / "inventory.json").read_text()) if f["tag"]]
-    tags = sorted({f["tag"] for f in written})
-    assert tags == ["step2", "step4"]
-    for tag in tags:
-        plan = predict(cfg, step=int(tag.removeprefix("step")))
-        real = {f["path"]: f for f in written if f["tag"] == tag}
-        assert sorted(real) == sorted(f.path for f in plan.files)
-        for f in plan.files:
-            assert real[f.path]["rank"] == f.rank, f.path
-            assert abs(real[f.path]["bytes"] - f.bytes) <= SIZE_TOLERANCE_BYTES, (f.path, real[f.path]["bytes"], f.bytes)
-        durable = [e for p in (run / "events").glob("train-rank*.jsonl") for e in map(json.loads, p.read_text().splitlines())
-                   if e["event"] == "checkpoint.durable" and e["tag"] == tag]
-        assert abs(sum(e["bytes"] for e in durable) - plan.checkpoint_bytes) <= SIZE_TOLERANCE_BYTES * len(plan.files)
-    roots = {f["path"]: f["bytes"] for f in json.loads((run / "inventory.json").read_text()) if not f["tag"]}
-    assert {name: roots[name] for name in plan.root_files} == plan.root_files
-    planned = json.loads((run / "plan.json").read_text())["checkpoint_bytes_estimate"]
-    assert abs(planned - plan.checkpoint_bytes) <= SIZE_TOLERANCE_BYTES * len(plan.files)
+    assert_files_as_predicted(run)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("engine", [case[0] for case in ENGINE_CASES])
+def test_every_engines_files_as_predicted(engine_runs, engine):
+    proc, run = engine_runs(engine)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert_files_as_predicted(run)
+
+
+def test_every_engine_is_predicted_or_says_why_not():
+    assert set(PREDICTORS) | set(NOT_PREDICTED) == set(engines.engine_names())
+    assert not set(PREDICTORS) & set(NOT_PREDICTED)
+    assert {name for name, p in PREDICTORS.items() if p.tolerance_bytes == 0} >= {"lazy", "torchsnapshot"}
 
 
 # -- without processes ------------------------------------------------------------------------------------------
@@ -133,21 +187,62 @@ def test_cli_prints_files_per_rank_and_totals():
                           "--dtype", "fp32"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "rank 3: 1 files" in out.stdout and "step2/zero_pp_rank_1_mp_rank_01_optim_states.pt" in out.stdout
-    assert "checkpoint:" in out.stdout and "per rank: max" in out.stdout
-    refused = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "dcp"],
+    assert "checkpoint:" in out.stdout and "per rank: max" in out.stdout and "within 64 B" in out.stdout
+    dcp = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "dcp", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert dcp.returncode == 0, dcp.stderr
+    plan = json.loads(dcp.stdout)
+    assert plan["totals"]["by_kind"] == {"data": {"files": 4, "bytes": plan["totals"]["by_kind"]["data"]["bytes"]},
+                                         "metadata": {"files": 1, "bytes": plan["files"][-1]["bytes"]}}
+    refused = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "decoupled"],
                              capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert refused.returncode == 2 and "--engine torch" in refused.stderr
+    assert refused.returncode == 0 and "not predicted" in refused.stdout and "non-leaf" in refused.stdout
+
+
+def test_engines_without_files_or_prediction():
+    assert predict(config("tiny", "pp2dp2", engine="none")).files == []
+    assert checkpoint_bytes(config("tiny", "pp2dp2", "fp32", engine="decoupled")) == \
+        checkpoint_bytes(config("tiny", "pp2dp2", "fp32"))
+
+
+def test_torchsnapshot_on_a_gpu_batches_adams_step_apart():
+    """TorchSnapshot batches CPU and GPU tensors apart, and torch.optim keeps Adam's step on the CPU: on a GPU run
+    each rank writes one batch file more than on CPU (not checked against a GPU run here)."""
+    files = {}
+    for device in ("cpu", "cuda"):
+        cfg = config("tiny", "tp1pp1dp2", engine="torchsnapshot")
+        cfg.launch.device = device
+        files[device] = Counter(f.kind for f in predict(cfg).files)
+    assert files["cuda"]["data"] == files["cpu"]["data"] + 2
+
+
+def test_plan_cache_gives_back_the_prediction(tmp_path, monkeypatch):
+    from restartbench import plan
+
+    monkeypatch.setenv(plan.PLAN_CACHE, str(tmp_path))
+    plan._cached_bytes.cache_clear()
+    cfg = config("tiny", "pp2dp1", "fp32", engine="dcp")
+    computed = checkpoint_bytes(cfg)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    plan._cached_bytes.cache_clear()
+    monkeypatch.setattr(plan, "predict", lambda *a, **k: pytest.fail("the cached prediction was not used"))
+    assert checkpoint_bytes(cfg) == computed
+    plan._cached_bytes.cache_clear()
 
 
 def test_docs_plan_md_is_what_the_generator_writes():
-    """docs/plan.md is `python -m restartbench.plan --all-presets > docs/plan.md`; its tiny sections, regenerated here
-    (the big presets take longer), must be in it verbatim: a stale document fails."""
-    from restartbench.plan import DOC_LAYOUTS, render_markdown
+    """docs/plan.md is `python -m restartbench.plan --all-presets > docs/plan.md`; its tiny sections and its lazy
+    engine section, regenerated here (the rest takes longer), must be in it verbatim: a stale document fails."""
+    from restartbench.plan import DOC_LAYOUTS, ENGINE_DOC_CASE, _doc_config, render_markdown
 
     doc = (ROOT / "docs" / "plan.md").read_text()
     assert "python -m restartbench.plan --all-presets --layouts " + ",".join(DOC_LAYOUTS) in doc
     for layout in ("tp1pp1dp1", "tp2pp2dp1", "tp1pp2dp2"):
         assert render_markdown(predict(config("tiny", layout))) in doc, f"regenerate docs/plan.md ({layout})"
+    engines_section = doc[doc.index("## Engines: " + " ".join(ENGINE_DOC_CASE)):]
+    assert render_markdown(predict(_doc_config(*ENGINE_DOC_CASE, "bf16", "lazy"))) in engines_section
+    assert all(f"| {engine} |" in engines_section for engine in PREDICTORS)
+    assert all(f"- {engine}: {why}" in engines_section for engine, why in NOT_PREDICTED.items())
 
 
 def test_70b_tp8pp8_puts_10_of_the_80_decoder_layers_on_each_of_8_stages():

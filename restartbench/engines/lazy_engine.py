@@ -349,6 +349,11 @@ def rank_layout(ds_engine: Any) -> RankLayout:
                       grid.get_data_parallel_group())
 
 
+def file_meta(layout: RankLayout, tag: str) -> dict[str, Any]:
+    """The header fields that place a file in its checkpoint (also what restartbench.plan predicts headers with)."""
+    return {"tag": tag, "pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "dp_size": layout.dp_size}
+
+
 @dataclass
 class Capture:
     """References to the live tensors to save, grouped per file, and the plain values (already copied)."""
@@ -625,7 +630,7 @@ class LazyEngine:
         buffer = self._buffer_for(plan, pinned=cuda)
         folder = Path(save_dir) / tag
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"tag": tag, "pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "dp_size": layout.dp_size}
+        meta = file_meta(layout, tag)
         heads = {f.name: encode_header(f, meta, state.values if f.kind == "optim" else {}) for f in plan.files}
         self._install_step_guard(ds_engine)
         self._copies = CopyProgress(plan, state.tensors, buffer, self.chunk,
