@@ -73,7 +73,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "restartbench": "restartbench version",
     "iters": "phase-1 iterations", "save_interval": "checkpoint every N iterations",
     "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
-    "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts DeepSpeed's files for the run's config",
+    "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts the run's engine's files for its config (engines "
+                       "without a prediction: DeepSpeed's default engine's)",
     "baseline_write_MBps": "storage write bandwidth from baseline.json (10^6 B/s)",
     "baseline_read_MBps": "storage read bandwidth from baseline.json (10^6 B/s)",
     "baseline_tool": "tool that measured the baseline",
@@ -568,9 +569,9 @@ def _median(values: Iterable[float]) -> float | None:
 
 
 def _predicted_bytes(config: dict[str, Any], planned: Any) -> int | None:
-    """The checkpoint plan's size for the run's configuration (restartbench.plan: DeepSpeed's files, to the byte;
-    cached per preset, dtype, layout, ranks and batch sizes); the run's own plan.json figure where this version
-    cannot predict it (a preset or option it does not know)."""
+    """The checkpoint plan's size for the run's configuration and engine (restartbench.plan, to the byte where the
+    format allows; cached); the run's own plan.json figure where this version cannot predict it (a preset or
+    option it does not know)."""
     from restartbench.config import RunConfig
     from restartbench.estimate import checkpoint_bytes
 
@@ -857,9 +858,10 @@ def pick_configuration(table: pd.DataFrame) -> tuple[str | None, str | None]:
 
 
 def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Predicted checkpoint size (restartbench.plan's total for DeepSpeed's default engine, via
-    estimate.checkpoint_bytes) against the measured one, per preset, layout, dtype and engine; with the files,
-    weights (layer + model files) and optimizer files against the rough rule P·w and P·12 bytes."""
+    """Predicted checkpoint size (restartbench.plan's total for the run's engine, via estimate.checkpoint_bytes)
+    against the measured one, per preset, layout, dtype and engine; with the files, weights (layer + model files)
+    and optimizer files against the rough rule P·w and P·12 bytes (the plan's exact per-kind bytes are in
+    ``python -m restartbench.plan``)."""
     from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes
     from restartbench.presets import get_preset
 

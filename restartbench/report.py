@@ -455,10 +455,10 @@ FIGURES: dict[str, tuple[str, str]] = {
                    "<code>baseline.json</code> (e.g. fio) in the run folder or a parent folder, where one exists."),
     "checkpoint_size": ("Predicted against measured checkpoint size",
                         "The prediction made before launching (<code>python -m restartbench.plan</code>: every file "
-                        "DeepSpeed's default engine writes for this preset and layout, sized by torch.save on "
-                        "shape-only tensors) against the files actually written. Engines other than torch are "
-                        "set against the torch prediction. The weights/optimizer split uses the rough rule "
-                        "parameters × weight bytes and parameters × 12 bytes."),
+                        "the run's engine writes for this preset and layout, from the engine's own code on "
+                        "shape-only tensors) against the files actually written. Engines without a prediction "
+                        "(decoupled, datastates) are set against DeepSpeed's default engine's. The weights/optimizer "
+                        "split uses the rough rule parameters × weight bytes and parameters × 12 bytes."),
 }
 
 
