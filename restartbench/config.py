@@ -142,8 +142,8 @@ class LaunchConfig:
 class EmulationConfig:
     emulate: bool = opt(
         False, "Emulate the checkpoint I/O of the preset and layout without training: gloo processes on CPU write, "
-        "fsync, commit and restore every rank's files (DeepSpeed's names, shapes and dtypes, random data; "
-        "restartbench/emulate.py).",
+        "fsync, commit and restore every rank's files through the engine's own code (engines torch, lazy, dcp, "
+        "dcp-async; the predicted files, random data; restartbench/emulate.py).",
     )
     emulate_scale: float = opt(
         1.0, "--emulate: multiply the model's hidden, ffn and vocabulary widths by this (0 < s <= 1; layers, heads "

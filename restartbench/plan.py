@@ -518,10 +518,12 @@ class TrainingState:
         self.global_samples = setup.step * micro * accum * setup.layout.dp
 
 
-def training_states(setup: ShardSetup) -> Iterator[tuple[int, Any, TrainingState]]:
-    """(rank, coordinates, training state on meta tensors) of every rank."""
+def training_states(setup: ShardSetup, ranks: set[int] | None = None) -> Iterator[tuple[int, Any, TrainingState]]:
+    """(rank, coordinates, training state on meta tensors) of every rank, or of ``ranks`` only."""
     dtype = _model_dtype(setup)
     for rank, coord, stage in _ranks(setup):
+        if ranks is not None and rank not in ranks:
+            continue
         params = OrderedDict((name, _meta(tuple(t.shape), dtype)) for name, t in _stage_params(stage).items())
         yield rank, coord, TrainingState(setup, params, coord.data)
 
@@ -755,15 +757,24 @@ def _lazy_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
 
     files = []
     for rank, coord, state in training_states(setup):
-        layout = lazy.RankLayout(coord.pipe, coord.model, coord.data, setup.layout.dp,
-                                 dp_src=rank - coord.data * setup.layout.tp, dp_group=None)
-        captured = lazy.capture(state, layout)
-        for f in lazy.make_plan(_lazy_on_device(captured.groups, setup.device)).files:
+        layout, captured = lazy_capture(setup, rank, coord, state)
+        for f in lazy.make_plan(captured.groups).files:
             _, data_offset = lazy.encode_header(f, lazy.file_meta(layout, setup.tag),
                                                 captured.values if f.kind == "optim" else {})
             files.append(PlannedFile(f"{setup.tag}/{f.name}", rank, "model" if f.kind == "model" else "optimizer",
                                      sum(e.spec.nbytes for e in f.entries), data_offset + f.data_bytes))
     return files
+
+
+def lazy_capture(setup: ShardSetup, rank: int, coord: Any, state: TrainingState) -> tuple[Any, Any]:
+    """(the lazy engine's ``RankLayout`` of ``rank``, its ``capture`` of the rank's state), each tensor spec on the
+    device the run's state lives on; the tensors are the state's own (meta tensors for a ``training_states`` one)."""
+    from restartbench.engines import lazy_engine as lazy
+
+    layout = lazy.RankLayout(coord.pipe, coord.model, coord.data, setup.layout.dp,
+                             dp_src=rank - coord.data * setup.layout.tp, dp_group=None)
+    captured = lazy.capture(state, layout)
+    return layout, replace(captured, groups=_lazy_on_device(captured.groups, setup.device))
 
 
 def _lazy_on_device(groups: list[tuple[str, str, list[tuple[Any, bool]]]], device: str) -> list[Any]:

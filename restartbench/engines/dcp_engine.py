@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import posixpath
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -210,12 +210,22 @@ class DCPEngine:
         return self
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        group = self._begin_save(save_dir, tag)
+        flat = flat_state(harness_state.capture(ds_engine), *harness_state.coordinates(ds_engine))
+        self._start_save(flat, self.target.writer(self._folder), save_planner(), group)
+
+    def save_flat(self, flat: dict[str, Any], save_dir: str, tag: str) -> None:
+        """``save`` of a state already in ``flat_state``'s form, without a DeepSpeed engine (restartbench.emulate)."""
+        group = self._begin_save(save_dir, tag)
+        self._start_save(flat, self.target.writer(self._folder), save_planner(), group)
+
+    def _begin_save(self, save_dir: str, tag: str) -> Any:
+        """Where the save goes and on which process group; its start time. Returns the group."""
         self._folder = os.path.join(save_dir, tag)
         group = self._process_group()
         self._pg_rank = dist.get_rank(group)
         self._save_start = time.perf_counter()
-        flat = flat_state(harness_state.capture(ds_engine), *harness_state.coordinates(ds_engine))
-        self._start_save(flat, self.target.writer(self._folder), save_planner(), group)
+        return group
 
     def _process_group(self) -> Any:
         return None  # the default group: the save runs on the training thread
@@ -238,16 +248,29 @@ class DCPEngine:
         return list(self._read)
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
+        coords = harness_state.coordinates(ds_engine)
+        template = self._load(lambda: flat_state(harness_state.capture(ds_engine), *coords), coords, load_dir, tag)
+        harness_state.restore(ds_engine, unflatten(template, *coords))
+
+    def load_flat(self, live: dict[str, Any], coords: tuple[int, int, int], load_dir: str, tag: str
+                  ) -> dict[str, Any]:
+        """``load`` without a DeepSpeed engine (restartbench.emulate): this rank's entries, read into the tensors of
+        ``live`` (a ``flat_state``) where they fit, returned as a flat state."""
+        return self._load(lambda: live, coords, load_dir, tag)
+
+    def _load(self, live: Callable[[], dict[str, Any]], coords: tuple[int, int, int], load_dir: str, tag: str
+              ) -> dict[str, Any]:
+        """``dcp.load`` of this rank's entries into the tensors of ``live()`` where they fit (taken once the metadata
+        is read, so that a real run's load time includes capturing its live state); records what was read."""
         folder = os.path.join(load_dir, tag)
         start = time.perf_counter()
         reader = self.target.reader(folder)
         metadata = reader.read_metadata()
-        coords = harness_state.coordinates(ds_engine)
-        template = load_template(metadata, flat_state(harness_state.capture(ds_engine), *coords), *coords)
+        template = load_template(metadata, live(), *coords)
         dcp.load(template, storage_reader=reader, planner=load_planner())
         seconds = time.perf_counter() - start
-        harness_state.restore(ds_engine, unflatten(template, *coords))
         self._read = harness_state.records(self._bytes_read(folder, metadata, template), seconds)
+        return template
 
     def _bytes_read(self, folder: str, metadata: Any, template: dict[str, Any]) -> dict[str, int]:
         """Bytes this rank read from each file: its entries' extents, plus the whole ``.metadata``."""

@@ -625,6 +625,14 @@ class LazyEngine:
         self._finish_previous()
         layout = rank_layout(ds_engine)
         state = capture(ds_engine, layout)
+        self._install_step_guard(ds_engine)
+        self.save_captured(state, layout, save_dir, tag)
+
+    def save_captured(self, state: Capture, layout: RankLayout, save_dir: str, tag: str) -> None:
+        """``save`` of a state already captured, without a DeepSpeed engine (restartbench.emulate): plan, host
+        buffer, headers, copies and streamed flush as ``save`` does them. Nothing guards an optimizer step here:
+        the caller calls ``wait_for_copies`` before it changes the captured tensors."""
+        self._finish_previous()
         plan = self._plan_for(state)
         cuda = any(t.is_cuda for t in state.tensors.values())
         buffer = self._buffer_for(plan, pinned=cuda)
@@ -632,7 +640,6 @@ class LazyEngine:
         folder.mkdir(parents=True, exist_ok=True)
         meta = file_meta(layout, tag)
         heads = {f.name: encode_header(f, meta, state.values if f.kind == "optim" else {}) for f in plan.files}
-        self._install_step_guard(ds_engine)
         self._copies = CopyProgress(plan, state.tensors, buffer, self.chunk,
                                     self._side_stream(state) if cuda else None)
         self._copies_tag = tag
@@ -672,14 +679,15 @@ class LazyEngine:
         original = optimizer.step
 
         def guarded_step(*args: Any, **kwargs: Any) -> Any:
-            self._wait_for_copies()
+            self.wait_for_copies()
             return original(*args, **kwargs)
 
         guarded_step._lazy_guard = self  # type: ignore[attr-defined]
         optimizer.step = guarded_step
 
-    def _wait_for_copies(self) -> None:
-        """At the first optimizer step after a save: wait for its copies, and record how long (0 when already done)."""
+    def wait_for_copies(self) -> None:
+        """At the first optimizer step after a save: wait for its copies, and record how long (0 when already done).
+        The guarded step calls it; restartbench.emulate calls it where the next step would come."""
         copies, tag = self._copies, self._copies_tag
         if copies is None:
             return
@@ -723,14 +731,22 @@ class LazyEngine:
     # -- load ---------------------------------------------------------------------------
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
-        layout = rank_layout(ds_engine)
+        module = {f"module.{k}": v for k, v in ds_engine.module.state_dict().items()}
+        self.load_into(rank_layout(ds_engine), load_dir, tag, module,
+                       lambda header: restore_plain_and_targets(ds_engine, header["values"], header["tensors"]))
+        if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
+            ds_engine.optimizer._link_all_hp_params()
+
+    def load_into(self, layout: RankLayout, load_dir: str, tag: str, module: dict[str, torch.Tensor],
+                  optim_targets: Callable[[dict[str, Any]], dict[str, torch.Tensor]]) -> None:
+        """``load`` without a DeepSpeed engine (restartbench.emulate drives it too): read the module file into
+        ``module`` (saved name -> tensor) and the optimizer file into the tensors ``optim_targets(its header)``
+        returns (``load`` restores the header's plain values there first)."""
         folder = Path(load_dir) / tag
         self._read = []
         optim_path = folder / layout.optim_file
         header, data_offset = _checked_header(optim_path, tag)
-        targets = restore_plain_and_targets(ds_engine, header["values"], header["tensors"])
-        jobs = [(optim_path, data_offset, header, targets)]
-        module = {f"module.{k}": v for k, v in ds_engine.module.state_dict().items()}
+        jobs = [(optim_path, data_offset, header, optim_targets(header))]
         reads_module = not self.options.dp_read_once or layout.dp == 0
         if reads_module:
             model_path = folder / layout.model_file
@@ -740,8 +756,6 @@ class LazyEngine:
         self._read = read_into(jobs, self.io_threads, self.chunk, self.buffer)
         if self.options.dp_read_once and layout.dp_size > 1:
             broadcast_tensors(list(module.values()), layout.dp_src, layout.dp_group, self.chunk)
-        if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
-            ds_engine.optimizer._link_all_hp_params()
 
 
 def _global_rank() -> int:
