@@ -317,6 +317,8 @@ class ShardSetup:
     """Where the training state lives (cpu, cuda): the lazy format records it, TorchSnapshot batches by it."""
     folder: str = ""
     """The checkpoint folder (absolute; ``checkpoint_folder``): DCP pickles its path into ``.metadata``."""
+    nnodes: int = 1
+    """Nodes of the run (torchrun numbers ranks node by node): FastPersist assigns its writers per machine."""
 
 
 def _meta(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -659,7 +661,8 @@ def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Sh
     grad_accum = cfg.train.grad_accum or layout.pp
     return ShardSetup(preset=scaled_preset(base, scale, layout.tp), layout=layout, dtype=cfg.model.dtype,
                       ds_config=render_ds_config(cfg, grad_accum, layout.dp), step=step, tag=f"step{step}",
-                      device=_device(cfg, base), folder=checkpoint_folder(cfg, base.name, layout.name))
+                      device=_device(cfg, base), folder=checkpoint_folder(cfg, base.name, layout.name),
+                      nnodes=cfg.layout.nnodes)
 
 
 #: The run folder's time stamp when the run does not exist yet: as long as a real one (``study._new_run_dir``).
@@ -718,7 +721,8 @@ def _fastpersist_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
 def _fastpersist_writers(setup: ShardSetup) -> dict[int, tuple[int, int]]:
     """Rank -> (writer index, writers) for the ranks FastPersist gives a writer: DeepSpeed's own
     DataParallelWriterFactory on each rank's parallel info (``create_data_parallel_writer_config`` without
-    processes), with the run's writer block and the launch environment the registry gives the engine."""
+    processes), with the run's writer block, and each rank's machine as launch.sh exports it (``CROSS_RANK``: the
+    rank's node, ``CROSS_SIZE``: the nodes)."""
     from deepspeed.runtime.model_checkpointing.config import get_checkpoint_writer_config
     from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_DATA_PARALLEL, CHECKPOINT_IO_MULTIPLIER
     from deepspeed.runtime.model_checkpointing.data_parallel_writer_factory import DataParallelWriterFactory
@@ -726,11 +730,9 @@ def _fastpersist_writers(setup: ShardSetup) -> dict[int, tuple[int, int]]:
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from restartbench.engines import launch_env
-
-    layout, env = setup.layout, launch_env("fastpersist")
+    layout, machines = setup.layout, setup.nnodes
+    per_machine = layout.world_size // machines
     config = get_checkpoint_writer_config(setup.ds_config["checkpoint"])
-    machines, machine = int(env["CROSS_SIZE"]), int(env["CROSS_RANK"])
     topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
     writers = {}
     for rank in range(layout.world_size):
@@ -738,9 +740,10 @@ def _fastpersist_writers(setup: ShardSetup) -> dict[int, tuple[int, int]]:
         mpu = MPUInfo(pp_world_size=layout.pp, pp_rank=coord.pipe, tp_world_size=layout.tp, tp_rank=coord.model,
                       dp_world_size=layout.dp, dp_rank=coord.data,
                       dp_peer_ranks=topology.filter_match(pipe=coord.pipe, model=coord.model))
-        info = UniversalParallelInfo(global_world_size=layout.world_size, global_rank=rank, local_rank=0,
-                                     mpu_info=mpu, ep_info=None, pure_dp=layout.dp == layout.world_size,
-                                     num_machines=machines, machine_rank=machine,
+        info = UniversalParallelInfo(global_world_size=layout.world_size, global_rank=rank,
+                                     local_rank=rank % per_machine, mpu_info=mpu, ep_info=None,
+                                     pure_dp=layout.dp == layout.world_size,
+                                     num_machines=machines, machine_rank=rank // per_machine,
                                      num_sockets=machines * SOCKETS_PER_MACHINE)
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints each rank's assignment
             writer = DataParallelWriterFactory(info, config[CHECKPOINT_DATA_PARALLEL]).create_config(

@@ -53,6 +53,7 @@ def test_70b_tp8pp8_renders_for_64_gpus():
     assert ds["zero_optimization"]["stage"] == 1 and ds["bf16"]["enabled"] is True
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 1
     assert "--nnodes 8 --nproc-per-node 8" in rendered.launch_script
+    assert 'export CROSS_RANK="${NODE_RANK:-0}" CROSS_SIZE=8' in rendered.launch_script  # as DeepSpeed's launcher
     assert subprocess.run(["bash", "-n"], input=rendered.launch_script, text=True).returncode == 0
 
 

@@ -47,7 +47,7 @@ def test_writer_block_and_launch_environment():
                       "show_statistics": False, "data_parallel": "replica"}
     assert engines.ds_config_sections(EngineConfig(engine="decoupled"))["checkpoint"]["writer"]["decoupled"] is True
     env = engines.launch_env("fastpersist")
-    assert env["DS_PIN_MEMORY_BACKEND"] == "native" and {"CROSS_RANK", "CROSS_SIZE"} <= set(env)
+    assert env["DS_PIN_MEMORY_BACKEND"] == "native"  # CROSS_RANK/CROSS_SIZE: launch.sh, for every engine
     if sys.prefix != sys.base_prefix and "TORCH_EXTENSIONS_DIR" not in os.environ:
         assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
 

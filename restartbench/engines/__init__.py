@@ -109,12 +109,12 @@ def _libaio_missing() -> list[str]:
             "when run as root"]
 
 
-# Outside DeepSpeed's own launcher its writer engines read CROSS_RANK/CROSS_SIZE (one node: cross rank 0 of
-# 1). FastPersist page-locks its I/O buffer; on a CPU-only machine only DeepSpeed's native pinning backend
-# (its pin_memory op, mlock) can, torch's pin_memory() needs an accelerator. The launch environment does not
+# DeepSpeed's writer engines read CROSS_RANK/CROSS_SIZE, which its own launcher exports: launch.sh exports them
+# for every run (the node's rank, the nodes). FastPersist page-locks its I/O buffer; on a CPU-only machine only
+# DeepSpeed's native pinning backend (its pin_memory op, mlock) can, torch's pin_memory() needs an accelerator. The launch environment does not
 # depend on the device, so GPU runs pin through the native backend too (DeepSpeed registers the mlock'd
 # buffer with CUDA): the buffer is allocated once, at deepspeed.initialize.
-_WRITER_ENV = {"CROSS_RANK": "0", "CROSS_SIZE": "1", "DS_PIN_MEMORY_BACKEND": "native",
+_WRITER_ENV = {"DS_PIN_MEMORY_BACKEND": "native",
                "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
 _DS = "restartbench.engines.deepspeed_engines"
 
