@@ -162,7 +162,7 @@ def render(cfg: RunConfig, plan: Any):
     """The study's launch script, running this module instead of restartbench.train in every process."""
     from restartbench import study
 
-    rendered = study.render(cfg, plan)
+    rendered = study.render(cfg, plan, label=engine_label(cfg.engine.engine))
     entry = "-m restartbench.train "
     if rendered.launch_script.count(entry) != 1:
         raise study.StudyError("templates/launch.sh.j2 no longer launches '-m restartbench.train' once; "

@@ -304,18 +304,21 @@ def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]
         raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
 
 
-def render(cfg: RunConfig, plan: Plan) -> Rendered:
+def render(cfg: RunConfig, plan: Plan, label: str | None = None) -> Rendered:
+    """The DeepSpeed JSON, launch script and job script of a run; ``label``: what the scripts call its engine (the
+    job name, the header), default the engine itself (an emulated run passes its own label)."""
     env = _environment()
+    label = label or cfg.engine.engine
     ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"])
     launch = env.get_template("launch.sh.j2").render(
-        preset=cfg.model.preset, layout=plan.layout_name, engine=cfg.engine.engine, world_size=plan.world_size,
+        preset=cfg.model.preset, layout=plan.layout_name, engine=label, world_size=plan.world_size,
         nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
         accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine),
         python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir,
     )
     launcher = LAUNCHERS[plan.launcher]
     job = env.get_template(launcher.job_template).render(
-        preset=cfg.model.preset, layout=plan.layout_name, engine=cfg.engine.engine, nnodes=plan.nnodes,
+        preset=cfg.model.preset, layout=plan.layout_name, engine=label, nnodes=plan.nnodes,
         cpus_per_task=max(plan.nproc_per_node, 1), gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
         account=cfg.launch.account, partition=cfg.launch.partition, walltime=cfg.launch.walltime,
         setup=[line.strip() for line in (cfg.launch.setup or "").split(";") if line.strip()],

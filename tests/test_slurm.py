@@ -108,6 +108,7 @@ def test_multinode_emulation_sbatch(tmp_path):
     directives = dict(line[len("#SBATCH --"):].split("=", 1)
                       for line in rendered.job_script.splitlines() if line.startswith("#SBATCH"))
     assert directives["nodes"] == "2" and directives["ntasks-per-node"] == "1" and directives["cpus-per-task"] == "2"
+    assert directives["job-name"] == "rb-70B-tp8pp8dp1-torch-emulated"
     assert "gpus-per-node" not in directives and "restartbench.execute" in rendered.job_script
     assert "--nnodes 2 --nproc-per-node 2" in rendered.launch_script and "--master-port 29500" in rendered.launch_script
     assert "-m restartbench.emulate " in rendered.launch_script
