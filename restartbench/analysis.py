@@ -283,6 +283,7 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
     with_stall = [r for r in ranks if r["stall_s"] is not None]
     with_durable = [r for r in ranks if r["durable_s"] is not None]
     written = [r for r in ranks if r["bytes"] is not None]
+    write_mbps = row["bytes"] / MB / durable if durable else None
     return {
         "tag": row["tag"], "step": row["step"], "ranks_saved": row["ranks"],
         "stall_max_s": stall, "stall_min_s": row["stall_min_s"],
@@ -301,9 +302,8 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
         "bytes_per_rank_min": min((r["bytes"] for r in written), default=None),
         "files_per_rank_max": max((r["files"] for r in written), default=None),
         "files_per_rank_min": min((r["files"] for r in written), default=None),
-        "write_MBps": row["bytes"] / MB / durable if durable else None,
-        "write_pct_of_storage": _percent(row["bytes"] / MB / durable if durable else None,
-                                         common["baseline_write_MBps"]),
+        "write_MBps": write_mbps,
+        "write_pct_of_storage": _percent(write_mbps, common["baseline_write_MBps"]),
         "save_MiBps": row["bytes"] / MiB / durable if durable else None,
     }
 
