@@ -16,7 +16,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 def events_path(run_dir: Path, phase: str, rank: int) -> Path:
@@ -66,3 +66,30 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: not a JSON event line ({error.msg})") from None
     return records
+
+
+def by_message(pairs: Iterable[tuple[Any, str]]) -> dict[str, list[Any]]:
+    """{message: [who, ...]} in first-seen order: one line per distinct error, not one per rank or step."""
+    grouped: dict[str, list[Any]] = {}
+    for who, message in pairs:
+        grouped.setdefault(message, []).append(who)
+    return grouped
+
+
+def ranks_label(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-3', 'ranks 0-1, 4, 6-7': consecutive ranks as ranges."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    spans = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"rank{'s' if len(ordered) > 1 else ''} {spans}"
+
+
+def rank_errors(outcomes: Iterable[dict[str, Any]]) -> list[str]:
+    """'ranks 0-3: RuntimeError: ...' for each distinct error of the ranks' outcomes ({'rank', 'error'})."""
+    grouped = by_message((o["rank"], o["error"]) for o in outcomes if o["error"])
+    return [f"{ranks_label(ranks)}: {message}" for message, ranks in grouped.items()]

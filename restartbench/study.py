@@ -30,6 +30,7 @@ from restartbench import engines, storage
 from restartbench.baseline import record_baseline
 from restartbench.config import RunConfig
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
+from restartbench.events import by_message
 from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher, set_parent_death_signal
 from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
@@ -587,7 +588,8 @@ def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | Non
         meta["runtime"] = json.loads(runtime.read_text())
     meta["failed_checkpoints"] = failed_checkpoints(run_dir, phase_failed=status != "complete")
     if meta["failed_checkpoints"]:
-        lost = "; ".join(f"{c['tag']}: {c['error']}" for c in meta["failed_checkpoints"])
+        grouped = by_message((c["tag"], c["error"]) for c in meta["failed_checkpoints"])
+        lost = "; ".join(f"{', '.join(tags)}: {message}" for message, tags in grouped.items())
         status, error = "failed", "; ".join(filter(None, [error, f"checkpoint(s) failed, earlier ones kept: {lost}"]))
     if status == "complete":
         write_inventory(run_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 PROCESS_START = time.time()
 
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
-from restartbench.events import EventLog  # noqa: E402
+from restartbench.events import EventLog, rank_errors  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
@@ -164,7 +164,7 @@ class RankRun:
                 error = f"{type(failure).__name__}: {failure}"
         outcomes: list = [None] * dist.get_world_size()
         dist.all_gather_object(outcomes, {"rank": self.rank, "error": error, "files": files})
-        errors = [f"rank {o['rank']}: {o['error']}" for o in outcomes if o["error"]]
+        errors = rank_errors(outcomes)
         if self.rank == 0:
             self._commit_or_discard(step, tag, save_start, outcomes, errors)
         self._record_resources(tag)

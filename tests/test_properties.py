@@ -1,4 +1,5 @@
-"""Property-based tests (hypothesis) for the run-config parser, preset lookup and layout rules on any model shape."""
+"""Property-based tests (hypothesis) for the run-config parser, preset lookup, layout rules on any model shape
+and the grouping of rank errors."""
 
 import dataclasses
 
@@ -7,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from restartbench.config import RunConfig, config_from_args, leaf_fields
+from restartbench.events import rank_errors, ranks_label
 from restartbench.layout import Layout, layout_problems
 from restartbench.presets import PRESETS, ModelPreset, UnknownPresetError, get_preset
 
@@ -89,3 +91,25 @@ def test_param_count_is_the_sum_of_its_terms(preset):
 def test_unknown_preset_message_is_actionable():
     with pytest.raises(UnknownPresetError, match="unknown model preset 'x'; known presets: tiny"):
         get_preset("x")
+
+
+def _expand(label):
+    """The ranks a ranks_label names."""
+    ranks = []
+    for span in label.split(" ", 1)[1].split(", "):
+        first, _, last = span.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+@given(st.sets(st.integers(0, 300), min_size=1))
+def test_ranks_label_names_exactly_the_ranks(ranks):
+    label = ranks_label(list(ranks))
+    assert _expand(label) == sorted(ranks)
+    assert label.startswith("ranks " if len(ranks) > 1 else "rank ")
+
+
+def test_rank_errors_one_line_per_distinct_message():
+    outcomes = [{"rank": r, "error": "RuntimeError: boom"} for r in range(4)]
+    outcomes += [{"rank": 4, "error": None}, {"rank": 5, "error": "OSError: disk"}, {"rank": 7, "error": "RuntimeError: boom"}]
+    assert rank_errors(outcomes) == ["ranks 0-3, 7: RuntimeError: boom", "rank 5: OSError: disk"]
