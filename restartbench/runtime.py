@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,25 @@ def skip_shm_comm_build() -> None:
     import deepspeed.comm.torch  # noqa: F401
 
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+
+
+def arch_list_deepspeed_can_parse(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` without architecture-specific suffixes: '9.0a' -> '9.0', '10.0f;12.0a+PTX' ->
+    '10.0;12.0+PTX'. DeepSpeed's JIT op builder reads each entry's minor version with ``int()`` and dies on
+    '0a' (seen on an H100 image whose list names sm_90a); the plain architecture builds the same ops."""
+    entries = [entry.strip() for entry in value.replace(" ", ";").split(";") if entry.strip()]
+    return ";".join(re.sub(r"^(\d+)\.(\d+)[A-Za-z]+", r"\1.\2", entry) for entry in entries)
+
+
+def make_cuda_arch_list_parsable() -> str | None:
+    """Rewrite this process's ``TORCH_CUDA_ARCH_LIST`` so that DeepSpeed can JIT-build its ops (FastPersist's
+    async_io, ...); the note to record, or None when nothing was changed."""
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not value or arch_list_deepspeed_can_parse(value) == value:
+        return None
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list_deepspeed_can_parse(value)
+    return (f"TORCH_CUDA_ARCH_LIST {value!r} -> {os.environ['TORCH_CUDA_ARCH_LIST']!r}: DeepSpeed's JIT op "
+            "builder cannot parse architecture-specific suffixes")
 
 
 def init_distributed(backend: str, timeout_s: int) -> None:

@@ -77,6 +77,10 @@ class RankRun:
         from restartbench.faults import hang_before_init
 
         runtime.skip_shm_comm_build()
+        arch_note = runtime.make_cuda_arch_list_parsable()
+        if arch_note:
+            self.log.emit("startup.workaround", note=arch_note)
+            self._say(f"{self.phase}: {arch_note}")
         hang_before_init(self.rank)
         with self.log.span("startup.dist_init", backend=self.plan["backend"]):
             runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)

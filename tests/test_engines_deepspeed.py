@@ -52,6 +52,31 @@ def test_writer_block_and_launch_environment():
         assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
 
 
+@pytest.mark.parametrize("value, parsable", [("9.0a", "9.0"), ("9.0 10.0f;12.0a+PTX", "9.0;10.0;12.0+PTX"),
+                                               ("8.0;9.0+PTX", "8.0;9.0+PTX")])
+def test_cuda_arch_list_is_made_one_deepspeeds_op_builder_parses(monkeypatch, value, parsable):
+    """FACTS: on the H100 image FastPersist's op build died on "invalid literal for int() ... '0a'" (sm_90a)."""
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
+
+    from restartbench.runtime import make_cuda_arch_list_parsable
+
+    def deepspeed_parses() -> bool:
+        builder = AsyncIOBuilder()
+        builder.jit_mode = True
+        try:
+            builder.compute_capability_args()
+            return True
+        except ValueError:
+            return False
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+    assert deepspeed_parses() == (value == parsable)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+    note = make_cuda_arch_list_parsable()
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == parsable and (note is None) == (value == parsable)
+    assert deepspeed_parses()
+
+
 def test_missing_libaio_names_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no cached build there
     monkeypatch.setattr(engines.os.path, "isfile", lambda path: False)
