@@ -314,7 +314,7 @@ def render(cfg: RunConfig, plan: Plan, label: str | None = None) -> Rendered:
     launch = env.get_template("launch.sh.j2").render(
         preset=cfg.model.preset, layout=plan.layout_name, engine=label, world_size=plan.world_size,
         nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
-        accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine),
+        accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine, plan.device),
         python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir,
     )
     launcher = LAUNCHERS[plan.launcher]

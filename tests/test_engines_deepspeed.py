@@ -46,8 +46,9 @@ def test_writer_block_and_launch_environment():
     assert writer == {"type": "fast", "decoupled": False, "io_buffer_size": 8 * 2**20, "io_buffer_double": True,
                       "show_statistics": False, "data_parallel": "replica"}
     assert engines.ds_config_sections(EngineConfig(engine="decoupled"))["checkpoint"]["writer"]["decoupled"] is True
-    env = engines.launch_env("fastpersist")
+    env = engines.launch_env("fastpersist", "cpu")
     assert env["DS_PIN_MEMORY_BACKEND"] == "native"  # CROSS_RANK/CROSS_SIZE: launch.sh, for every engine
+    assert "DS_PIN_MEMORY_BACKEND" not in engines.launch_env("fastpersist", "cuda"), "as shipped on a GPU"
     if sys.prefix != sys.base_prefix and "TORCH_EXTENSIONS_DIR" not in os.environ:
         assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
 

@@ -47,8 +47,8 @@ class EngineInfo:
     summary: str
     ds_config: Callable[[EngineConfig], dict[str, Any]] = lambda options: {}
     """Top-level sections this engine adds to the DeepSpeed JSON, built from the engine options."""
-    launch_env: dict[str, str] = field(default_factory=dict)
-    """Environment variables the engine needs in every rank (exported by the launch script)."""
+    launch_env: Callable[[str], dict[str, str]] = lambda device: {}
+    """Device ("cpu", "cuda") -> environment variables the engine needs in every rank (exported by the launch script)."""
     requires: tuple[tuple[str, str], ...] = ()
     """(importable module, how to install it) pairs the engine cannot run without."""
     system_check: Callable[[], list[str]] = lambda: []
@@ -109,13 +109,15 @@ def _libaio_missing() -> list[str]:
             "when run as root"]
 
 
-# DeepSpeed's writer engines read CROSS_RANK/CROSS_SIZE, which its own launcher exports: launch.sh exports them
-# for every run (the node's rank, the nodes). FastPersist page-locks its I/O buffer; on a CPU-only machine only
-# DeepSpeed's native pinning backend (its pin_memory op, mlock) can, torch's pin_memory() needs an accelerator. The launch environment does not
-# depend on the device, so GPU runs pin through the native backend too (DeepSpeed registers the mlock'd
-# buffer with CUDA): the buffer is allocated once, at deepspeed.initialize.
-_WRITER_ENV = {"DS_PIN_MEMORY_BACKEND": "native",
-               "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
+def _writer_env(device: str) -> dict[str, str]:
+    """What DeepSpeed's writer engines need in each rank. Their CROSS_RANK/CROSS_SIZE (which DeepSpeed's own
+    launcher exports) launch.sh exports for every run: the node's rank, the nodes. FastPersist page-locks its
+    I/O buffer; on a CPU-only machine only DeepSpeed's native pinning backend (its pin_memory op, mlock) can, as
+    torch's pin_memory() needs an accelerator. On a GPU the engine is left as shipped: torch's pinning."""
+    native_pinning = {"DS_PIN_MEMORY_BACKEND": "native"} if device == "cpu" else {}
+    return {**native_pinning, "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
+
+
 _DS = "restartbench.engines.deepspeed_engines"
 
 register(EngineInfo("none", "restartbench.engines.baseline", "NoCheckpoint",
@@ -128,10 +130,10 @@ _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a P
               "is recorded as failed and nothing is committed.")
 register(EngineInfo("fastpersist", _DS, "FastPersistEngine",
                     "DeepSpeed FastPersist writer: aligned buffers, libaio", ds_config=_writer_block(False),
-                    launch_env=_WRITER_ENV, system_check=_libaio_missing))
+                    launch_env=_writer_env, system_check=_libaio_missing))
 register(EngineInfo("decoupled", _DS, "DecoupledEngine",
                     "DeepSpeed decoupled writer: background writer processes", ds_config=_writer_block(True),
-                    launch_env=_WRITER_ENV, system_check=_libaio_missing,
+                    launch_env=_writer_env, system_check=_libaio_missing,
                     known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED}))
 register(EngineInfo("datastates", _DS, "DataStatesEngine",
                     "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
@@ -190,8 +192,8 @@ def ds_config_sections(options: EngineConfig) -> dict[str, Any]:
     return engine_info(options.engine).ds_config(options)
 
 
-def launch_env(name: str) -> dict[str, str]:
-    return dict(engine_info(name).launch_env)
+def launch_env(name: str, device: str) -> dict[str, str]:
+    return engine_info(name).launch_env(device)
 
 
 def create_engine(options: EngineConfig):

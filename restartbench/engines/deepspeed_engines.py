@@ -204,7 +204,7 @@ class FastPersistEngine(DeepSpeedEngine):
     the time it took, as a ``checkpoint.workaround`` event; the rename is inside the save span (the stall),
     so the stall is an upper bound by that much. On a CPU-only machine the writer also needs DeepSpeed's
     ``utils`` op (``use_deepspeed_utils_op``) and its native pinning backend (``DS_PIN_MEMORY_BACKEND=native``,
-    set by the registry's launch environment); on every machine its ``load`` needs DeepSpeed's classes
+    set by the registry's launch environment on CPU only); on every machine its ``load`` needs DeepSpeed's classes
     allowed (``allow_deepspeed_classes_in_load``). Both notes are recorded with every save.
     """
 
