@@ -19,7 +19,7 @@ Storage use for their checkpoint-size formulas:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,13 @@ class UnknownPresetError(ValueError):
     pass
 
 
-def get_preset(name: str) -> ModelPreset:
-    """Look a preset up by name (case-insensitive), or say which ones exist."""
+def get_preset(name: str, seq_len: int | None = None) -> ModelPreset:
+    """Look a preset up by name (case-insensitive), or say which ones exist; ``seq_len`` (the run's
+    ``--seq-len``) replaces the preset's sequence length."""
     by_lower = {key.lower(): preset for key, preset in PRESETS.items()}
     try:
-        return by_lower[name.lower()]
+        preset = by_lower[name.lower()]
     except KeyError:
         known = ", ".join(PRESETS)
         raise UnknownPresetError(f"unknown model preset {name!r}; known presets: {known}") from None
+    return preset if seq_len is None else replace(preset, seq_len=seq_len)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -20,10 +19,7 @@ from restartbench.presets import ModelPreset, get_preset
 
 def preset_for(cfg: RunConfig) -> ModelPreset:
     """The preset with the run's overrides (sequence length) applied."""
-    preset = get_preset(cfg.model.preset)
-    if cfg.model.seq_len:
-        preset = dataclasses.replace(preset, seq_len=cfg.model.seq_len)
-    return preset
+    return get_preset(cfg.model.preset, cfg.model.seq_len)
 
 
 def skip_shm_comm_build() -> None:

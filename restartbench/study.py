@@ -134,7 +134,7 @@ STORAGE_OPTIONS = {"s3_endpoint": storage.S3_SCHEME, "s3_region": storage.S3_SCH
 
 def _preset(cfg: RunConfig) -> ModelPreset:
     try:
-        preset = get_preset(cfg.model.preset)
+        preset = get_preset(cfg.model.preset, cfg.model.seq_len)
     except UnknownPresetError as error:
         raise StudyError(str(error)) from None
     cfg.model.preset = preset.name
@@ -224,6 +224,8 @@ def _check_train(cfg: RunConfig) -> None:
             raise StudyError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(train, name)})")
     if train.grad_accum is not None and train.grad_accum < 1:
         raise StudyError(f"--grad-accum must be at least 1 (got {train.grad_accum})")
+    if cfg.model.seq_len is not None and cfg.model.seq_len < 1:
+        raise StudyError(f"--seq-len must be at least 1 token, or left out for the preset's (got {cfg.model.seq_len})")
     if cfg.storage.baseline_mib < 0:
         raise StudyError(f"--baseline-mib must be 0 (no storage baseline) or a size in MiB "
                          f"(got {cfg.storage.baseline_mib})")

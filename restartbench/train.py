@@ -97,10 +97,12 @@ class RankRun:
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
         from restartbench.engines import create_engine
 
-        with self.log.span("startup.engine", engine=self.cfg.engine.engine):  # imports, process groups, buffers
+        with self.log.span("startup.engine", engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
             from restartbench.storage import engine_for_target
 
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
+            if hasattr(self.ckpt_engine, "prepare"):
+                setup.update(self.ckpt_engine.prepare(self.engine))
         if hasattr(self.ckpt_engine, "on_copy_wait"):  # training waited for a save's copies after save() returned
             self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
                 "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)

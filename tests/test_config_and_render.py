@@ -57,6 +57,15 @@ def test_70b_tp8pp8_renders_for_64_gpus():
     assert subprocess.run(["bash", "-n"], input=rendered.launch_script, text=True).returncode == 0
 
 
+def test_seq_len_override_is_planned_and_estimated_with():
+    """The plan (plan.json) records the sequence length trained with, and memory is estimated for it."""
+    _, default = _plan("3B", "tp1pp1", "--device", "cuda")
+    _, short = _plan("3B", "tp1pp1", "--device", "cuda", "--seq-len", "1024")
+    assert (default.preset["seq_len"], short.preset["seq_len"]) == (4096, 1024)
+    activations = [float(p.memory_per_rank_estimate.split("activations ")[1].split(",")[0]) for p in (default, short)]
+    assert activations[1] < activations[0] / 3
+
+
 def test_dp_is_inferred_from_ranks_given():
     _, plan = _plan("tiny", "pp2", "--nproc-per-node", "4")
     assert plan.layout == {"tp": 1, "pp": 2, "dp": 2}
@@ -75,6 +84,7 @@ def test_paths_with_spaces_are_quoted(tmp_path):
     (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
     (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
     (["tiny", "tp2pp2", "--iters", "0"], "--iters must be at least 1"),
+    (["tiny", "tp2pp2", "--seq-len", "0"], "--seq-len must be at least 1 token"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(argv, message, tmp_path):
     cfg = config_from_args([*argv, "--logs", str(tmp_path)])

@@ -12,6 +12,10 @@ harness calls, on every rank:
 - ``load(ds_engine, load_dir, tag)``: restores model, optimizer and scheduler state;
 - ``written()``: the files this rank wrote for the last save, with sizes.
 
+An engine may also have ``prepare(ds_engine)``, called once per launch right after it is created (inside the
+``startup.engine`` span, a restart part): set-up that would otherwise land in the first save's stall, such as
+a pinned host buffer; it returns a dict of what it set up, recorded with that span.
+
 Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``none``). An engine
 whose ``save`` returns before its copies of the state are taken, and which therefore makes training
 wait later (at the optimizer step), has an ``on_copy_wait(tag, seconds)`` callback attribute: the

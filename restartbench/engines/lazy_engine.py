@@ -9,8 +9,9 @@ none of their code is used):
    (step counters, learning rate, scheduler state). It looks the **save plan** up by the
    tensors' names, dtypes and shapes: offsets in the host buffer and in the files are computed
    once and reused while they do not change.
-2. It starts the copies into one **host buffer allocated once** and reused by every later save
-   (pinned on CUDA, a plain preallocated buffer on CPU): on CUDA they are queued on a side stream
+2. It starts the copies into one **host buffer allocated once**, at engine set-up (``prepare``, with
+   the plan: out of any save's stall) and reused by every save (pinned on CUDA, a plain
+   preallocated buffer on CPU): on CUDA they are queued on a side stream
    after an event on the compute stream; on CPU a background thread copies. Module buffers
    (which a forward pass may change) are copied before ``save`` returns; everything else is
    only modified by the optimizer step, so ``save`` returns at once and the copies overlap the
@@ -391,6 +392,25 @@ def capture(ds_engine: Any, layout: RankLayout) -> Capture:
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 
 
+def state_to_come(optimizer: Any) -> list[tuple[TensorSpec, bool]]:
+    """The tensors a torch Adam/AdamW (the study's optimizer, inside DeepSpeed's ZeRO wrapper) creates at its
+    first step for parameters without state yet: two moments each (three with amsgrad), of the parameter's
+    shape and dtype, and a scalar step count. For sizing only: the names are placeholders. Other optimizers
+    give none, and a save that needs a larger buffer allocates it then."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+        return []
+    specs = []
+    for g, group in enumerate(inner.param_groups):
+        moments = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group.get("amsgrad") else ())
+        for i, param in enumerate(group["params"]):
+            if inner.state.get(param):
+                continue
+            specs += [tensor_spec(f"to-come/{g}/{i}/{moment}", param) for moment in moments]
+            specs.append(TensorSpec(f"to-come/{g}/{i}/step", "float32", (), "cpu"))
+    return [(spec, False) for spec in specs]
+
+
 def _optimizer_state(ds_engine: Any) -> dict[str, Any]:
     return ds_engine.optimizer.state_dict() if ds_engine.optimizer is not None else {}
 
@@ -408,8 +428,9 @@ class HostBuffer:
         self.allocations = 0
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        """At least ``nbytes``, uninitialised (its pages are touched by the copies, not here)."""
-        if self.tensor is None or self.tensor.numel() < nbytes or self.pinned != pinned:
+        """At least ``nbytes``, uninitialised (its pages are touched by the copies, not here); a pinned buffer
+        also serves a request for pageable memory."""
+        if self.tensor is None or self.tensor.numel() < nbytes or (pinned and not self.pinned):
             self.tensor = None  # free the old one first
             self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pinned)
             self.pinned = pinned
@@ -619,6 +640,19 @@ class LazyEngine:
         """Called (tag, seconds) from the training thread after each such wait: the harness's hook to record it."""
 
     # -- save ----------------------------------------------------------------------
+
+    def prepare(self, ds_engine: Any) -> dict[str, Any]:
+        """At engine set-up, out of the first save's stall: the host buffer (pinned when the state is on CUDA:
+        about 0.5 s per GiB) and the side stream. The buffer is sized for the state as the first save will find
+        it: the optimizer's moments do not exist before its first step (``state_to_come``)."""
+        state = capture(ds_engine, rank_layout(ds_engine))
+        cuda = any(t.is_cuda for t in state.tensors.values())
+        *others, (name, kind, specs) = state.groups  # the optimizer file's group comes last
+        sizing = make_plan([*others, (name, kind, specs + state_to_come(ds_engine.optimizer))])
+        self.buffer.get(sizing.buffer_bytes, pinned=cuda)
+        if cuda:
+            self._side_stream(state)
+        return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda}
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
         """Returns once the copies are queued (and module buffers copied): the stall."""
@@ -911,7 +945,8 @@ def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor
     """Read every file's tensors into their targets with parallel scatter reads (``os.preadv``), each of about
     ``chunk`` bytes: straight into CPU tensors; device tensors are read into a host staging buffer and copied to
     the device by the same reader thread right after its read, so copies overlap the other threads' reads.
-    The staging buffer is pageable: pinning it in a fresh process would cost more than the copies gain."""
+    The staging buffer is the engine's host buffer: pinned where ``prepare`` pinned it for the saves, else pageable
+    (pinning it only for one load would cost more than the copies gain)."""
     files, staged_bytes = [], 0
     for path, data_offset, header, targets in jobs:
         places = []
