@@ -3,8 +3,11 @@
 # wheels here first (scripts/device-wheels.sh), then one call per step, each within the tool's 10 minutes:
 #   run(command="bash bench/gpu-session.sh smoke", carry=[".whl"])     small tp1pp1 on cuda/NCCL, torch and lazy
 #   run(command="bash bench/gpu-session.sh tests", carry=[".whl"])     tests/test_gpu.py: every engine on CUDA
-#   run(command="bash bench/gpu-session.sh engines torch,lazy", carry=[".whl"])
-#                                   bench/engines.py on 3B tp1pp1 bf16 (fits 80 GB), the engines named (a few per call)
+#   run(command="bash bench/gpu-session.sh engines lazy", carry=[".whl"])
+#                                   bench/engines.py on 3B tp1pp1 bf16, the engines named: about 5 minutes each, so
+#                                   one or two per call. 3B fits 80 GB with activation checkpointing (69 GiB estimated,
+#                                   79 GiB without) and keeps one 47 GiB checkpoint (the disk is 64 GiB); PRESET=small
+#                                   to try the steps quickly first.
 # Logs and results land in $OUT (they come back); copy the results into bench/results/ with the date and machine.
 set -euo pipefail
 OUT="${OUT:-/tmp/gpu-session}"
@@ -29,9 +32,10 @@ case "${1:-smoke}" in
         python3 -m pytest -q -ra -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
         ;;
     engines)
-        python3 bench/engines.py --preset 3B --layout tp1pp1 --dtype bf16 --engines "${2:-torch,lazy}" \
-            --logs /tmp/gpu-bench --out "$OUT" --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | tr ' ' '-')" \
-            --timeout 540 2>&1 | tee "$OUT/engines.log"
+        python3 bench/engines.py --preset "${PRESET:-3B}" --layout tp1pp1 --dtype bf16 --engines "${2:-lazy}" \
+            --iters 2 --save-interval 2 --logs /tmp/gpu-bench --out "$OUT" \
+            --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | tr ' ' '-')" \
+            --timeout 540 -- --activation-checkpoint-interval 1 2>&1 | tee "$OUT/engines.log"
         ;;
     *)
         echo "usage: bench/gpu-session.sh smoke|tests|engines" >&2
