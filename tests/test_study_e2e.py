@@ -107,5 +107,5 @@ def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "failed" and "timed out after 4 s" in meta["error"]
     leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
-                 if p.pid not in before and "restartbench.train" in " ".join(p.info["cmdline"] or [])]
+                 if p.pid not in before and str(run_dir.resolve()) in " ".join(p.info["cmdline"] or [])]  # this run's ranks
     assert not leftovers, leftovers
