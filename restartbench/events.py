@@ -76,20 +76,23 @@ def by_message(pairs: Iterable[tuple[Any, str]]) -> dict[str, list[Any]]:
     return grouped
 
 
-def ranks_label(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-3', 'ranks 0-1, 4, 6-7': consecutive ranks as ranges."""
-    ordered = sorted(set(ranks))
-    runs: list[list[int]] = []
-    for rank in ordered:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
+def number_ranges(numbers: Iterable[int]) -> str:
+    """[5, 0, 1, 2] -> '0–2, 5': distinct numbers in order, consecutive ones as ranges."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
         else:
-            runs.append([rank])
-    spans = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-    return f"rank{'s' if len(ordered) > 1 else ''} {spans}"
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+
+
+def ranks_label(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0–3', 'ranks 0–1, 4, 6–7'."""
+    return f"rank{'s' if len(set(ranks)) > 1 else ''} {number_ranges(ranks)}"
 
 
 def rank_errors(outcomes: Iterable[dict[str, Any]]) -> list[str]:
-    """'ranks 0-3: RuntimeError: ...' for each distinct error of the ranks' outcomes ({'rank', 'error'})."""
+    """'ranks 0–3: RuntimeError: ...' for each distinct error of the ranks' outcomes ({'rank', 'error'})."""
     grouped = by_message((o["rank"], o["error"]) for o in outcomes if o["error"])
     return [f"{ranks_label(ranks)}: {message}" for message, ranks in grouped.items()]

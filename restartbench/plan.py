@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from restartbench.config import RunConfig, build_parser
+from restartbench.events import number_ranges
 from restartbench.layout import Layout, validate_layout
 from restartbench.presets import PRESETS, ModelPreset, get_preset
 
@@ -1172,18 +1173,7 @@ def _rank_groups(plan: CheckpointPlan) -> list[tuple[str, list[PlannedFile]]]:
     groups: dict[tuple, list[int]] = {}
     for rank in range(plan.world_size):
         groups.setdefault(tuple((f.kind, f.payload_bytes, f.bytes) for f in plan.rank_files(rank)), []).append(rank)
-    return [(_ranges(ranks), plan.rank_files(ranks[0])) for ranks in groups.values()]
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0–2, 5'."""
-    spans: list[list[int]] = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+    return [(number_ranges(ranks), plan.rank_files(ranks[0])) for ranks in groups.values()]
 
 
 def _runs(files: list[PlannedFile]) -> Iterator[tuple[str, str, int, str, int, int]]:

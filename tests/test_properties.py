@@ -97,7 +97,7 @@ def _expand(label):
     """The ranks a ranks_label names."""
     ranks = []
     for span in label.split(" ", 1)[1].split(", "):
-        first, _, last = span.partition("-")
+        first, _, last = span.partition("–")
         ranks.extend(range(int(first), int(last or first) + 1))
     return ranks
 
@@ -112,4 +112,4 @@ def test_ranks_label_names_exactly_the_ranks(ranks):
 def test_rank_errors_one_line_per_distinct_message():
     outcomes = [{"rank": r, "error": "RuntimeError: boom"} for r in range(4)]
     outcomes += [{"rank": 4, "error": None}, {"rank": 5, "error": "OSError: disk"}, {"rank": 7, "error": "RuntimeError: boom"}]
-    assert rank_errors(outcomes) == ["ranks 0-3, 7: RuntimeError: boom", "rank 5: OSError: disk"]
+    assert rank_errors(outcomes) == ["ranks 0–3, 7: RuntimeError: boom", "rank 5: OSError: disk"]
