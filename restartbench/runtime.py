@@ -46,12 +46,13 @@ def arch_list_deepspeed_can_parse(value: str) -> str:
 def make_cuda_arch_list_parsable() -> str | None:
     """Rewrite this process's ``TORCH_CUDA_ARCH_LIST`` so that DeepSpeed can JIT-build its ops (FastPersist's
     async_io, ...); the note to record, or None when nothing was changed."""
-    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if not value or arch_list_deepspeed_can_parse(value) == value:
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    parsable = arch_list_deepspeed_can_parse(value)
+    if parsable == value:
         return None
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list_deepspeed_can_parse(value)
-    return (f"TORCH_CUDA_ARCH_LIST {value!r} -> {os.environ['TORCH_CUDA_ARCH_LIST']!r}: DeepSpeed's JIT op "
-            "builder cannot parse architecture-specific suffixes")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = parsable
+    return (f"TORCH_CUDA_ARCH_LIST {value!r} -> {parsable!r}: DeepSpeed's JIT op builder cannot parse "
+            "architecture-specific suffixes")
 
 
 def init_distributed(backend: str, timeout_s: int) -> None:

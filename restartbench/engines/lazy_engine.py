@@ -9,8 +9,8 @@ none of their code is used):
    (step counters, learning rate, scheduler state). It looks the **save plan** up by the
    tensors' names, dtypes and shapes: offsets in the host buffer and in the files are computed
    once and reused while they do not change.
-2. It starts the copies into one **host buffer allocated once**, at engine set-up (``prepare``, with
-   the plan: out of any save's stall) and reused by every save (pinned on CUDA, a plain
+2. It starts the copies into one **host buffer allocated once**, at engine set-up (``prepare``: out
+   of any save's stall) and reused by every save (pinned on CUDA, a plain
    preallocated buffer on CPU): on CUDA they are queued on a side stream
    after an event on the compute stream; on CPU a background thread copies. Module buffers
    (which a forward pass may change) are copied before ``save`` returns; everything else is
