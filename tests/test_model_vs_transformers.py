@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+import transformers
 
 from restartbench.model import DecoderLayerPipe, EmbeddingPipe, FinalNormPipe, LMHeadPipe, TensorParallel, cross_entropy
 from restartbench.presets import PRESETS
-
-transformers = pytest.importorskip("transformers")
 
 
 def our_stack(preset, seed):

@@ -1,14 +1,14 @@
 """Preset arithmetic, checked against transformers' LlamaForCausalLM built on the meta device."""
 
 import pytest
+import torch
+import transformers
 
 from restartbench.presets import PRESETS, UnknownPresetError, get_preset
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_param_count_matches_transformers_llama(name):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     p = PRESETS[name]
     config = transformers.LlamaConfig(
         vocab_size=p.vocab_size, hidden_size=p.hidden, intermediate_size=p.ffn_hidden,

@@ -9,14 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import gcsfs  # noqa: F401  (the test extra; a missing one is an error, not a skip)
 import pytest
 from conftest import run_study
 from s3server import free_ports
 
 from restartbench import storage
 from restartbench.events import read_events
-
-pytest.importorskip("gcsfs", reason="pip install -c constraints.txt -e '.[gcs]'")
 
 TINY = ("tiny", "tp1pp1dp2", "--dtype", "fp32")
 

@@ -10,14 +10,13 @@ import os
 import time
 
 import pytest
+import s3torchconnector  # noqa: F401  (the test extra; a missing one is an error, not a skip)
 from conftest import run_study
 from s3server import SeaweedS3, SeaweedUnavailable, free_ports
 
 from restartbench import storage, study
 from restartbench.config import config_from_args
 from restartbench.events import read_events
-
-pytest.importorskip("s3torchconnector", reason="pip install -c constraints.txt -e '.[s3]'")
 
 TINY = ("tiny", "tp1pp1dp2", "--dtype", "fp32")
 CLIENTS = storage.S3_CLIENTS
