@@ -1,0 +1,78 @@
+"""The manifest check a restore relies on, on real files: every damaged file is named with what is wrong."""
+
+import hashlib
+
+import pytest
+
+from restartbench.integrity import check_share, committed_tags, read_manifest, write_manifest
+
+
+def _commit(root, tag, contents):
+    """Write ``contents`` ({file name: bytes}) under ``root/tag`` and its manifest, hashed here independently.
+    The entries are handed over in reverse order: the manifest sorts them, so every rank splits the same list."""
+    (root / tag).mkdir(parents=True)
+    entries = []
+    for rank, (name, data) in enumerate(contents.items()):
+        (root / tag / name).write_bytes(data)
+        entries.append({"path": f"{tag}/{name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                        "rank": rank})
+    write_manifest(root, tag, entries[::-1])
+    return [root / tag / name for name in contents]
+
+
+def _shards(count=3, size=4096):
+    return {f"zero_pp_rank_{i}_mp_rank_00_optim_states.pt": bytes([i + 1]) * size for i in range(count)}
+
+
+def test_an_intact_checkpoint_has_no_problems(tmp_path):
+    _commit(tmp_path, "step4", _shards())
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == []
+
+
+def test_a_flipped_byte_of_the_same_size_is_named_as_corrupt(tmp_path):
+    victim = _commit(tmp_path, "step4", _shards())[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == [
+        f"{victim}: SHA-256 differs from the manifest (corrupt)"]
+
+
+def test_a_truncated_file_reports_both_byte_counts(tmp_path):
+    victim = _commit(tmp_path, "step4", _shards(size=4096))[2]
+    victim.write_bytes(victim.read_bytes()[:1000])
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == [
+        f"{victim}: 1000 bytes, manifest says 4096 (truncated or overwritten)"]
+
+
+def test_a_missing_file_is_named(tmp_path):
+    victim = _commit(tmp_path, "step4", _shards())[0]
+    victim.unlink()
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == [f"{victim}: missing"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7, 9])
+def test_the_ranks_shares_cover_every_file_exactly_once(tmp_path, world_size):
+    """With every file gone, each rank's problems name exactly the files it checked: every world_size-th."""
+    paths = sorted(str(p) for p in _commit(tmp_path, "step4", _shards(count=7)))
+    for path in paths:
+        (tmp_path / path).unlink()
+    checked = [[line.removesuffix(": missing") for line in check_share(tmp_path, "step4", rank, world_size)]
+               for rank in range(world_size)]
+    assert checked == [paths[rank::world_size] for rank in range(world_size)]
+    assert sorted(path for share in checked for path in share) == paths
+
+
+def test_committed_tags_are_newest_step_first_and_skip_tags_without_a_manifest(tmp_path):
+    for tag in ("step2", "step10", "step4"):
+        _commit(tmp_path, tag, _shards(count=1))
+    (tmp_path / "step12").mkdir()  # begun, never committed
+    (tmp_path / "step12" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"partial")
+    (tmp_path / "latest").write_text("step10")
+    assert committed_tags(tmp_path) == ["step10", "step4", "step2"]
+
+
+def test_reading_the_manifest_of_an_uncommitted_tag_says_never_committed(tmp_path):
+    (tmp_path / "step6").mkdir()
+    with pytest.raises(FileNotFoundError, match="step6 .* has no manifest.json: it was never committed"):
+        read_manifest(tmp_path, "step6")
