@@ -1,0 +1,94 @@
+"""What every benchmark under bench/ writes: the raw results as JSON and the Markdown made from that JSON.
+
+    bench/results/YYYY-MM-DD-<machine>-<benchmark>.json   the command, machine, versions, date and every measurement
+    bench/results/YYYY-MM-DD-<machine>-<benchmark>.md     ``markdown(json)`` of the benchmark's script, nothing added
+
+The Markdown is rendered from the JSON as written (read back), so it holds nothing the JSON does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+GiB = 2**30
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the result files (default: %(default)s)")
+    parser.add_argument("--machine", default=None, help="name in the result file (default: GPU model or cpuN)")
+
+
+def runtime_versions() -> dict:
+    """``restartbench.runtime.runtime_info()`` (Python, torch, DeepSpeed, host, CPU, device, GPU), taken in a child
+    process so that the benchmark's own process does not load torch and DeepSpeed (the soak measures its RSS)."""
+    code = "import json; from restartbench.runtime import runtime_info; print(json.dumps(runtime_info()))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine_name(runtime: dict) -> str:
+    """The GPU model (``h100``) where there is one, else ``cpu<cores>``."""
+    if runtime.get("gpu"):
+        return runtime["gpu"].lower().replace("nvidia", "").strip().split()[0]
+    return f"cpu{os.cpu_count()}"
+
+
+def git_commit() -> dict:
+    """The repository's commit and whether the work tree differs from it (None where git cannot say)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("diff", "--quiet", "HEAD")
+    except OSError:
+        return {"commit": None, "uncommitted_changes": None}
+    return {"commit": head.stdout.strip() or None,
+            "uncommitted_changes": None if head.returncode else dirty.returncode != 0}
+
+
+def run_meta(benchmark: str, argv: list[str], machine: str | None = None) -> dict:
+    """Date, command, machine, versions and load of this run of ``bench/<script>``, taken at its start."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    runtime = runtime_versions()
+    return {"benchmark": benchmark, "date": datetime.date.today().isoformat(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": argv, "command": shlex.join(["python", str(shown), *argv]),
+            "machine": machine or machine_name(runtime), "cpus": os.cpu_count(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "load_average_at_start": os.getloadavg()[0], **runtime, **git_commit()}
+
+
+def machine_line(meta: dict) -> str:
+    """One sentence on where and with what a result was measured."""
+    commit = meta.get("commit")
+    code = (f"commit {commit[:10]}" + (" with uncommitted changes" if meta.get("uncommitted_changes") else "")
+            if commit else "commit unknown")
+    return (f"{meta['machine']}: host {meta['host']}, {meta['cpus']} CPUs ({meta['cpu']}), "
+            f"{meta['memory_bytes'] / GiB:.1f} GiB, device {meta['device']}; Python {meta['python']}, "
+            f"torch {meta['torch']}, DeepSpeed {meta['deepspeed']}; {code}; "
+            f"load average {meta['load_average_at_start']:.2f} at the start.")
+
+
+def write_results(out: Path, result: dict, markdown: Callable[[dict], str]) -> Path:
+    """Write ``result`` (with its ``meta``) as JSON and ``markdown`` of it as read back; the Markdown's path."""
+    meta = result["meta"]
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{meta['date']}-{meta['machine']}-{meta['benchmark']}"
+    raw = json.dumps(result, indent=1, default=str) + "\n"
+    Path(f"{stem}.json").write_text(raw)
+    text = markdown(json.loads(raw))
+    Path(f"{stem}.md").write_text(text)
+    print(text)
+    print(f"written: {stem}.md, {stem}.json")
+    return Path(f"{stem}.md")
