@@ -1,5 +1,7 @@
 """Layout grammar and validation: pure functions, so tested exhaustively (and with hypothesis)."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -69,3 +71,25 @@ def test_parse_never_crashes_with_anything_but_layout_error(text):
     except LayoutError:
         return
     assert min(spec.tp, spec.pp, spec.dp or 1) >= 1
+
+
+def test_dp_inferred_is_an_integer_degree():
+    assert parse_layout("tp2pp4").resolve(16).name == "tp2pp4dp2"
+    assert validate_layout("tp2pp2", PRESETS["tiny"], 8) == Layout(2, 2, 2)
+
+
+@pytest.mark.parametrize("layers, choices", [(128, "1, 2, 4, 8, 16, 32, 64"), (130, "1, 2, 5, 10, 13, 26")])
+def test_suggested_degrees_are_the_divisors_up_to_64(layers, choices):
+    preset = dataclasses.replace(PRESETS["70B"], layers=layers)
+    assert f"choose pp among {choices}\n" in "\n".join(layout_problems(Layout(1, 3, 1), preset)) + "\n"
+
+
+def test_every_problem_is_listed_one_per_line():
+    preset = dataclasses.replace(PRESETS["tiny"], hidden=65)
+    with pytest.raises(LayoutError) as refused:
+        validate_layout("tp3pp3", preset, 9)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "layout tp3pp3dp1 does not fit tiny:"
+    assert lines[1:] == ["  - " + problem for problem in layout_problems(Layout(3, 3, 1), preset)]
+    assert any(line == "  - tiny: hidden 65 is not divisible by its 4 heads" for line in lines)
+    assert len(lines) == 1 + 6  # layers, heads, kv-heads, hidden, vocabulary, ffn

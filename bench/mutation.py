@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Mutation score of the modules that carry the study's guarantees, with the fast tests that guard them.
+
+    python bench/mutation.py [--targets verify,integrity,...]
+
+Each target is one module (optionally only some of its functions: the predictors' size arithmetic) and the
+fast tests that guard it. For each, mutmut (pinned in the ``bench`` extra) mutates a scratch copy of the
+working tree, runs the guarding tests against every mutant, and reports killed, survived, timed-out and
+untested mutants. A survivor is a change to the code that no test notices: either a missing test, or an
+equivalent mutant (the program's behaviour does not change), which ``ACCEPTED`` lists with the reason, keyed
+by the mutated line so that a changed line must be looked at again.
+
+Target: no surviving mutant in verify.py and integrity.py; at least 90 % killed elsewhere; every survivor
+listed. Writes ``bench/results/YYYY-MM-DD-<machine>-mutation.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from results_io import add_output_arguments, machine_line, run_meta, write_results  # noqa: E402
+
+MUTMUT = Path(sys.executable).parent / "mutmut"
+# The predictors' size arithmetic: every function of plan.py that computes a file's bytes or sums them.
+PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*", "*saved_size*",
+                       "*_tensor_saved_size*", "*_deepspeed_files*", "*_fastpersist_files*", "*_fastpersist_writers*",
+                       "*_lazy_files*", "*_dcp_files*", "*_dcp_rank_file*", "*_torchsnapshot_files*",
+                       "*_snapshot_request_bytes*", "*ZeroOptimizer*", "*_adamw*", "*scaled_preset*")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    module: str  # path of the mutated module, relative to the repository root
+    tests: tuple[str, ...]  # the fast tests that guard it
+    required_score: float  # killed / (killed + survived + timeout + untested), after accepted survivors
+    functions: tuple[str, ...] = ()  # mutmut name globs to restrict the mutants to; empty: the whole module
+
+
+TARGETS = (
+    Target("verify", "restartbench/verify.py", ("tests/test_verify.py",), 1.0),
+    Target("integrity", "restartbench/integrity.py", ("tests/test_integrity.py",), 1.0),
+    Target("pagecache", "restartbench/pagecache.py", ("tests/test_pagecache.py",), 0.9),
+    Target("layout", "restartbench/layout.py", ("tests/test_layout.py", "tests/test_properties.py"), 0.9),
+    Target("results", "restartbench/results.py", ("tests/test_results.py",), 0.9),
+    Target("predictor sizes", "restartbench/plan.py", ("tests/test_predict.py",), 0.9, PLAN_SIZE_FUNCTIONS),
+)
+
+# Survivors judged equivalent or accepted, keyed by (module, the mutated line as mutmut shows it, stripped).
+ACCEPTED: dict[tuple[str, str], str] = {
+    ("restartbench/layout.py",
+     'return ", ".join(str(d) for d in range(1, n + 2) if n % d == 0 and d <= 64)'):
+        "equivalent: n + 1 never divides n (n ≥ 1), so the extra candidate is never listed",
+}
+
+STATUS_LINE = re.compile(r"^\s*(\S+): (.+)$")
+
+
+def scratch_copy(target: Target, into: Path) -> None:
+    """The working tree's tracked files, plus a [tool.mutmut] section naming the module and its tests."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    tests = ", ".join(f'"{t}"' for t in target.tests)
+    with open(into / "pyproject.toml", "a") as handle:
+        handle.write(f'\n[tool.mutmut]\nsource_paths = ["restartbench"]\nonly_mutate = ["{target.module}"]\n'
+                     f'pytest_add_cli_args_test_selection = [{tests}]\n'
+                     'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not multirank"]\n')
+
+
+def mutmut(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "RESTARTBENCH_PLAN_CACHE": "off", "RESTARTBENCH_ALLOW_SKIPS": "1"}
+    proc = subprocess.run([str(MUTMUT), *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mutmut {' '.join(args)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def mutated_line(name: str, cwd: Path) -> str:
+    """The line the mutant changes, as '+' lines of mutmut's diff (the first one)."""
+    diff = mutmut(["show", name], cwd)
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return added[0] if added else diff.strip().splitlines()[-1]
+
+
+def run_target(target: Target, workdir: Path) -> dict:
+    scratch_copy(target, workdir)
+    mutmut(["run", *target.functions], workdir)
+    statuses = dict(m.groups() for m in map(STATUS_LINE.match, mutmut(["results", "--all", "true"], workdir)
+                                            .splitlines()) if m)
+    if target.functions:
+        statuses = {k: v for k, v in statuses.items() if any(fnmatch.fnmatch(k, g) for g in target.functions)}
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    survivors = []
+    for name, status in sorted(statuses.items()):
+        if status == "killed":
+            continue
+        line = mutated_line(name, workdir)
+        survivors.append({"mutant": name, "status": status, "line": line,
+                          "accepted": ACCEPTED.get((target.module, line))})
+    counted = len(statuses) - sum(1 for s in survivors if s["accepted"])
+    killed = counts.get("killed", 0)
+    score = killed / counted if counted else 1.0
+    return {"target": target.name, "module": target.module, "tests": list(target.tests),
+            "functions": list(target.functions), "mutants": len(statuses), "counts": counts, "score": score,
+            "required_score": target.required_score, "meets_target": score >= target.required_score,
+            "survivors": survivors}
+
+
+def markdown(result: dict) -> str:
+    meta, rows = result["meta"], result["targets"]
+    lines = [f"# Mutation score of the guarantees' modules: {meta['date']}", "",
+             f"Command: `{meta['command']}`; {result['mutmut']}.", "", machine_line(meta), "",
+             "Each module is mutated by mutmut and its guarding fast tests (`-m 'not multirank'`) run against every "
+             "mutant. Score = killed ÷ (mutants − accepted equivalent survivors).", "",
+             "| module | functions | guarding tests | mutants | killed | survived | other | score | target | met |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        other = sum(v for k, v in r["counts"].items() if k not in ("killed", "survived"))
+        lines.append(f"| `{r['module']}` | {'size arithmetic' if r['functions'] else 'all'} | "
+                     f"{', '.join(r['tests'])} | {r['mutants']} | {r['counts'].get('killed', 0)} | "
+                     f"{r['counts'].get('survived', 0)} | {other} | {r['score']:.1%} | "
+                     f"{r['required_score']:.0%} | {'yes' if r['meets_target'] else '**no**'} |")
+    lines += ["", "## Every survivor", ""]
+    for r in rows:
+        for s in r["survivors"]:
+            why = f"accepted: {s['accepted']}" if s["accepted"] else "**not accepted: a test is missing**"
+            lines.append(f"- `{s['mutant']}` ({s['status']}): `{s['line']}` — {why}")
+    if not any(r["survivors"] for r in rows):
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default=",".join(t.name for t in TARGETS),
+                        help="comma-separated target names (default: all)")
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    meta = run_meta("mutation", sys.argv[1:] if argv is None else argv, args.machine)
+    wanted = args.targets.split(",")
+    rows = []
+    for target in (t for t in TARGETS if t.name in wanted):
+        print(f"[mutation] {target.name}: mutating {target.module} against {', '.join(target.tests)}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="restartbench-mutation-") as workdir:
+            row = run_target(target, Path(workdir))
+        print(f"[mutation] {target.name}: {row['counts']} score {row['score']:.1%}", flush=True)
+        rows.append(row)
+    version = f"mutmut {importlib.metadata.version('mutmut')}"
+    write_results(args.out, {"meta": meta, "mutmut": version, "targets": rows}, markdown)
+    return 0 if all(r["meets_target"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
