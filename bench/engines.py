@@ -17,7 +17,7 @@
    - cold restore throughput (bytes read ÷ checkpoint load time) ÷ read bandwidth.
    For ``lazy`` the wait at the optimizer step for copies still in flight is shown too, from
    ``checkpoint.copy_wait`` events once the harness records them.
-4. Writes ``bench/results/YYYY-MM-DD-<machine>-engines.json`` and ``.md``.
+4. Writes ``bench/results/YYYY-MM-DD-<machine>-engines.json`` and ``.md`` (made from it; bench/results_io.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import datetime
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from results_io import ROOT, add_output_arguments, run_meta, write_results
+
 sys.path.insert(0, str(ROOT))
 
 from restartbench import engines as registry  # noqa: E402
@@ -194,7 +194,8 @@ def _fmt(value, spec: str) -> str:
     return "—" if value is None or value != value else format(value, spec)
 
 
-def markdown(meta: dict, limits: dict, rows: list[dict], runs: list[dict], skipped: dict[str, str]) -> str:
+def markdown(result: dict) -> str:
+    meta, limits, rows, runs, skipped = (result[key] for key in ("meta", "limits", "engines", "runs", "skipped"))
     lines = [f"# Checkpoint engines vs. physical limits — {meta['machine']}, {meta['date']}", "",
              f"`python bench/engines.py {' '.join(meta['argv'])}` — {meta['preset']} {meta['layout']} "
              f"{meta['dtype']}, {meta['iters']} iterations, a checkpoint every {meta['save_interval']}; "
@@ -234,12 +235,6 @@ def markdown(meta: dict, limits: dict, rows: list[dict], runs: list[dict], skipp
     return "\n".join(lines) + "\n"
 
 
-def machine_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name().lower().replace("nvidia", "").strip().split()[0]
-    return f"cpu{os.cpu_count()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
@@ -252,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", help="checkpoint target (default: each run folder)")
     parser.add_argument("--probe-mb", type=int, default=512, help="size of the storage probe, MB")
     parser.add_argument("--timeout", type=int, default=1800, help="per run, seconds")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--machine", default=None, help="name in the result file (default: GPU model or cpuN)")
+    add_output_arguments(parser)
     parser.add_argument("--no-run", action="store_true",
                         help="run nothing: analyse the run folders already under --logs (copy bandwidth re-measured, "
                              "storage from its baseline.json)")
     parser.add_argument("extra", nargs="*", help="more config-n-run.py options, after --")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.no_run and not (args.logs and args.logs.is_dir()):
         raise SystemExit("--no-run analyses an existing logs root: give it with --logs")
@@ -265,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     target = Path(args.checkpoint_dir) if args.checkpoint_dir else logs
     target.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = {**run_meta("engines", argv, args.machine), "preset": args.preset, "layout": args.layout,
+            "dtype": args.dtype, "iters": args.iters, "save_interval": args.save_interval, "logs": str(logs),
+            "analysed_only": args.no_run}
 
     if shutil.disk_usage(target).free < 3 * args.probe_mb * 10**6:
         raise SystemExit(f"{target}: less than {3 * args.probe_mb} MB free for the storage probe (--probe-mb)")
@@ -275,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     skipped, runs = {}, []
     for name in [n.strip() for n in args.engines.split(",") if n.strip()]:
-        reason = runnable(name, device)
+        reason = runnable(name, meta["device"])
         if reason:
             skipped[name] = reason
             print(f"{name}: not run ({reason})", flush=True)
@@ -289,19 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     collected = collect(logs)
     order = [n.strip() for n in args.engines.split(",")]
     rows = engine_figures(collected.table(), limits, order)
-    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or machine_name(),
-            "host": platform.node(), "cpus": os.cpu_count(), "device": device, "torch": torch.__version__,
-            "preset": args.preset, "layout": args.layout, "dtype": args.dtype, "iters": args.iters,
-            "save_interval": args.save_interval, "logs": str(logs), "argv": sys.argv[1:] if argv is None else argv,
-            "analysed_only": args.no_run}
-    text = markdown(meta, limits, rows, runs, skipped)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{meta['date']}-{meta['machine']}-engines"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "limits": limits, "engines": rows, "runs": runs,
-                                                     "skipped": skipped}, indent=1, default=str) + "\n")
-    stem.with_suffix(".md").write_text(text)
-    print(f"written: {stem}.md, {stem}.json")
+    write_results(args.out, {"meta": meta, "limits": limits, "engines": rows, "runs": runs, "skipped": skipped},
+                  markdown)
     return 0 if all(r["exit"] == 0 for r in runs) else 1
 
 
