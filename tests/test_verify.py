@@ -1,0 +1,154 @@
+"""The exact-restore proof on a real DeepSpeed training state: any one changed value is named, nothing else.
+
+The state is a real single-rank DeepSpeed engine in this process (ZeRO-1, torch AdamW and WarmupLR as the
+study configures them), stepped once, so the digest sees what ``training_state_digest`` sees in a run: the
+module, DeepSpeed's optimizer state_dict with the wrapped AdamW's moments and ZeRO's fp32 partition, the
+scheduler and the step counter. Each test changes one value in place, takes the digest, and undoes it.
+"""
+
+from contextlib import contextmanager
+
+import deepspeed
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from restartbench import runtime
+from restartbench.verify import compare, digest, tensor_hash, training_state_digest
+
+DS_CONFIG = {
+    "train_batch_size": 2,
+    "zero_optimization": {"stage": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1, "torch_adam": True}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 2}},
+}
+FIRST_LAYER = "module.0.weight"
+OPTIMIZER = "optimizer.base_optimizer_state.state.0:int"
+FP32_PARTITION = "optimizer.single_partition_of_fp32_groups[0]"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("RANK", "LOCAL_RANK"):
+            env.setenv(name, "0")
+        env.setenv("WORLD_SIZE", "1")
+        runtime.skip_shm_comm_build()
+        dist.init_process_group("gloo", world_size=1, rank=0, store=dist.HashStore())
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+            ds_engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=DS_CONFIG)
+            ds_engine.backward(ds_engine(torch.randn(2, 8)).square().mean())
+            ds_engine.step()
+            yield ds_engine
+        finally:
+            dist.destroy_process_group()
+
+
+def _optimizer_state(ds_engine):
+    return next(iter(ds_engine.optimizer.optimizer.state.values()))
+
+
+@contextmanager
+def _bit_flipped(tensor, index=0, bit=0):
+    """One bit of one element flipped in place (the smallest change a value can have), then flipped back."""
+    raw = tensor.data.view(-1).view(torch.int32 if tensor.element_size() == 4 else torch.int64)
+    raw[index] ^= 1 << bit
+    try:
+        yield
+    finally:
+        raw[index] ^= 1 << bit
+
+
+@contextmanager
+def _attribute_changed(owner, name, change):
+    original = getattr(owner, name)
+    setattr(owner, name, change(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def test_the_state_holds_every_part_the_proof_must_cover(engine):
+    keys = training_state_digest(engine).keys()
+    for key in (FIRST_LAYER, f"{OPTIMIZER}.exp_avg", f"{OPTIMIZER}.exp_avg_sq", f"{OPTIMIZER}.step", FP32_PARTITION,
+                "lr_scheduler.last_batch_iteration", "global_steps"):
+        assert key in keys
+
+
+def test_an_unchanged_state_has_no_problems(engine):
+    assert compare(training_state_digest(engine), training_state_digest(engine)) == []
+
+
+@pytest.mark.parametrize("key, tensor_of", [
+    (FIRST_LAYER, lambda e: e.module[0].weight),
+    ("module.2.bias", lambda e: e.module[2].bias),
+    (f"{OPTIMIZER}.exp_avg", lambda e: _optimizer_state(e)["exp_avg"]),
+    (f"{OPTIMIZER}.exp_avg_sq", lambda e: _optimizer_state(e)["exp_avg_sq"]),
+    (FP32_PARTITION, lambda e: e.optimizer.single_partition_of_fp32_groups[0]),
+])
+def test_one_flipped_bit_of_one_tensor_is_named_alone(engine, key, tensor_of):
+    saved = training_state_digest(engine)
+    with _bit_flipped(tensor_of(engine)):
+        restored = training_state_digest(engine)
+    assert compare(saved, restored) == [f"{key}: differs"]
+
+
+@given(element=st.integers(0, 47), bit=st.integers(0, 31))
+def test_any_bit_of_any_element_of_a_weight_is_seen(engine, element, bit):
+    saved = training_state_digest(engine)
+    with _bit_flipped(engine.module[0].weight, element, bit):
+        restored = training_state_digest(engine)
+    assert compare(saved, restored) == [f"{FIRST_LAYER}: differs"]
+
+
+@pytest.mark.parametrize("key, owner_of, name", [
+    ("lr_scheduler.last_batch_iteration", lambda e: e.lr_scheduler, "last_batch_iteration"),
+    ("global_steps", lambda e: e, "global_steps"),
+])
+def test_a_changed_counter_is_named_alone(engine, key, owner_of, name):
+    saved = training_state_digest(engine)
+    with _attribute_changed(owner_of(engine), name, lambda value: value + 1):
+        restored = training_state_digest(engine)
+    assert compare(saved, restored) == [f"{key}: differs"]
+
+
+def test_the_optimizer_step_count_is_named_alone(engine):
+    saved = training_state_digest(engine)
+    step = _optimizer_state(engine)["step"]
+    step += 1
+    try:
+        restored = training_state_digest(engine)
+    finally:
+        step -= 1
+    assert compare(saved, restored) == [f"{OPTIMIZER}.step: differs"]
+
+
+def test_same_bytes_under_another_dtype_or_shape_differ():
+    zeros = torch.zeros(6, dtype=torch.float32)
+    hashes = {tensor_hash(t) for t in (zeros, zeros.view(torch.int32), zeros.view(2, 3), zeros.view(3, 2))}
+    assert len(hashes) == 4
+    assert compare(digest({"w": zeros}), digest({"w": zeros.view(2, 3)})) == ["w: differs"]
+
+
+def test_integer_optimizer_ids_turned_into_strings_are_caught(engine):
+    saved = engine.optimizer.state_dict()
+    restored = engine.optimizer.state_dict()
+    base = restored["base_optimizer_state"]
+    base["state"] = {str(key): value for key, value in base["state"].items()}
+    problems = compare(digest(saved), digest(restored))
+    assert "base_optimizer_state.state.0:int.exp_avg: saved but absent after restore" in problems
+    assert "base_optimizer_state.state.0.exp_avg: absent at save, present after restore" in problems
+
+
+@given(differing=st.integers(0, 30), limit=st.integers(1, 12))
+def test_a_long_list_of_problems_is_cut_at_the_limit_and_counts_the_rest(differing, limit):
+    saved = {f"k{i:02d}": "a" for i in range(40)}
+    restored = {**saved, **{f"k{i:02d}": "b" for i in range(differing)}}
+    problems = compare(saved, restored, limit=limit)
+    shown = [f"k{i:02d}: differs" for i in range(min(differing, limit))]
+    assert problems == (shown + [f"... and {differing - limit} more"] if differing > limit else shown)
