@@ -1,13 +1,25 @@
-"""Page-cache eviction and measurement on real files (no mocks: mincore reports what the kernel holds)."""
+"""Page-cache eviction and measurement on real files (no mocks: mincore reports what the kernel holds).
 
+A restore is labelled cold only when mincore shows no page of the checkpoint resident. The tests that
+evict first check, with ``posix_fadvise`` called here directly, that the test folder's file system drops
+pages at all; where it does not (tmpfs, some overlays), they are skipped naming the file system.
+"""
+
+import hashlib
 import os
+import shutil
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from restartbench import pagecache
+from restartbench.integrity import write_manifest
+
+SIZE = 4 * 2**20
 
 
-def _written(path, size=4 * 2**20):
+def _written(path, size=SIZE):
     with open(path, "wb") as handle:
         handle.write(os.urandom(size))
         handle.flush()
@@ -15,19 +27,78 @@ def _written(path, size=4 * 2**20):
     return path
 
 
-def test_a_just_written_file_is_resident_and_eviction_makes_it_cold(tmp_path):
-    path = _written(tmp_path / "shard.pt")
-    assert pagecache.measure([path]).resident_fraction > 0.5  # just written: in the page cache
+def _file_system_of(path):
+    """'<type> at <mount point>' of the mount holding ``path``, from /proc/mounts (the longest matching mount)."""
+    fs_type, mount_point = "unknown", "/"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, point, kind, *_ = line.split()
+        point = point.replace("\\040", " ")
+        if Path(path).resolve().is_relative_to(point) and len(point) >= len(mount_point):
+            fs_type, mount_point = kind, point
+    return f"{fs_type} at {mount_point}"
+
+
+@pytest.fixture
+def evictable(tmp_path):
+    """``tmp_path``, once a fsync'd file there is seen to leave the page cache on POSIX_FADV_DONTNEED."""
+    probe = _written(tmp_path / "probe")
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    resident, total = pagecache.resident_pages(probe)
+    probe.unlink()
+    if resident:
+        pytest.skip(f"{_file_system_of(tmp_path)} keeps {resident} of {total} pages of a fsync'd file after "
+                    "POSIX_FADV_DONTNEED: eviction cannot be tested on it")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def single_rank_group():
+    """A one-process gloo group: ``before_restore`` is a collective."""
+    dist.init_process_group("gloo", world_size=1, rank=0, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def _checkpoint(root, tag="step4", n_files=3):
+    """Files under ``root/tag`` with their manifest, as a commit leaves them."""
+    (root / tag).mkdir()
+    entries = []
+    for index in range(n_files):
+        path = _written(root / tag / f"zero_pp_rank_{index}_mp_rank_00_optim_states.pt")
+        data = path.read_bytes()
+        entries.append({"path": f"{tag}/{path.name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                        "rank": index})
+    write_manifest(root, tag, entries)
+    return [root / entry["path"] for entry in entries]
+
+
+def test_a_just_written_file_is_resident_and_labelled_warm(tmp_path):
+    state = pagecache.measure([_written(tmp_path / "shard.pt")])
+    assert state.resident_fraction > 0.5 and state.label == "warm"
+
+
+def test_eviction_leaves_no_page_resident_and_the_label_cold(evictable):
+    paths = [_written(evictable / f"shard{i}.pt") for i in range(3)]
+    pagecache.evict(paths)
+    state = pagecache.measure(paths)
+    assert state.resident_fraction == 0 and state.label == "cold"
+
+
+def test_one_resident_page_makes_the_restore_warm(evictable):
+    path = _written(evictable / "shard.pt")
     pagecache.evict([path])
+    with open(path, "rb") as handle:
+        handle.read(pagecache.PAGE)
     state = pagecache.measure([path])
-    if state.resident_fraction:  # some file systems (overlay on tmpfs) keep pages: then the label must say warm
-        assert state.label == "warm"
-    else:
-        assert state.label == "cold"
+    assert 0 < state.resident_fraction < 1 and state.label == "warm"
 
 
-def test_reading_a_file_makes_it_warm_again(tmp_path):
-    path = _written(tmp_path / "shard.pt")
+def test_reading_a_file_makes_it_warm_again(evictable):
+    path = _written(evictable / "shard.pt")
     pagecache.evict([path])
     path.read_bytes()
     state = pagecache.measure([path])
@@ -39,3 +110,36 @@ def test_empty_files_and_no_files_count_as_nothing_resident(tmp_path):
     empty.touch()
     assert pagecache.resident_pages(empty) == (0, 0)
     assert pagecache.measure([]).label == "cold"
+
+
+def test_a_cold_restore_evicts_the_checkpoint_and_says_cold(evictable, single_rank_group):
+    paths = _checkpoint(evictable)
+    assert pagecache.before_restore(evictable, "step4", "cold") == {
+        "cache": "cold", "resident_fraction": 0.0, "cache_requested": "cold"}
+    assert pagecache.measure(paths).resident_fraction == 0
+
+
+def test_a_warm_restore_leaves_the_checkpoint_resident_and_says_warm(evictable, single_rank_group):
+    paths = _checkpoint(evictable)
+    pagecache.evict(paths[:1])  # one file read back, two never left the cache: what is resident is measured
+    paths[0].read_bytes()
+    assert pagecache.before_restore(evictable, "step4", "warm") == {
+        "cache": "warm", "resident_fraction": 1.0, "cache_requested": "warm"}
+
+
+@pytest.fixture
+def in_memory_dir(tmp_path):
+    """A folder on tmpfs, which holds files in memory by design (/dev/shm where it is tmpfs)."""
+    if not _file_system_of("/dev/shm").startswith("tmpfs at /dev/shm"):
+        pytest.skip(f"/dev/shm is not a tmpfs here ({_file_system_of('/dev/shm')})")
+    folder = Path("/dev/shm") / f"restartbench-test-{os.getpid()}-{tmp_path.name}"
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_checkpoint_that_stays_resident_is_warm_although_cold_was_asked(in_memory_dir, single_rank_group):
+    """Only what mincore shows decides the label: tmpfs ignores the eviction."""
+    _checkpoint(in_memory_dir)
+    assert pagecache.before_restore(in_memory_dir, "step4", "cold") == {
+        "cache": "warm", "resident_fraction": 1.0, "cache_requested": "cold"}
