@@ -58,12 +58,16 @@ def cycle_row(cycle: dict) -> dict:
             "rank_threads": max(e["threads"] for e in ranks)}
 
 
+def signed_mib(value: float) -> str:
+    return f"{round(value, 1) + 0.0:+.1f} MiB"  # + 0.0: no "-0.0"
+
+
 def growth_line(rows: list[dict]) -> str:
     first, last = rows[0], rows[-1]
     return (f"Growth from cycle {first['cycle']} to cycle {last['cycle']}: launcher fds "
-            f"{last['fds'] - first['fds']:+d}, launcher RSS {last['rss_mib'] - first['rss_mib']:+.1f} MiB, children "
+            f"{last['fds'] - first['fds']:+d}, launcher RSS {signed_mib(last['rss_mib'] - first['rss_mib'])}, children "
             f"left after the last cycle {last['children']}, rank fds {last['rank_fds'] - first['rank_fds']:+d}, rank "
-            f"RSS {last['rank_rss_mib'] - first['rank_rss_mib']:+.1f} MiB, rank threads "
+            f"RSS {signed_mib(last['rank_rss_mib'] - first['rank_rss_mib'])}, rank threads "
             f"{last['rank_threads'] - first['rank_threads']:+d}.")
 
 
