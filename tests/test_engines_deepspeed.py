@@ -1,5 +1,5 @@
 """DeepSpeed's writer engines: FastPersist with its stated workarounds restores exactly; the decoupled
-writer either restores exactly or fails honestly, with DeepSpeed's message and nothing uncommitted named latest."""
+writer fails as shipped (the registry's known issue), honestly: DeepSpeed's message, nothing committed."""
 
 import json
 import os
@@ -121,17 +121,19 @@ def test_fastpersist_restores_exactly_under_deepspeeds_file_names(tmp_path):
 
 
 @pytest.mark.multirank
-def test_decoupled_restores_exactly_or_fails_with_deepspeeds_message(tmp_path):
+def test_decoupled_fails_as_shipped_with_deepspeeds_message(tmp_path):
+    """The known issue the registry states for decoupled (DeepSpeed 0.19.8: its writer processes refuse ZeRO-1's
+    non-leaf fp32 partitions), as a run shows it: every save failed with DeepSpeed's message, the run failed, nothing
+    was committed or named latest, and metadata.json carries the known issue."""
     proc, run, meta, events = _run(tmp_path, "decoupled")
-    ckpt = run / "checkpoints"
-    committed = {e["tag"] for e in events if e["event"] == "checkpoint.commit"}
-    if (ckpt / "latest").exists():  # whatever is named latest was committed after every rank was durable
-        assert (ckpt / "latest").read_text().strip() in committed
-    if meta["status"] == "complete":
-        assert all(e["exact"] for e in events if e["event"] == "restore.result")
-        return
+    assert meta["status"] != "complete", (
+        "decoupled completed: its known issue is gone with this DeepSpeed; update the registry's known_issues for "
+        "'decoupled' (restartbench/engines/__init__.py) and make this test prove an exact restore")
+    begun = {e["tag"] for e in events if e["event"] == "checkpoint.begin"}
     failed = [e for e in events if e["event"] == "checkpoint.failed"]
-    assert proc.returncode != 0 and meta["status"] == "failed" and failed
-    assert "Cowardly refusing to serialize non-leaf tensor" in " ".join(failed[0]["errors"])
-    assert not committed and not (ckpt / "latest").exists()
-    assert meta["engine_known_issue"] == engines.known_issue("decoupled", "cpu")
+    assert proc.returncode != 0 and meta["status"] == "failed" and begun, proc.stdout + proc.stderr
+    assert {e["tag"] for e in failed} == {c["tag"] for c in meta["failed_checkpoints"]} == begun
+    assert all("Cowardly refusing to serialize non-leaf tensor" in " ".join(e["errors"]) for e in failed)
+    assert not [e for e in events if e["event"] == "checkpoint.commit"]
+    assert not (run / "checkpoints" / "latest").exists()
+    assert meta["engine_known_issue"] == engines.known_issue("decoupled", meta["device"])

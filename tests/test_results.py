@@ -1,0 +1,277 @@
+"""The aggregation rules (README "Run folder" and "Analysis", restartbench.results) checked on a run folder
+written by hand: four ranks on two nodes whose figures all differ, so that max, min, mean, median, the first
+rank and the last rank give different numbers and any aggregation but the rule fails. Every expected figure
+is a literal worked out by hand from the per-rank numbers below, never one computed by the code under test."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from restartbench import analysis, results
+from restartbench.events import EventLog, read_events
+
+RANKS = (0, 1, 2, 3)
+NODES = ("a", "a", "b", "b")
+
+# -- phase 1: iterations 1-6, a checkpoint after 2, 4 and 6 (engine lazy) ----------------------------------
+
+#: per step: the iteration time of rank 0; rank r takes 0.01·r longer. Step 1 (warm-up) is not counted.
+ITERATION_S = {1: 5.00, 2: 0.17, 3: 0.22, 4: 0.37, 5: 0.12, 6: 0.27}
+CHECKPOINTS = {"step2": 2, "step4": 4, "step6": 6}
+#: per tag, per rank
+SAVE_S = {"step2": (0.40, 0.20, 0.10, 0.60), "step4": (0.25, 0.35, 0.15, 0.05), "step6": (0.15, 0.20, 0.30, 0.10)}
+WAIT_DURABLE_S = {"step2": (0.05, 0.15, 0.02, 0.08), "step4": (0.03, 0.01, 0.04, 0.02),
+                  "step6": (0.06, 0.07, 0.05, 0.04)}
+DURABLE_S = {"step2": (1.20, 1.60, 1.00, 1.50), "step4": (0.70, 0.50, 0.90, 0.60), "step6": (0.60, 0.80, 0.70, 0.65)}
+#: (tag, rank): the lazy engine's later waits of training for that save's copies
+COPY_WAIT_S = {("step2", 2): (0.30, 0.50)}
+COMMITTED_S = {"step2": 1.75, "step4": 1.05, "step6": 0.95}
+CHECKSUM_S = 2.00  # hashing for the manifest: an integrity cost, in neither the stall nor the durable time
+#: per rank: (files, bytes), the same for every checkpoint
+WRITTEN = ((3, 3_000_000), (1, 9_000_000), (5, 1_000_000), (2, 4_000_000))
+
+# -- phase 2: the restore of step6, each rank's spans back to back from its node's launch ---------------------
+
+LAUNCH = (1000.0, 1000.0, 1000.5, 1000.5)  # launch.sh's timestamp: node b started 0.5 s after node a
+RESTORE_SPANS_S = {
+    "process.start": (1.00, 1.50, 1.20, 1.10),
+    "startup.imports": (2.00, 2.50, 2.20, 2.10),
+    "startup.dist_init": (0.10, 0.30, 0.20, 0.15),
+    "startup.model_build": (0.20, 0.10, 0.40, 0.30),
+    "startup.ds_initialize": (3.00, 1.50, 2.50, 3.20),
+    "startup.engine": (0.05, 0.02, 0.01, 0.03),
+    "restore.check_files": (0.10, 0.10, 0.10, 0.10),
+    "restore.load": (0.50, 0.90, 0.70, 0.60),
+    "restore.verify": (0.10, 0.10, 0.20, 0.10),
+    "train.iteration": (0.40, 0.30, 0.90, 0.10),
+}
+# launch -> end of the first resumed iteration, the sums of each rank's spans: 7.45, 7.32, 8.41, 7.78 s;
+# ready to train (launch -> start of that iteration): 7.05, 7.02, 7.51, 7.68 s.
+READ = ((5, 4_000_000), (7, 6_000_000), (2, 1_000_000), (3, 2_000_000))  # per rank: (files, bytes)
+READ_DESERIALIZE_S = (0.40, 0.60, 0.65, 0.50)
+RESTORED = "step6"  # the latest checkpoint
+RESIDENT_FRACTION = 0.25  # the largest of the nodes', the same on every rank (gathered before the load)
+
+BASELINE = {"tool": "fio", "write_MBps": 42.5, "read_MBps": 130.0}
+
+
+# -- the run folder --------------------------------------------------------------------------------------------
+
+
+def write_checkpoint(log: EventLog, tag: str, rank: int) -> None:
+    step = CHECKPOINTS[tag]
+    n_files, total = WRITTEN[rank]
+    files = [{"path": f"{tag}/rank{rank}-part{i}.pt", "bytes": total // n_files, "seconds": 0.01}
+             for i in range(n_files)]
+    log.emit("checkpoint.begin", step=step, tag=tag, engine="lazy")
+    log.emit("checkpoint.save", start=10.0 * step, duration_s=SAVE_S[tag][rank], step=step, tag=tag, engine="lazy")
+    log.emit("checkpoint.wait_durable", start=10.0 * step + 0.5, duration_s=WAIT_DURABLE_S[tag][rank], step=step,
+             tag=tag)
+    log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=DURABLE_S[tag][rank], files=files,
+             bytes=total, n_files=n_files)
+    log.emit("checkpoint.checksum", start=10.0 * step + 2.0, duration_s=CHECKSUM_S, step=step, tag=tag)
+    if rank == 0:
+        log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=COMMITTED_S[tag])
+    for seconds in COPY_WAIT_S.get((tag, rank), ()):
+        log.emit("checkpoint.copy_wait", tag=tag, step=step, duration_s=seconds)
+
+
+def write_training(run_dir: Path, rank: int) -> None:
+    """Phase 1 of one rank. Span starts are arbitrary here: no phase-1 figure reads them."""
+    log = EventLog(run_dir, "train", rank)
+    for step, seconds in ITERATION_S.items():
+        log.emit("train.iteration", start=10.0 * step - 1.0, duration_s=seconds + 0.01 * rank, step=step, loss=7.0)
+        for tag in (t for t, s in CHECKPOINTS.items() if s == step):
+            write_checkpoint(log, tag, rank)
+    log.emit("phase.end")
+    log.close()
+
+
+def write_restore(run_dir: Path, rank: int, exact: bool) -> None:
+    """Phase 2 of one rank: its spans back to back from its node's launch, in the order a rank runs them."""
+    log = EventLog(run_dir, "restore", rank)
+    n_files, total = READ[rank]
+    fields = {
+        "process.start": {"host": NODES[rank], "node": NODES[rank], "node_rank": rank // 2,
+                          "local_rank": rank % 2, "pid": 100 + rank},
+        "startup.engine": {"engine": "lazy"},
+        "restore.check_files": {"tag": RESTORED, "problems": []},
+        "restore.load": {"tag": RESTORED, "engine": "lazy", "cache": "warm", "resident_fraction": RESIDENT_FRACTION,
+                         "cache_requested": "cold", "n_files": n_files, "bytes": total,
+                         "read_deserialize_s": READ_DESERIALIZE_S[rank]},
+        "restore.verify": {"tag": RESTORED},
+        "train.iteration": {"step": 7, "first_after_restore": True, "loss": 6.5},
+    }
+    clock = LAUNCH[rank]
+    for event, durations in RESTORE_SPANS_S.items():
+        log.emit(event, start=clock, duration_s=durations[rank], **fields.get(event, {}))
+        clock += durations[rank]
+    log.emit("restore.result", tag=RESTORED, exact=exact, verified=True, problems=[] if exact else ["weights differ"],
+             loss=6.5)
+    log.emit("phase.end")
+    log.close()
+
+
+def write_run(root: Path, inexact_rank: int | None = None) -> Path:
+    """A complete run folder with what ``analysis.collect`` reads: metadata.json (status and identity), config.json
+    (the save interval, for the stall overhead), baseline.json and every rank's events of both phases."""
+    run_dir = root / "tiny" / "tp1pp2dp2" / "lazy" / "20260101-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metadata.json").write_text(json.dumps({"status": "complete", "preset": "tiny", "layout": "tp1pp2dp2",
+                                                       "engine": "lazy", "world_size": len(RANKS)}))
+    (run_dir / "config.json").write_text(json.dumps({"train": {"save_interval": 2}}))
+    (run_dir / "baseline.json").write_text(json.dumps(BASELINE))
+    for rank in RANKS:
+        write_training(run_dir, rank)
+        write_restore(run_dir, rank, exact=rank != inexact_rank)
+    return run_dir
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    return write_run(tmp_path / "logs")
+
+
+def table_row(run_dir: Path, kind: str, tag: str) -> dict:
+    table = analysis.collect(run_dir.parents[3]).table()
+    row = table[(table["kind"] == kind) & (table["tag"] == tag)]
+    assert len(row) == 1
+    return row.iloc[0].to_dict()
+
+
+# -- expected figures, by hand ---------------------------------------------------------------------------------
+
+#: step2: stalls per rank 0.40, 0.20, 0.10 + 0.30 + 0.50 = 0.90 (rank 2's copy waits), 0.60
+STEP2 = {
+    "tag": "step2", "step": 2, "stall_max_s": 0.90, "stall_min_s": 0.20, "wait_durable_max_s": 0.15,
+    "durable_rank_max_s": 1.60, "committed_s": 1.75, "bytes": 17_000_000, "files": 11, "bytes_per_rank_max": 9_000_000,
+}
+STEP4 = {
+    "tag": "step4", "step": 4, "stall_max_s": 0.35, "stall_min_s": 0.05, "wait_durable_max_s": 0.04,
+    "durable_rank_max_s": 0.90, "committed_s": 1.05, "bytes": 17_000_000, "files": 11, "bytes_per_rank_max": 9_000_000,
+}
+STEP6 = {
+    "tag": "step6", "step": 6, "stall_max_s": 0.30, "stall_min_s": 0.10, "wait_durable_max_s": 0.07,
+    "durable_rank_max_s": 0.80, "committed_s": 0.95, "bytes": 17_000_000, "files": 11, "bytes_per_rank_max": 9_000_000,
+}
+RESTART_PARTS = {"launch": 1.50, "imports": 2.50, "dist init": 0.30, "model build": 0.40, "ds init": 3.20,
+                 "engine setup": 0.05, "ckpt load": 0.90, "1st iter": 0.90}
+
+
+# -- restartbench.results ----------------------------------------------------------------------------------------
+
+
+def test_checkpoints_take_the_max_over_ranks_and_sum_what_they_wrote(run):
+    rows = results.checkpoints(read_events(run))
+    assert rows == [pytest.approx({**step, "ranks": 4}) for step in (STEP2, STEP4, STEP6)]
+
+
+def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
+    info = results.restart(read_events(run))
+    assert info["total_s"] == pytest.approx(8.41)  # rank 2, launched with node b at 1000.5
+    assert info["parts"] == pytest.approx(RESTART_PARTS)
+    assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
+        "tag": RESTORED, "bytes_read": 13_000_000, "files_read": 17, "cache": "warm", "resident_fraction": 0.25,
+        "exact": True})
+
+
+def test_a_restore_is_exact_only_if_every_rank_restored_exactly(tmp_path):
+    run_dir = write_run(tmp_path / "logs", inexact_rank=2)
+    assert results.restart(read_events(run_dir))["exact"] is False
+    assert table_row(run_dir, "restart", RESTORED)["exact"] == False  # noqa: E712 - a numpy bool
+
+
+def test_iteration_time_is_the_median_over_steps_of_the_slowest_rank(run):
+    # slowest rank (3) per step: 0.20, 0.25, 0.40, 0.15, 0.30; step 1 is warm-up
+    assert results.iteration_time(read_events(run)) == pytest.approx(0.25)
+
+
+def test_the_study_prints_the_rules_figures(run):
+    (run / "plan.json").write_text(json.dumps({"checkpoint_dir": str(run / "checkpoints")}))
+    assert results.summarize_run(run) == [
+        "iteration time without checkpoint: 0.250 s (median; max over ranks)",
+        "checkpoint step2: 17.0 MB in 11 files from 4 ranks; training stalled 0.900 s (max over ranks); "
+        "durable after 1.600 s (fsync'd, max over ranks); committed after 1.750 s",
+        "checkpoint step4: 17.0 MB in 11 files from 4 ranks; training stalled 0.350 s (max over ranks); "
+        "durable after 0.900 s (fsync'd, max over ranks); committed after 1.050 s",
+        "checkpoint step6: 17.0 MB in 11 files from 4 ranks; training stalled 0.300 s (max over ranks); "
+        "durable after 0.800 s (fsync'd, max over ranks); committed after 0.950 s",
+        "restart from step6 (warm page cache): 8.41 s from launch to end of first iteration (max over ranks); "
+        "parts (s, max over ranks): launch 1.50, imports 2.50, dist init 0.30, model build 0.40, ds init 3.20, "
+        "engine setup 0.05, ckpt load 0.90, 1st iter 0.90",
+        "restore exact (state and resumed loss verified)",
+    ]
+
+
+# -- restartbench.analysis ---------------------------------------------------------------------------------------
+
+
+def test_checkpoint_row_of_the_table(run):
+    row = table_row(run, "checkpoint", "step2")
+    expected = {
+        **STEP2, "ranks_saved": 4, "ranks": 4, "iteration_s": 0.25,
+        "stall_median_s": 0.50, "stall_rank": 2,
+        "stall_iterations": 0.90 / 0.25, "stall_overhead_pct": 100 * 0.90 / (2 * 0.25 + 0.90),
+        "durable_rank_min_s": 1.00, "durable_rank": 1,
+        "bytes_per_rank_min": 1_000_000, "files_per_rank_max": 5, "files_per_rank_min": 1,
+        "write_MBps": 17 / 1.60, "write_pct_of_storage": 100 * (17 / 1.60) / 42.5,
+        "save_MiBps": 17_000_000 / 2**20 / 1.60, "baseline_write_MBps": 42.5,
+    }
+    assert {column: row[column] for column in expected} == pytest.approx(expected)
+
+
+def test_restart_row_of_the_table(run):
+    row = table_row(run, "restart", RESTORED)
+    expected = {
+        "restart_s": 8.41, "restart_min_s": 7.32, "restart_rank": 2,
+        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS},
+        "restores_checkpoint": True, "bytes_read": 13_000_000, "files_read": 17, "read_deserialize_max_s": 0.65,
+        "read_MBps": 13 / 0.90, "read_pct_of_storage": 100 * (13 / 0.90) / 130.0,
+        "load_MiBps": 13_000_000 / 2**20 / 0.90, "cache": "warm", "resident_fraction": 0.25, "exact": True,
+    }
+    assert {column: row[column] for column in expected} == pytest.approx(expected)
+
+
+def test_critical_path_is_the_last_rank_ready_and_adds_up_to_the_restart(run):
+    row = table_row(run, "restart", RESTORED)
+    # rank 3 started its first iteration last (7.68 s after launch); the rest of the 8.41 s is that iteration
+    path = {"launch": 1.10, "imports": 2.10, "dist init": 0.15, "model build": 0.30, "ds init": 3.20,
+            "engine setup": 0.03, "ckpt load": 0.60, "verify": 0.10, "gaps": 0.10, "1st iter": 0.73}
+    assert row["path_rank"] == 3
+    assert {label: row[column] for column, label in analysis.PATH_COLUMNS} == pytest.approx(path)
+
+
+def test_rank_table_keeps_every_ranks_own_figures(run):
+    ranks = analysis.collect(run.parents[3]).rank_table()
+    step2 = ranks[(ranks["kind"] == "checkpoint") & (ranks["tag"] == "step2")].sort_values("rank")
+    restart = ranks[ranks["kind"] == "restart"].sort_values("rank")
+    assert list(step2["rank"]) == list(RANKS) and list(restart["rank"]) == list(RANKS)
+    assert list(step2["stall_s"]) == pytest.approx([0.40, 0.20, 0.90, 0.60])
+    assert list(step2["copy_wait_s"]) == pytest.approx([0.0, 0.0, 0.80, 0.0])
+    assert list(step2["durable_s"]) == pytest.approx([1.20, 1.60, 1.00, 1.50])
+    assert list(step2["bytes"]) == [3_000_000, 9_000_000, 1_000_000, 4_000_000]
+    assert list(restart["restart_s"]) == pytest.approx([7.45, 7.32, 8.41, 7.78])
+    assert list(restart["bytes_read"]) == [4_000_000, 6_000_000, 1_000_000, 2_000_000]
+
+
+def test_summaries_the_console_prints(run):
+    """analysis/summarize.py's tables. Each checkpoint figure is the median over the run's three checkpoints, which
+    here is always step4's (neither the first nor the last checkpoint, nor the mean)."""
+    table = analysis.collect(run.parents[3]).table()
+    checkpoints = analysis.checkpoint_summary(table).iloc[0].to_dict()
+    expected = {
+        "runs": 1, "checkpoints": 3, "ranks": 4, "stall_s": 0.35, "stall_rank_spread_s": 0.35 - 0.05,
+        "durable_s": 0.90, "committed_s": 1.05, "bytes": 17_000_000, "files": 11,
+        "write_MBps": 17 / 0.90, "write_pct_of_storage": 100 * (17 / 0.90) / 42.5,
+        "stall_overhead_pct": 100 * 0.35 / (2 * 0.25 + 0.35),
+    }
+    assert {column: checkpoints[column] for column in expected} == pytest.approx(expected)
+    restart = analysis.restart_summary(table).iloc[0].to_dict()
+    expected = {
+        "runs": 1, "restart_s": 8.41, "rank_spread_s": 8.41 - 7.32,
+        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS},
+        "bytes_read": 13_000_000, "read_MBps": 13 / 0.90, "read_pct_of_storage": 100 * (13 / 0.90) / 130.0,
+        "cache": "warm", "exact": True,
+    }
+    assert {column: restart[column] for column in expected} == pytest.approx(expected)
