@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -206,7 +207,7 @@ def leaf_fields():
 def allowed_types(section: str, leaf: dataclasses.Field) -> tuple[type, ...]:
     """The Python types a field accepts (None for optional fields; an int where a float is asked)."""
     owner = next(f.default_factory for f in dataclasses.fields(RunConfig) if f.name == section)
-    hint = typing.get_type_hints(owner)[leaf.name]
+    hint = _type_hints(owner)[leaf.name]
     types = typing.get_args(hint) or (hint,)
     return types + ((int,) if float in types else ())
 
@@ -219,8 +220,15 @@ def check_type(section: str, leaf: dataclasses.Field, value: Any) -> None:
         raise ValueError(f"{section}.{leaf.name} ({leaf.name!r}) must be {names}, got {value!r} ({type(value).__name__})")
 
 
+@functools.cache
+def _type_hints(owner: type) -> dict[str, Any]:
+    """A config section's resolved annotations: resolving them is slow, and the analysis reads thousands of
+    run folders' config.json."""
+    return typing.get_type_hints(owner)
+
+
 def _leaf_type(leaf: dataclasses.Field, owner: type) -> type:
-    hint = typing.get_type_hints(owner)[leaf.name]
+    hint = _type_hints(owner)[leaf.name]
     if isinstance(hint, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint
