@@ -65,22 +65,35 @@ from restartbench.presets import PRESETS, ModelPreset, get_preset
 #: How restartbench.model.build_pipeline_module splits the layers over pipeline stages.
 PARTITION_METHOD = "type:DecoderLayerPipe"
 SIZE_TOLERANCE_BYTES = 64
-"""torch (DeepSpeed's default engine): largest difference between a predicted and a written file size, bytes. Each
-file is torch.save's zip of a pickle; integers in the pickled metadata that the plan cannot know exactly (none at the
-study's settings, but a skipped step or a loss scale would change one) change the pickle by a byte or two, which the
-zip's 64-byte alignment of the next record mostly absorbs."""
+"""torch (DeepSpeed's default engine): largest difference between a predicted and a written file size, bytes, needed
+on a GPU run only. On a CPU run every file is predicted byte for byte: the plan's torch.save'd pickle (the zip's
+``data.pkl``) is the run's own, and tests/test_predict.py holds stored and fresh CPU runs to 0. Each file is
+torch.save's zip, which starts every record on a 64-byte boundary, so a pickle a few bytes longer moves the file by 0
+or 64 B. On a GPU, DeepSpeed's optimizer file holds the fp32 partition and Adam's moments on the device, and torch.save
+pickles each storage's location, ``cuda:<index>`` instead of ``cpu``; the plan saves CPU tensors, so such a file can
+be 64 B longer than predicted (small tp1pp1dp2 bf16's is, with ``cuda:0``; tiny's are not). Layer files are
+cloned to the CPU before they are saved and model files hold no tensor: exact on any device. Not yet checked against
+a GPU run.
+
+Every engine's tolerance assumes the run's optimizer applied every step. DeepSpeed skips a step whose gradient norm is
+not finite (always checked in fp32, in bf16 only with ``check_grad_overflow``), and then its ``skipped_steps`` and the
+lr scheduler's iteration differ from the plan's: a pickled integer takes 1, 2 or 4 bytes below 256, 65,536 and 2**31,
+so a torch.save'd file can move by 64 B; the lazy header and TorchSnapshot's manifest hold these values as text."""
 FASTPERSIST_TOLERANCE_BYTES = SIZE_TOLERANCE_BYTES
 """fastpersist: the same torch.save zips as torch (written into DeepSpeed's FastFileWriter, which adds no padding:
-its aligned O_DIRECT writes end with a buffered write of the unaligned tail), so the same tolerance."""
+its aligned O_DIRECT writes end with a buffered write of the unaligned tail), so the same tolerance: exact on a CPU
+run, 64 B for the optimizer files' device locations on a GPU run."""
 LAZY_TOLERANCE_BYTES = 0
 """lazy: exact. The file is restartbench's own format: its header is computed by the engine's own functions from
-the same values, and the data region's size depends only on tensor shapes."""
-DCP_TOLERANCE_BYTES = SIZE_TOLERANCE_BYTES
-"""dcp, dcp-async: each ``.distcp`` entry is a torch.save zip, so a pickled integer the plan cannot know would
-change it as for torch (none at the study's settings: the tests find every file exact). ``.metadata`` pickles the
-checkpoint folder's path (DCP's checkpoint_id): exact for the run's own folder (``checkpoint_folder``), a few bytes
-off when the run folder gets a ``-N`` suffix (two runs in the same second); for an object-store prefix the writer
-is s3torchconnector's or fsspec's, whose checkpoint_id is not checked against real runs."""
+the same values (the device each tensor lives on included), and the data region's size depends only on tensor
+shapes."""
+DCP_TOLERANCE_BYTES = 0
+"""dcp, dcp-async: exact. Each ``.distcp`` entry is a torch.save zip of a CPU copy (FileSystemWriter moves every
+tensor to the CPU before saving it, so the device changes nothing), and the plan's entries are the run's own pickles.
+``.metadata`` pickles the checkpoint folder's path (DCP's checkpoint_id): the run's own folder is exact; before the
+run (plan.json's estimate) the run folder's time stamp is a placeholder of the same length, a few bytes off only when
+the folder gets a ``-N`` suffix (two runs in the same second). For an object-store prefix the writer is
+s3torchconnector's or fsspec's, whose checkpoint_id is not checked against real runs."""
 TORCHSNAPSHOT_TOLERANCE_BYTES = 0
 """torchsnapshot: exact. Tensors are written raw, small values are inlined in the manifest, and the manifest's JSON
 is built by TorchSnapshot's own code from the same values; only the batch files' names are random (uuid4: the plan

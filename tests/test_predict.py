@@ -5,15 +5,17 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from conftest import run_study
+from conftest import STUDY_CASES, run_study
 from restartbench import engines
 from restartbench.config import RunConfig
-from restartbench.plan import (NOT_PREDICTED, PREDICTORS, checkpoint_bytes, materialize, payload_bytes, predict,
-                               random_names_as_placeholders, scaled_preset, setup_for, shard_files, zero_partition)
+from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, _cached_bytes, checkpoint_bytes,
+                               materialize, payload_bytes, predict, random_names_as_placeholders, scaled_preset,
+                               setup_for, shard_files, zero_partition)
 from restartbench.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,39 +51,108 @@ def engine_runs(tmp_path_factory):
             _, layout, dtype = next(case for case in ENGINE_CASES if case[0] == engine)
             # fastpersist's first run on a machine JIT-builds DeepSpeed's ops (minutes on 2 cores)
             runs[engine] = run_study(logs, "tiny", layout, "--dtype", dtype, "--engine", engine, "--iters", "4",
-                                     "--save-interval", "2", timeout=1200)
+                                     "--save-interval", "2", timeout=1200, env={PLAN_CACHE: "off"})
         return runs[engine]
 
     return run
 
 
-def assert_files_as_predicted(run: Path) -> None:
-    """Both checkpoints of the run: the same file names (random parts aside), each written by the predicted rank
-    with the predicted size within the engine's stated tolerance; the durable events, plan.json's estimate and the
-    files at the checkpoint folder's root agree."""
-    cfg = RunConfig.load(run / "config.json")
-    inventory = json.loads((run / "inventory.json").read_text())
-    written = [f for f in inventory if f["tag"]]
-    tags = sorted({f["tag"] for f in written})
-    assert tags == ["step2", "step4"]
-    for tag in tags:
+@pytest.fixture(autouse=True)
+def plan_cache_in_tmp(tmp_path, monkeypatch):
+    """checkpoint_bytes keeps predictions between processes (``PLAN_CACHE``): here it starts empty, so that no test
+    compares a prediction with a stored copy of itself."""
+    monkeypatch.setenv(PLAN_CACHE, str(tmp_path / "plan-cache"))
+    _cached_bytes.cache_clear()
+    yield
+    _cached_bytes.cache_clear()
+
+
+# Every stored real run (tests/data/real_runs, made by its make.py): DeepSpeed's default engine in the suite's study
+# layouts, then one run per other engine: (engine, layout, dtype, extra options).
+REAL_RUN_CASES = ([("torch", layout, dtype, extra) for layout, dtype, extra in STUDY_CASES]
+                  + [(engine, layout, dtype, ()) for engine, layout, dtype in ENGINE_CASES])
+REAL_RUNS = Path(__file__).resolve().parent / "data" / "real_runs"
+STORED_FILES = ("config.json", "inventory.json", "durable.json", "plan.json")
+
+
+def real_run_name(engine: str, layout: str, dtype: str) -> str:
+    return f"{engine}-{layout}-{dtype}"
+
+
+STORED_RUNS = [real_run_name(*case[:3]) for case in REAL_RUN_CASES]
+
+
+def stored_parts(run: Path) -> dict[str, Any]:
+    """``STORED_FILES`` of a run folder: its config and inventory, the durable bytes per tag and rank from its
+    ``checkpoint.durable`` events, and from plan.json the device it ran on and the pre-launch estimate (what
+    tests/data/real_runs keeps of a run)."""
+    durable: dict[str, dict[str, int]] = {}
+    for path in sorted((run / "events").glob("train-rank*.jsonl")):
+        for event in map(json.loads, path.read_text().splitlines()):
+            if event["event"] == "checkpoint.durable":
+                durable.setdefault(event["tag"], {})[str(event["rank"])] = event["bytes"]
+    plan = json.loads((run / "plan.json").read_text())
+    return {"config.json": json.loads((run / "config.json").read_text()),
+            "inventory.json": json.loads((run / "inventory.json").read_text()),
+            "durable.json": {tag: dict(sorted(ranks.items(), key=lambda item: int(item[0])))
+                             for tag, ranks in sorted(durable.items())},
+            "plan.json": {key: plan[key] for key in ("device", "checkpoint_bytes_estimate")}}
+
+
+def stored_run(name: str) -> dict[str, Any]:
+    return {part: json.loads((REAL_RUNS / name / part).read_text()) for part in STORED_FILES}
+
+
+def allowed_difference(plan: CheckpointPlan, device: str) -> int:
+    """Bytes a file of a run on ``device`` may differ from its prediction by: 0 on a CPU run, whatever the engine, where
+    the plan's pickles are the run's byte for byte (torch.save's data.pkl, DCP's pickled entries); on a GPU the engine's
+    stated tolerance (``SIZE_TOLERANCE_BYTES`` says what the device changes in DeepSpeed's optimizer files)."""
+    return 0 if device == "cpu" else plan.tolerance_bytes
+
+
+def assert_files_as_predicted(run: dict[str, Any]) -> None:
+    """Both checkpoints of a run (``stored_parts``): the same file names (random parts aside), each written by the
+    predicted rank with the predicted size (``allowed_difference``); each rank's durable bytes agree, and the first
+    checkpoint's bytes are plan.json's pre-launch estimate and the disk check's figure; the files at the checkpoint
+    folder's root are DeepSpeed's scripts as predicted."""
+    cfg = RunConfig.from_dict(run["config.json"])
+    cfg.launch.device = run["plan.json"]["device"]  # as the run resolved it (auto: cuda on a machine with a GPU)
+    written = [f for f in run["inventory.json"] if f["tag"]]
+    assert sorted({f["tag"] for f in written}) == ["step2", "step4"] == sorted(run["durable.json"])
+    for tag in ("step2", "step4"):
         plan = predict(cfg, step=int(tag.removeprefix("step")))
+        slack = allowed_difference(plan, cfg.launch.device)
         real = sorted((random_names_as_placeholders(f["path"]), f["rank"], f["bytes"]) for f in written
                       if f["tag"] == tag)
         predicted = sorted((f.path, f.rank, f.bytes) for f in plan.files)
         assert [r[:2] for r in real] == [p[:2] for p in predicted]
         for (path, _, size), (_, _, expected) in zip(real, predicted):
-            assert abs(size - expected) <= plan.tolerance_bytes, (path, size, expected)
-        durable = [e for p in (run / "events").glob("train-rank*.jsonl") for e in map(json.loads, p.read_text().splitlines())
-                   if e["event"] == "checkpoint.durable" and e["tag"] == tag]
-        assert abs(sum(e["bytes"] for e in durable) - plan.checkpoint_bytes) <= plan.tolerance_bytes * len(plan.files)
-    roots = {f["path"]: f["bytes"] for f in inventory if not f["tag"]}
+            assert abs(size - expected) <= slack, (path, size, expected)
+        durable = {int(rank): size for rank, size in run["durable.json"][tag].items()}
+        for rank, expected in plan.per_rank_bytes().items():
+            assert abs(durable.get(rank, 0) - expected) <= slack * len(plan.rank_files(rank)), (tag, rank)
+    first = sum(f["bytes"] for f in written if f["tag"] == "step2")
+    assert abs(run["plan.json"]["checkpoint_bytes_estimate"] - first) <= slack * len(plan.files)
+    assert abs(checkpoint_bytes(cfg) - first) <= slack * len(plan.files)
+    roots = {f["path"]: f["bytes"] for f in run["inventory.json"] if not f["tag"]}
     assert {name: roots[name] for name in plan.root_files} == plan.root_files
-    planned = json.loads((run / "plan.json").read_text())["checkpoint_bytes_estimate"]
-    assert abs(planned - plan.checkpoint_bytes) <= plan.tolerance_bytes * len(plan.files)
 
 
-# -- against real runs: the session's (torch: tp2pp2 fp32, pp2dp2 bf16, tp1pp1dp2 fp32) and one per engine ------
+# -- against the stored real runs: no launch -------------------------------------------------------------------
+
+
+def test_a_real_run_is_stored_for_every_case():
+    assert sorted(path.parent.name for path in REAL_RUNS.glob("*/config.json")) == sorted(STORED_RUNS)
+    assert {case[0] for case in REAL_RUN_CASES} == set(PREDICTORS) - {"none"}
+
+
+@pytest.mark.parametrize("name", STORED_RUNS)
+def test_stored_real_runs_files_as_predicted(name):
+    assert_files_as_predicted(stored_run(name))
+
+
+# -- against fresh real runs, today's engines: the session's (torch: tp2pp2 fp32, pp2dp2 bf16, tp1pp1dp2 fp32) and
+# one per engine ---------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.multirank
@@ -89,7 +160,7 @@ def assert_files_as_predicted(run: Path) -> None:
 def test_every_file_name_size_and_writer_as_predicted(study_runs, layout):
     proc, run = study_runs[layout]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert_files_as_predicted(run)
+    assert_files_as_predicted(stored_parts(run))
 
 
 @pytest.mark.multirank
@@ -97,13 +168,14 @@ def test_every_file_name_size_and_writer_as_predicted(study_runs, layout):
 def test_every_engines_files_as_predicted(engine_runs, engine):
     proc, run = engine_runs(engine)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert_files_as_predicted(run)
+    assert_files_as_predicted(stored_parts(run))
 
 
 def test_every_engine_is_predicted_or_says_why_not():
     assert set(PREDICTORS) | set(NOT_PREDICTED) == set(engines.engine_names())
     assert not set(PREDICTORS) & set(NOT_PREDICTED)
-    assert {name for name, p in PREDICTORS.items() if p.tolerance_bytes == 0} >= {"lazy", "torchsnapshot"}
+    assert {name: p.tolerance_bytes for name, p in PREDICTORS.items()} == {
+        "none": 0, "torch": 64, "fastpersist": 64, "lazy": 0, "dcp": 0, "dcp-async": 0, "torchsnapshot": 0}
 
 
 # -- without processes ------------------------------------------------------------------------------------------
@@ -182,21 +254,41 @@ def test_scaled_preset_keeps_the_layout_valid():
     assert scaled_preset(get_preset("70B"), 1.0, tp=8) == get_preset("70B")
 
 
-def test_cli_prints_files_per_rank_and_totals():
-    out = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp1pp2dp2", "--engine", "torch",
-                          "--dtype", "fp32"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+def plan_cli(*argv: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "restartbench.plan", *argv], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "rank 3: 1 files" in out.stdout and "step2/zero_pp_rank_1_mp_rank_01_optim_states.pt" in out.stdout
-    assert "checkpoint:" in out.stdout and "per rank: max" in out.stdout and "within 64 B" in out.stdout
-    dcp = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "dcp", "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert dcp.returncode == 0, dcp.stderr
-    plan = json.loads(dcp.stdout)
-    assert plan["totals"]["by_kind"] == {"data": {"files": 4, "bytes": plan["totals"]["by_kind"]["data"]["bytes"]},
-                                         "metadata": {"files": 1, "bytes": plan["files"][-1]["bytes"]}}
-    refused = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "decoupled"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert refused.returncode == 0 and "not predicted" in refused.stdout and "non-leaf" in refused.stdout
+    return out.stdout
+
+
+def first_checkpoint(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in run["inventory.json"] if f["tag"] == "step2"]
+
+
+def test_cli_prints_a_real_runs_files_per_rank_and_totals():
+    """The CLI's text and JSON for the settings of two stored real runs: every figure is the run's own."""
+    files = first_checkpoint(stored_run("torch-pp2dp2-bf16"))
+    text = plan_cli("tiny", "pp2dp2", "--dtype", "bf16", "--device", "cpu")
+    lines = text.splitlines()
+    assert {line.split()[0]: line.split()[-1] for line in lines if line.startswith("  ")} == {
+        f["path"]: f"{f['bytes']:,}" for f in files}
+    ranks = sorted({f["rank"] for f in files})
+    per_rank = {rank: [f["bytes"] for f in files if f["rank"] == rank] for rank in ranks}
+    assert all(f"rank {rank}: {len(sizes)} files, {sum(sizes):,} B" in lines for rank, sizes in per_rank.items())
+    busiest = max(ranks, key=lambda rank: sum(per_rank[rank]))
+    assert f"checkpoint: {sum(f['bytes'] for f in files):,} B" in text and "within 64 B" in text
+    assert f"per rank: max {sum(per_rank[busiest]):,} B (rank {busiest})" in text
+    dcp = stored_run("dcp-tp1pp1dp2-bf16")
+    plan = json.loads(plan_cli("tiny", "tp1pp1dp2", "--engine", "dcp", "--dtype", "bf16", "--device", "cpu",
+                               "--run-dir", dcp["config.json"]["paths"]["run_dir"], "--json"))
+    files = first_checkpoint(dcp)
+    assert sorted((f["path"], f["rank"], f["bytes"]) for f in plan["files"]) == sorted(
+        (f["path"], f["rank"], f["bytes"]) for f in files)
+    data = [f["bytes"] for f in files if f["path"].endswith(".distcp")]
+    assert plan["totals"]["by_kind"] == {"data": {"files": len(data), "bytes": sum(data)},
+                                         "metadata": {"files": 1, "bytes": sum(f["bytes"] for f in files) - sum(data)}}
+    refused = plan_cli("tiny", "tp2pp2", "--engine", "decoupled")
+    assert "not predicted" in refused and "non-leaf" in refused
 
 
 def test_engines_without_files_or_prediction():
