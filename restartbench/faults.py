@@ -6,10 +6,20 @@ Kinds (each applies only to the rank given by ``rank=``, default every rank):
   truncated half-way and the process SIGKILLs itself: a rank dying mid-write;
 - ``enospc-in-save:tag=step4`` — that checkpoint's first write on this rank fails with
   ``OSError(ENOSPC)`` after writing part of the file: a full disk;
+- ``flip-in-save:tag=step4`` — while that checkpoint is saved, one bit of the first tensor of this rank's
+  module is flipped, and flipped back when the save returns (synchronous engines): the files and their
+  manifest agree, but they hold a state other than the one the rank trained on and recorded in its digest,
+  so the restore cannot be proved exact;
+- ``hang-before-save:tag=step4`` — the rank sleeps before that checkpoint starts while the others go on
+  into the save's collectives: a stalled rank;
+- ``hang-before-iteration:step=3`` — the rank sleeps before that training iteration while the others go on
+  into its collectives, on the groups DeepSpeed creates (data-, pipeline-, tensor-parallel);
 - ``kill-in-load`` — the rank SIGKILLs itself when the restore starts reading;
 - ``hang-before-init`` — the rank sleeps instead of joining distributed init.
 
-Nothing here runs unless the variable is set; the run records the fault in its events.
+Nothing here runs unless the variable is set. A fault that strikes is recorded first, as a ``fault.injected``
+event in the rank's events (``fault``, and ``tag`` where given), just before it acts (the save faults when
+they are armed, before the save begins), so a test can time what follows from it.
 """
 
 from __future__ import annotations
@@ -18,7 +28,12 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+from restartbench.events import EventLog
 
 VARIABLE = "RESTARTBENCH_FAULT"
 
@@ -42,15 +57,50 @@ def active_fault() -> Fault | None:
     return Fault(kind, dict(pair.split("=", 1) for pair in pairs))
 
 
-def hang_before_init(rank: int) -> None:
+def _strikes(log: EventLog, kind: str, **match: str) -> bool:
+    """Whether fault ``kind`` hits this rank here; if it does, it is recorded before it acts."""
     fault = active_fault()
-    if fault and fault.applies("hang-before-init", rank):
+    if not (fault and fault.applies(kind, log.rank, **match)):
+        return False
+    log.emit("fault.injected", fault=kind, **match)
+    return True
+
+
+def hang_before_init(log: EventLog) -> None:
+    if _strikes(log, "hang-before-init"):
         time.sleep(10**6)
 
 
-def kill_in_load(rank: int) -> None:
-    fault = active_fault()
-    if fault and fault.applies("kill-in-load", rank):
+def hang_before_save(log: EventLog, tag: str) -> None:
+    if _strikes(log, "hang-before-save", tag=tag):
+        time.sleep(10**6)
+
+
+def hang_before_iteration(log: EventLog, step: int) -> None:
+    if _strikes(log, "hang-before-iteration", step=str(step)):
+        time.sleep(10**6)
+
+
+@contextmanager
+def bit_flipped_while_saving(log: EventLog, tag: str, ds_engine: Any) -> Iterator[None]:
+    """``flip-in-save``: the lowest bit of the first element of this rank's first module tensor flipped for the
+    duration of the save of ``tag``."""
+    if not _strikes(log, "flip-in-save", tag=tag):
+        yield
+        return
+    import torch
+
+    first = next(iter(ds_engine.module.state_dict().values()))
+    raw = first.detach().view(-1)[:1].view(torch.int16 if first.element_size() == 2 else torch.int32)
+    raw ^= 1
+    try:
+        yield
+    finally:
+        raw ^= 1
+
+
+def kill_in_load(log: EventLog) -> None:
+    if _strikes(log, "kill-in-load"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -62,10 +112,11 @@ def save_fault(rank: int, tag: str) -> str | None:
                  if fault and fault.applies(kind, rank, tag=tag)), None)
 
 
-def arm_save_fault(rank: int, tag: str) -> None:
+def arm_save_fault(log: EventLog, tag: str) -> None:
     """Make this rank's next torch.save of checkpoint ``tag`` die or fail half-way, if a fault asks for it."""
-    kind = save_fault(rank, tag)
+    kind = save_fault(log.rank, tag)
     if kind:
+        log.emit("fault.injected", fault=kind, tag=tag)
         _patch_torch_save_once(kind)
 
 

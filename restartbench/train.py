@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             rank_run.restore_phase()
         rank_run.finish()
     except BaseException as error:
-        log.emit("phase.error", error=f"{type(error).__name__}: {error}")
+        log.emit("phase.error", error=_error_text(error))
         raise
     finally:
         log.close()
@@ -81,7 +81,8 @@ class RankRun:
         if arch_note:
             self.log.emit("startup.workaround", note=arch_note)
             self._say(f"{self.phase}: {arch_note}")
-        hang_before_init(self.rank)
+        self.log.emit("startup.workaround", note=_time_out_new_groups(self.cfg.launch.collective_timeout_s))
+        hang_before_init(self.log)
         with self.log.span("startup.dist_init", backend=self.plan["backend"]):
             runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)
         self._say(f"{self.phase}: {self.plan['world_size']} ranks up ({self.plan['backend']}); building the model")
@@ -128,17 +129,19 @@ class RankRun:
         an asynchronous one before its next save or at the end of training."""
         import torch.distributed as dist
 
-        from restartbench.faults import arm_save_fault
+        from restartbench.faults import arm_save_fault, bit_flipped_while_saving, hang_before_save
 
         self._commit_pending()
         tag = f"step{step}"
+        hang_before_save(self.log, tag)
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
-        arm_save_fault(self.rank, tag)
+        arm_save_fault(self.log, tag)
         self.log.emit("checkpoint.begin", step=step, tag=tag, engine=self.cfg.engine.engine)
         save_start = time.perf_counter()
         error = None
         try:
-            with self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
+            with bit_flipped_while_saving(self.log, tag, self.engine), \
+                    self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
             for note in getattr(self.ckpt_engine, "workarounds", []):
                 self.log.emit("checkpoint.workaround", step=step, tag=tag, note=note)
@@ -234,7 +237,7 @@ class RankRun:
         step = int(tag.removeprefix("step"))
         cache = self._page_cache_before_load(tag)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page cache)")
-        kill_in_load(self.rank)
+        kill_in_load(self.log)
         with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
             self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
             read = self.ckpt_engine.read()
@@ -327,8 +330,10 @@ class RankRun:
 
     def _iteration(self, step: int, **flags: bool) -> float:
         from restartbench.data import micro_batches
+        from restartbench.faults import hang_before_iteration
         from restartbench.runtime import preset_for
 
+        hang_before_iteration(self.log, step)
         preset = preset_for(self.cfg)
         batches = micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len,
                                 micro_batch=self.cfg.train.micro_batch, grad_accum=self.engine.gradient_accumulation_steps(),
@@ -356,6 +361,29 @@ class RestoreMismatch(RuntimeError):
 
 class CorruptCheckpoint(RuntimeError):
     pass
+
+
+def _time_out_new_groups(timeout_s: int) -> str:
+    """Make ``timeout_s`` torch's default timeout for the process groups created from now on; the note to record.
+
+    DeepSpeed creates its data-, pipeline- and tensor-parallel groups with ``new_group(ranks)``, which gives them
+    torch's default (30 min for gloo, 10 for NCCL), not the timeout given to init: a rank stalled in an iteration
+    would hold the others that long (seen: --collective-timeout-s 5 did not end a stall in a training step)."""
+    import datetime
+
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = datetime.timedelta(seconds=timeout_s)
+    return (f"torch's default process-group timeout set to {timeout_s} s (--collective-timeout-s): DeepSpeed creates "
+            "its data-, pipeline- and tensor-parallel groups without a timeout of their own")
+
+
+def _error_text(error: BaseException) -> str:
+    """The error, with the one it was raised while handling: after a collective timed out, the next collective
+    fails with gloo's 'Application timeout caused pair closure', which alone would hide the timeout."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return text if cause is None else f"{text} (raised while handling {type(cause).__name__}: {cause})"
 
 
 def _step_of(tag: str) -> int:
