@@ -64,6 +64,15 @@ ACCEPTED: dict[tuple[str, str], str] = {
     ("restartbench/layout.py",
      'return ", ".join(str(d) for d in range(1, n + 2) if n % d == 0 and d <= 64)'):
         "equivalent: n + 1 never divides n (n ≥ 1), so the extra candidate is never listed",
+    ("restartbench/results.py",
+     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=None) + "\\n")'):
+        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
+    ("restartbench/results.py",
+     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=2) + "\\n")'):
+        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
+    ("restartbench/results.py",
+     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), ) + "\\n")'):
+        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
 }
 
 STATUS_LINE = re.compile(r"^\s*(\S+): (.+)$")

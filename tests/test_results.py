@@ -275,3 +275,262 @@ def test_summaries_the_console_prints(run):
         "cache": "warm", "exact": True,
     }
     assert {column: restart[column] for column in expected} == pytest.approx(expected)
+
+
+# -- runs that did not go to plan, and the run folder's other readers ---------------------------------------------
+
+
+def write_events(run_dir: Path, phase: str, rank: int, *records: tuple[str, dict]) -> None:
+    """One rank's events of one phase, as (event, fields) in the order the rank emitted them."""
+    log = EventLog(run_dir, phase, rank)
+    for event, fields in records:
+        log.emit(event, **fields)
+    log.close()
+
+
+def back_to_back(launch: float, *spans: tuple[str, float, dict]) -> list[tuple[str, dict]]:
+    """Spans as a rank runs them, each starting where the one before ended, the first at its node's launch."""
+    records, clock = [], launch
+    for event, seconds, fields in spans:
+        records.append((event, {"start": clock, "duration_s": seconds, **fields}))
+        clock += seconds
+    return records
+
+
+def write_plan(run_dir: Path, checkpoint_dir: str | Path, **fields) -> None:
+    (run_dir / "plan.json").write_text(json.dumps({"checkpoint_dir": str(checkpoint_dir), **fields}))
+
+
+def write_files(folder: Path, sizes: dict[str, int]) -> None:
+    """Files of the given sizes under ``folder`` (sparse: only the size is set)."""
+    for name, size in sizes.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        with open(folder / name, "wb") as handle:
+            handle.truncate(size)
+
+
+#: A two-rank phase 1 that died: step1 committed; step2 failed (rank 1 could not make its files durable, rank 0
+#: recorded why); step3 begun on both ranks, which were killed before either recorded its save.
+STEP1_WRITTEN = ({"path": "step1/mp_rank_00_model_states.pt", "bytes": 100, "seconds": 0.01},
+                 {"path": "step1/zero_pp_rank_1_mp_rank_00_optim_states.pt", "bytes": 300, "seconds": 0.01})
+STEP2_ERRORS = ["the checkpoint folder /ckpt is full: 0.1 MB free", "rank 1: OSError: No space left on device"]
+
+
+def died_rank(rank: int) -> list[tuple[str, dict]]:
+    """One rank's events of the died phase 1; rank 0 alone commits, makes step2 durable and records its failure."""
+    step1, step2 = {"step": 1, "tag": "step1"}, {"step": 2, "tag": "step2"}
+    written = STEP1_WRITTEN[rank]
+    records = [
+        ("train.iteration", {"start": 0.0, "duration_s": 0.5, "step": 1, "loss": 7.0}),
+        ("checkpoint.begin", step1),
+        ("checkpoint.save", {"start": 1.0, "duration_s": (0.30, 0.20)[rank], **step1}),
+        ("checkpoint.wait_durable", {"start": 1.5, "duration_s": (0.02, 0.03)[rank], **step1}),
+        ("checkpoint.durable", {"since_save_start_s": (0.80, 0.90)[rank], "files": [written],
+                                "bytes": written["bytes"], "n_files": 1, **step1}),
+    ]
+    if rank == 0:
+        records.append(("checkpoint.commit", {"since_save_start_s": 1.00, **step1}))
+    records += [
+        ("train.iteration", {"start": 3.0, "duration_s": 0.5, "step": 2, "loss": 6.9}),
+        ("checkpoint.begin", step2),
+        ("checkpoint.save", {"start": 4.0, "duration_s": (0.25, 0.45)[rank], **step2}),
+    ]
+    if rank == 0:
+        files = [{"path": "step2/mp_rank_00_model_states.pt", "bytes": 100, "seconds": 0.01}]
+        records += [
+            ("checkpoint.wait_durable", {"start": 4.5, "duration_s": 0.04, **step2}),
+            ("checkpoint.durable", {"since_save_start_s": 0.70, "files": files, "bytes": 100, "n_files": 1, **step2}),
+            ("checkpoint.failed", {"errors": STEP2_ERRORS, "target": "/ckpt", **step2}),
+        ]
+    else:
+        records.append(("checkpoint.wait_durable", {"start": 4.5, "duration_s": 0.06,
+                                                    "error": "OSError: No space left on device", **step2}))
+    return [*records, ("train.iteration", {"start": 6.0, "duration_s": 0.5, "step": 3, "loss": 6.8}),
+            ("checkpoint.begin", {"step": 3, "tag": "step3"})]
+
+
+@pytest.fixture
+def died(tmp_path) -> Path:
+    """The died phase 1's run folder: what the checkpoint folder holds afterwards is step1, its manifest, ``latest``
+    and the partial file a killed rank left of step3 (the failed step2 was removed)."""
+    run_dir = tmp_path / "died"
+    for rank in (0, 1):
+        write_events(run_dir, "train", rank, *died_rank(rank))
+    write_plan(run_dir, run_dir / "checkpoints")
+    write_files(run_dir / "checkpoints", {"step1/mp_rank_00_model_states.pt": 100, "step1/manifest.json": 50,
+                                          "step1/zero_pp_rank_1_mp_rank_00_optim_states.pt": 300,
+                                          "step3/layer_01-model_00-model_states.pt": 20})
+    (run_dir / "checkpoints" / "latest").write_text("step1\n")
+    return run_dir
+
+
+def test_a_died_phase_loses_its_failed_and_its_uncommitted_checkpoints(died):
+    lost = "begun, never committed: the phase died during the save"
+    assert results.failed_checkpoints(died, phase_failed=True) == [
+        {"tag": "step2", "error": "; ".join(STEP2_ERRORS), "latest_kept": "step1"},
+        {"tag": "step3", "error": lost, "latest_kept": "step1"},
+    ]
+
+
+def test_a_phase_that_ended_loses_only_its_failed_checkpoints(died):
+    assert results.failed_checkpoints(died, phase_failed=False) == [
+        {"tag": "step2", "error": "; ".join(STEP2_ERRORS), "latest_kept": "step1"}]
+
+
+def test_no_checkpoint_is_kept_when_none_was_committed(tmp_path):
+    run_dir = tmp_path / "run"
+    write_events(run_dir, "train", 0, ("checkpoint.begin", {"step": 2, "tag": "step2"}))
+    write_plan(run_dir, run_dir / "checkpoints")
+    write_files(run_dir / "checkpoints", {"step2/mp_rank_00_model_states.pt": 10})
+    assert results.failed_checkpoints(run_dir, phase_failed=True) == [
+        {"tag": "step2", "error": "begun, never committed: the phase died during the save", "latest_kept": None}]
+
+
+def test_checkpoints_give_none_for_what_no_rank_recorded(died):
+    """step2 was never committed and rank 1 never made it durable; nobody recorded step3's save, so its row has
+    no step and comes first."""
+    absent = {"stall_max_s": None, "stall_min_s": None, "wait_durable_max_s": None, "durable_rank_max_s": None,
+              "committed_s": None}
+    assert results.checkpoints(read_events(died)) == [
+        {"tag": "step3", "step": None, "ranks": 0, **absent, "bytes": 0, "files": 0, "bytes_per_rank_max": 0},
+        pytest.approx({"tag": "step1", "step": 1, "ranks": 2, "stall_max_s": 0.30, "stall_min_s": 0.20,
+                       "wait_durable_max_s": 0.03, "durable_rank_max_s": 0.90, "committed_s": 1.00, "bytes": 400,
+                       "files": 2, "bytes_per_rank_max": 300}),
+        pytest.approx({"tag": "step2", "step": 2, "ranks": 2, "stall_max_s": 0.45, "stall_min_s": 0.25,
+                       "wait_durable_max_s": 0.06, "durable_rank_max_s": 0.70, "committed_s": None, "bytes": 100,
+                       "files": 1, "bytes_per_rank_max": 100}),
+    ]
+
+
+def test_checkpoint_rows_are_ordered_by_step_whatever_the_order_of_the_events(run):
+    rows = results.checkpoints(list(reversed(read_events(run))))
+    assert [row["tag"] for row in rows] == ["step2", "step4", "step6"]
+
+
+def test_inventory_lists_every_file_with_its_writer_but_not_the_manifest(died):
+    """A file no durable record names (step3's, left by a killed rank) has no writer; ``latest`` has no tag."""
+    expected = [
+        {"tag": None, "path": "latest", "bytes": 6, "kind": "other", "rank": None},
+        {"tag": "step1", "path": "step1/mp_rank_00_model_states.pt", "bytes": 100, "kind": "model", "rank": 0},
+        {"tag": "step1", "path": "step1/zero_pp_rank_1_mp_rank_00_optim_states.pt", "bytes": 300,
+         "kind": "optimizer", "rank": 1},
+        {"tag": "step3", "path": "step3/layer_01-model_00-model_states.pt", "bytes": 20, "kind": "layer",
+         "rank": None},
+    ]
+    assert results.inventory(died) == expected
+    results.write_inventory(died)
+    assert json.loads((died / "inventory.json").read_text()) == expected
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("step2/layer_01-model_00-model_states.pt", "layer"),
+    ("step2/mp_rank_01_model_states.pt", "model"),
+    ("step2/zero_pp_rank_3_mp_rank_01_optim_states.pt", "optimizer"),
+    ("step2/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "optimizer"),
+    ("step2/model_pp1_tp0.lazy", "model"),
+    ("step2/optim_dp1_pp0_tp0.lazy", "optimizer"),
+    ("step2/__0_0.distcp", "other"),
+    ("step2/copy_of_mp_rank_00_model_states.pt", "other"),
+])
+def test_file_kind_follows_the_engines_file_names(name, kind):
+    assert results.file_kind(name) == kind
+
+
+REMOTE = {"scheme": "s3://", "endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "force_path_style": True,
+          "credentials": "environment variables", "client": "fsspec"}
+
+
+def test_an_object_store_run_is_read_through_the_settings_it_recorded(tmp_path, monkeypatch):
+    """A one-rank run checkpointing to S3 (a local folder stands in for the bucket): the inventory and the lost
+    checkpoints come from the store plan.json names, opened with the client settings it recorded, and the summary
+    says the files were uploaded and the restore read from S3. 1.35 MB prints as 1.4: MB are 10^6 bytes."""
+    from restartbench import storage
+
+    opened = []
+
+    def open_recorded(location, remote=None):
+        opened.append((location, remote))
+        return storage.LocalStore(tmp_path / "bucket")
+
+    monkeypatch.setattr(storage, "open_store", open_recorded)
+    run_dir = tmp_path / "run"
+    files = [{"path": "step1/mp_rank_00_model_states.pt", "bytes": 1_000_000, "seconds": 0.1},
+             {"path": "step1/zero_pp_rank_0_mp_rank_00_optim_states.pt", "bytes": 350_000, "seconds": 0.1}]
+    write_events(run_dir, "train", 0,
+                 ("train.iteration", {"start": 0.0, "duration_s": 4.0, "step": 1, "loss": 7.0}),
+                 ("checkpoint.begin", {"step": 1, "tag": "step1"}),
+                 ("checkpoint.save", {"start": 5.0, "duration_s": 0.125, "step": 1, "tag": "step1"}),
+                 ("checkpoint.durable", {"step": 1, "tag": "step1", "since_save_start_s": 2.5, "files": files,
+                                         "bytes": 1_350_000, "n_files": 2}),
+                 ("checkpoint.commit", {"step": 1, "tag": "step1", "since_save_start_s": 2.75}))
+    write_events(run_dir, "restore", 0, *back_to_back(
+        100.0, ("process.start", 1.0, {}), ("startup.imports", 2.0, {}), ("startup.ds_initialize", 1.5, {}),
+        ("restore.load", 3.0, {"tag": "step1", "cache": "remote", "resident_fraction": None, "n_files": 2,
+                               "bytes": 1_350_000}),
+        ("train.iteration", 0.5, {"step": 2, "first_after_restore": True})),
+        ("restore.result", {"tag": "step1", "exact": True, "verified": True}))
+    write_files(tmp_path / "bucket", {f["path"]: f["bytes"] for f in files})
+    (tmp_path / "bucket" / "latest").write_text("step1")
+    write_plan(run_dir, "s3://ckpt/run", remote=REMOTE)
+
+    assert [f["path"] for f in results.inventory(run_dir)] == ["latest"] + [f["path"] for f in files]
+    assert results.failed_checkpoints(run_dir, phase_failed=False) == []
+    assert opened == [("s3://ckpt/run", REMOTE)] * 2
+    assert results.summarize_run(run_dir) == [
+        ("checkpoint step1: 1.4 MB in 2 files from 1 ranks; training stalled 0.125 s (max over ranks); "
+         "durable after 2.500 s (uploaded, max over ranks); committed after 2.750 s"),
+        ("restart from step1 (read from S3): 8.00 s from launch to end of first iteration (max over ranks); "
+         "parts (s, max over ranks): launch 1.00, imports 2.00, ds init 1.50, ckpt load 3.00, 1st iter 0.50"),
+        "restore exact (state and resumed loss verified)",
+    ]
+
+
+def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_path):
+    """Engine none: the relaunch's start-up and a first iteration from fresh weights, no load."""
+    run_dir = tmp_path / "run"
+    write_events(run_dir, "restore", 0, *back_to_back(
+        50.0, ("process.start", 1.0, {}), ("startup.imports", 2.0, {}), ("startup.dist_init", 0.25, {}),
+        ("startup.model_build", 0.5, {}), ("startup.ds_initialize", 1.25, {}),
+        ("train.iteration", 0.5, {"step": 1, "first_after_restore": True})),
+        ("restore.result", {"tag": None, "exact": None, "verified": False}))
+    write_plan(run_dir, run_dir / "checkpoints")
+    info = results.restart(read_events(run_dir))
+    assert info == {"total_s": 5.5, "parts": {"launch": 1.0, "imports": 2.0, "dist init": 0.25, "model build": 0.5,
+                                              "ds init": 1.25, "engine setup": None, "ckpt load": None,
+                                              "1st iter": 0.5},
+                    "tag": None, "bytes_read": 0, "files_read": 0, "cache": None, "resident_fraction": None,
+                    "exact": None}
+    assert results.summarize_run(run_dir) == [
+        ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
+         "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "
+         "ds init 1.25, 1st iter 0.50"),
+        "restore not verified",
+    ]
+
+
+def test_a_restore_that_died_in_the_load_has_no_restart_time(tmp_path):
+    """Rank 0's load failed (its span has the error and no sizes), rank 1's succeeded; no rank resumed."""
+    run_dir = tmp_path / "run"
+    load = {"tag": "step4", "cache": "cold", "resident_fraction": 0.0}
+    write_events(run_dir, "restore", 0, *back_to_back(
+        10.0, ("process.start", 1.0, {}), ("restore.load", 0.5, {**load, "error": "RuntimeError: bad file"})))
+    write_events(run_dir, "restore", 1, *back_to_back(
+        10.0, ("process.start", 1.5, {}), ("restore.load", 2.0, {**load, "n_files": 3, "bytes": 2_000_000})))
+    write_plan(run_dir, run_dir / "checkpoints")
+    info = results.restart(read_events(run_dir))
+    assert (info["total_s"], info["parts"]["ckpt load"], info["parts"]["1st iter"]) == (None, 2.0, None)
+    assert (info["bytes_read"], info["files_read"], info["tag"], info["exact"]) == (2_000_000, 3, "step4", None)
+    assert results.summarize_run(run_dir) == []
+
+
+def test_only_the_first_resumed_iteration_counts_in_the_restart(run):
+    for rank in RANKS:  # a restore phase that went on training after its first iteration
+        write_events(run, "restore", rank, ("train.iteration", {"start": 1020.0, "duration_s": 5.0, "step": 8}))
+    info = results.restart(read_events(run))
+    assert (info["total_s"], info["parts"]["1st iter"]) == pytest.approx((8.41, 0.90))
+
+
+def test_the_summary_says_when_a_restore_is_not_exact(tmp_path):
+    run_dir = write_run(tmp_path / "logs", inexact_rank=1)
+    (run_dir / "plan.json").write_text(json.dumps({"checkpoint_dir": str(run_dir / "checkpoints")}))
+    assert results.summarize_run(run_dir)[-1] == "RESTORE NOT EXACT"
