@@ -7,8 +7,8 @@ Each target is one module (optionally only some of its functions: the predictors
 fast tests that guard it. For each, mutmut (pinned in the ``bench`` extra) mutates a scratch copy of the
 working tree, runs the guarding tests against every mutant, and reports killed, survived, timed-out and
 untested mutants. A survivor is a change to the code that no test notices: either a missing test, or an
-equivalent mutant (the program's behaviour does not change), which ``ACCEPTED`` lists with the reason, keyed
-by the mutated line so that a changed line must be looked at again.
+equivalent mutant (the program's behaviour does not change), which ``bench/mutation_accepted/<module>.yaml``
+lists with the reason, keyed by the mutated line so that a changed line must be looked at again.
 
 Target: no surviving mutant in verify.py and integrity.py; at least 90 % killed elsewhere; every survivor
 listed. Writes ``bench/results/YYYY-MM-DD-<machine>-mutation.json`` and ``.md``.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -59,21 +62,17 @@ TARGETS = (
     Target("predictor sizes", "restartbench/plan.py", ("tests/test_predict.py",), 0.9, PLAN_SIZE_FUNCTIONS),
 )
 
-# Survivors judged equivalent or accepted, keyed by (module, the mutated line as mutmut shows it, stripped).
-ACCEPTED: dict[tuple[str, str], str] = {
-    ("restartbench/layout.py",
-     'return ", ".join(str(d) for d in range(1, n + 2) if n % d == 0 and d <= 64)'):
-        "equivalent: n + 1 never divides n (n ≥ 1), so the extra candidate is never listed",
-    ("restartbench/results.py",
-     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=None) + "\\n")'):
-        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
-    ("restartbench/results.py",
-     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=2) + "\\n")'):
-        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
-    ("restartbench/results.py",
-     '(Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), ) + "\\n")'):
-        "equivalent: only the whitespace between JSON tokens changes; every reader of inventory.json parses it",
-}
+ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <module stem>.yaml: survivors judged equivalent, and why
+
+
+def accepted(module: str) -> dict[str, str]:
+    """{mutated line: why it is equivalent} for one module, from bench/mutation_accepted/<stem>.yaml."""
+    path = ACCEPTED_DIR / f"{Path(module).stem}.yaml"
+    return {entry["line"]: entry["why"] for entry in yaml.safe_load(path.read_text()) or []} if path.exists() else {}
+
+
+# What the tests read beside the package (mutmut's copy holds only the package and tests/ otherwise).
+ALSO_COPY = ("templates", "docs", "third_party", "config-n-run.py", "analysis", "constraints.txt")
 
 STATUS_LINE = re.compile(r"^\s*(\S+): (.+)$")
 
@@ -86,11 +85,11 @@ def scratch_copy(target: Target, into: Path) -> None:
         if source.is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
-    tests = ", ".join(f'"{t}"' for t in target.tests)
-    with open(into / "pyproject.toml", "a") as handle:
-        handle.write(f'\n[tool.mutmut]\nsource_paths = ["restartbench"]\nonly_mutate = ["{target.module}"]\n'
-                     f'pytest_add_cli_args_test_selection = [{tests}]\n'
-                     'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not multirank"]\n')
+    settings = {"source_paths": ["restartbench"], "only_mutate": [target.module],
+                "pytest_add_cli_args_test_selection": list(target.tests), "also_copy": list(ALSO_COPY),
+                "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "-m", "not multirank"]}
+    with open(into / "pyproject.toml", "a") as handle:  # a JSON list of strings is a TOML array
+        handle.write("\n[tool.mutmut]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items()))
 
 
 def mutmut(args: list[str], cwd: Path) -> str:
@@ -118,13 +117,13 @@ def run_target(target: Target, workdir: Path) -> dict:
     counts: dict[str, int] = {}
     for status in statuses.values():
         counts[status] = counts.get(status, 0) + 1
-    survivors = []
+    survivors, equivalents = [], accepted(target.module)
     for name, status in sorted(statuses.items()):
         if status == "killed":
             continue
         line = mutated_line(name, workdir)
         survivors.append({"mutant": name, "status": status, "line": line,
-                          "accepted": ACCEPTED.get((target.module, line))})
+                          "accepted": equivalents.get(line)})
     counted = len(statuses) - sum(1 for s in survivors if s["accepted"])
     killed = counts.get("killed", 0)
     score = killed / counted if counted else 1.0

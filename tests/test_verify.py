@@ -45,7 +45,8 @@ def engine():
             ds_engine.step()
             yield ds_engine
         finally:
-            dist.destroy_process_group()
+            deepspeed.comm.destroy_process_group()  # DeepSpeed's: also drops its cached groups, so a second
+            # engine in this process (mutmut runs the tests twice in one) does not use the destroyed one
 
 
 def _optimizer_state(ds_engine):
