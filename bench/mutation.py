@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated target names (default: all)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
+    if not MUTMUT.exists():
+        print(f"bench/mutation.py needs mutmut ({MUTMUT} is missing): "
+              "pip install -c constraints.txt -e '.[bench]'", file=sys.stderr)
+        return 2
     meta = run_meta("mutation", sys.argv[1:] if argv is None else argv, args.machine)
     wanted = args.targets.split(",")
     rows = []
