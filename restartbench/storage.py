@@ -13,10 +13,8 @@ role; Google's application default credentials): they are never options, so they
 The harness reaches the checkpoint's own files (the manifest, ``latest``, the hashes, the listing of
 committed tags) through a ``Store``: ``LocalStore`` for a folder; ``S3Store`` (s3torchconnector) or
 ``FsspecStore`` for a prefix, where one object PUT is atomic (a reader sees the old ``latest`` or the new
-one, never a torn one) and an object is durable once its upload has completed. ``engine_for_target`` gives
-the checkpoint engine that writes to the target (each engine registered with ``object_store`` has a
-``for_store``): for DeepSpeed's default engine, ``ObjectStoreTorchEngine`` runs DeepSpeed's own
-``save_checkpoint``/``load_checkpoint`` with every file streamed through the store's client.
+one, never a torn one) and an object is durable once its upload has completed. The engines that write to an
+object store live with the engines (``restartbench.engines.object_store``); this module knows no engine.
 
 The object-store clients are imported only when such a target is used.
 """
@@ -26,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import glob
 import hashlib
 import importlib
 import importlib.metadata
@@ -41,10 +38,9 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
-from restartbench.engines import fsync_dir, object_store_engines
-from restartbench.engines.deepspeed_engines import FileRecord, TorchEngine
+from restartbench.durability import fsync_dir
 
 S3_SCHEME, GS_SCHEME = "s3://", "gs://"
 OBJECT_SCHEMES = (S3_SCHEME, GS_SCHEME)
@@ -614,11 +610,8 @@ def probe(store: ObjectStore) -> None:
     quick.delete(name)
 
 
-# --- checkpoint engines writing to an object store ------------------------------------------------
-
-
-def check_remote_target(engine: str, location: str, client: str | None) -> ObjectLocation:
-    """The parsed location, if this installation, ``engine`` and ``client`` can checkpoint to it; else StorageError."""
+def check_remote_location(location: str, client: str | None) -> ObjectLocation:
+    """The parsed location, if this installation and ``client`` can reach it; else StorageError."""
     where = ObjectLocation.parse(location)
     if where.scheme == GS_SCHEME and client not in (None, "fsspec"):
         raise StorageError(f"gs:// checkpoints go through fsspec (gcsfs); --object-client {client} applies to s3:// only")
@@ -628,11 +621,6 @@ def check_remote_target(engine: str, location: str, client: str | None) -> Objec
         package, _module, _cls, install = FSSPEC_FILESYSTEMS[where.scheme]
     if importlib.util.find_spec(package) is None:
         raise StorageError(f"checkpoints to {location} need the Python package {package}: {install}")
-    able = object_store_engines()
-    if engine not in able:
-        raise StorageError(f"engine {engine!r} writes local files only, so it cannot checkpoint to {location}; "
-                           f"with an object-store --checkpoint-dir use --engine {', '.join(able)}, or give a "
-                           "local --checkpoint-dir")
     return where
 
 
@@ -642,154 +630,6 @@ def resolve_settings(where: ObjectLocation, options: Any) -> S3Settings | GCSSet
         return GCSSettings.resolve(options.gcs_endpoint)
     return S3Settings.resolve(options.s3_endpoint, options.s3_region, options.s3_path_style,
                               client=options.object_client)
-
-
-def engine_for_target(engine: Any, store: LocalStore | ObjectStore) -> Any:
-    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder (and for ``none``, which
-    writes nothing); for an object store the one its ``for_store`` gives (engines registered with ``object_store``)."""
-    if not store.remote or not engine.saves_state:
-        return engine
-    for_store = getattr(engine, "for_store", None)
-    if for_store is None:
-        raise StorageError(f"engine {type(engine).__name__} cannot write to {store.location}; use --engine "
-                           f"{', '.join(object_store_engines())}")
-    return for_store(store)
-
-
-class ObjectFileEngine:
-    """A DeepSpeed checkpoint engine that streams each file to the object store (``torch.save`` into the store
-    client's writer: a multipart upload for objects larger than one part) and loads with ``torch.load`` from its
-    reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` (or gs://) are the object URLs. Everything but save,
-    load and makedirs is DeepSpeed's own torch engine's (``inner``)."""
-
-    def __init__(self, inner: Any, store: ObjectStore):
-        self.inner, self.store = inner, store
-        self.saved: list[FileRecord] = []
-        self.loaded: list[FileRecord] = []
-        self.sizes: dict[str, int] = {}
-        """Object URL -> bytes, from the listing taken before a load."""
-        self.durable_at = time.perf_counter()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        """An object store has no folders: a key prefix exists once an object is written under it."""
-
-    def save(self, state_dict: Any, path: str) -> None:
-        import torch
-
-        start = time.perf_counter()
-        try:
-            with self.store.writer(path) as writer:
-                torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
-                size = writer.tell()
-        except self.store.client_errors as error:  # the client's error, said in words, with the object
-            raise self.store.error(error, f"uploading {path}") from None
-        # leaving the block completed the upload: the object is durable and visible from here on
-        self.durable_at = time.perf_counter()
-        self.saved.append(FileRecord(path, size, self.durable_at - start))
-
-    def load(self, path: str, map_location: Any = None) -> Any:
-        import torch
-
-        start = time.perf_counter()
-        try:
-            with self.store.reader(path) as reader:
-                state = torch.load(reader, map_location=map_location, weights_only=False)
-        except self.store.client_errors as error:
-            raise self.store.error(error, f"downloading {path}") from None
-        self.loaded.append(FileRecord(path, self.sizes.get(path, 0), time.perf_counter() - start))
-        return state
-
-
-class ObjectStoreTorchEngine(TorchEngine):
-    """DeepSpeed's default engine (``torch``) with its files in an object store, through DeepSpeed's own save and load.
-
-    Two places where DeepSpeed 0.19.8 reaches the local file system directly, not through its checkpoint
-    engine, are answered for the object store (each stated in ``workarounds`` or here):
-
-    - at save, global rank 0 copies ``zero_to_fp32.py`` and ``zero_to_torch.py`` into the tag folder with
-      ``shutil.copyfile``: here they are uploaded instead (same bytes; like DeepSpeed's copy they are not
-      checkpoint-engine files, so they are not in the manifest);
-    - at load, DeepSpeed finds the model files with ``glob.glob`` and checks names with ``os.path.exists``:
-      for object URLs only, and only during the load, both are answered from one listing of the tag's
-      objects, taken before the load (and counted in it). Local paths go to the real functions.
-
-    A file is durable when its upload has completed (inside ``save``), so there is no fsync to wait for.
-    """
-
-    def __init__(self, options: Any, store: ObjectStore):
-        super().__init__(options)
-        self.store = store
-        self._files: ObjectFileEngine | None = None
-
-    def _object_files(self, ds_engine: Any) -> ObjectFileEngine:
-        if self._files is None or ds_engine.checkpoint_engine is not self._files:
-            self._files = ObjectFileEngine(ds_engine.checkpoint_engine, self.store)
-            ds_engine.checkpoint_engine = self._files
-            ds_engine._copy_recovery_script = self._upload_recovery_scripts
-        return self._files
-
-    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
-        files = self._object_files(ds_engine)
-        files.saved.clear()
-        self.workarounds = []
-        ds_engine.save_checkpoint(save_dir, tag=tag, save_latest=False)
-
-    def _upload_recovery_scripts(self, save_path: str) -> None:
-        import deepspeed
-
-        utils = Path(deepspeed.__file__).parent / "utils"
-        for script in ("zero_to_fp32.py", "zero_to_torch.py"):
-            self.store.write_durably(self.store.relative(f"{save_path.rstrip('/')}/{script}"),
-                                     (utils / script).read_text())
-        self.workarounds.append("uploaded DeepSpeed's zero_to_fp32.py and zero_to_torch.py to the checkpoint prefix, "
-                                "where DeepSpeed puts them in a folder (it copies them with shutil.copyfile, which "
-                                "writes local files only)")
-
-    def wait_until_durable(self) -> float:
-        return self._files.durable_at if self._files else time.perf_counter()
-
-    def written(self) -> list[FileRecord]:
-        return list(self._files.saved) if self._files else []
-
-    def read(self) -> list[FileRecord]:
-        return list(self._files.loaded) if self._files else []
-
-    def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
-        files = self._object_files(ds_engine)
-        files.loaded.clear()
-        files.sizes = {self.store.url_of(k): size for k, size in self.store.files(tag).items()}
-        with object_paths_from_listing(files.sizes, self.store.where.scheme):
-            path, _client_state = ds_engine.load_checkpoint(
-                load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
-        if path is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag!r} under {load_dir}")
-
-
-@contextlib.contextmanager
-def object_paths_from_listing(objects: dict[str, int], scheme: str) -> Iterator[None]:
-    """While active, ``glob.glob`` and ``os.path.exists`` answer paths starting with ``scheme`` (s3://, gs://) from
-    ``objects`` (URL -> bytes); every other path goes to the real functions."""
-    real_glob, real_exists = glob.glob, os.path.exists
-
-    def object_glob(pattern: Any, *args: Any, **kwargs: Any) -> list[str]:
-        if not str(pattern).startswith(scheme):
-            return real_glob(pattern, *args, **kwargs)
-        folder = posixpath.dirname(pattern)
-        return sorted(u for u in objects if posixpath.dirname(u) == folder and fnmatch.fnmatchcase(u, pattern))
-
-    def object_exists(path: Any) -> bool:
-        if not isinstance(path, str) or not path.startswith(scheme):
-            return real_exists(path)
-        return path in objects or any(u.startswith(path.rstrip("/") + "/") for u in objects)
-
-    glob.glob, os.path.exists = object_glob, object_exists
-    try:
-        yield
-    finally:
-        glob.glob, os.path.exists = real_glob, real_exists
 
 
 # --- the object-store baseline: a plain upload and download of the same size, through each client ----------

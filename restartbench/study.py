@@ -120,7 +120,8 @@ def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, An
     if scheme is None:
         return str((Path(location) if location else run_dir / "checkpoints").resolve()), None
     try:
-        where = storage.check_remote_target(cfg.engine.engine, location, options.object_client)
+        where = storage.check_remote_location(location, options.object_client)
+        engines.refuse_unless_object_store(cfg.engine.engine, location)
     except storage.StorageError as error:
         raise StudyError(str(error)) from None
     return where.url, storage.settings_to_plan(storage.resolve_settings(where, options))

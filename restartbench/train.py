@@ -96,11 +96,9 @@ class RankRun:
         with self.log.span("startup.ds_initialize"):
             ds_config = json.loads((self.run_dir / "ds_config.json").read_text())
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
-        from restartbench.engines import create_engine
+        from restartbench.engines import create_engine, engine_for_target
 
         with self.log.span("startup.engine", engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
-            from restartbench.storage import engine_for_target
-
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
             if hasattr(self.ckpt_engine, "prepare"):
                 setup.update(self.ckpt_engine.prepare(self.engine))

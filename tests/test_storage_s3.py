@@ -14,7 +14,8 @@ import s3torchconnector  # noqa: F401  (the test extra; a missing one is an erro
 from conftest import run_study
 from s3server import SeaweedS3, SeaweedUnavailable, free_ports
 
-from restartbench import storage, study
+from restartbench import engines, storage, study
+from restartbench.engines.deepspeed_engines import ObjectFileEngine, object_paths_from_listing
 from restartbench.config import config_from_args
 from restartbench.events import read_events
 
@@ -86,18 +87,19 @@ def test_settings_from_options_before_environment_and_no_secret_values():
 
 def test_engines_that_write_local_files_are_refused_for_s3():
     with pytest.raises(storage.StorageError, match="engine 'lazy' writes local files only.*--engine none, torch, dcp"):
-        storage.check_remote_target("lazy", "s3://b/p", None)
+        engines.refuse_unless_object_store("lazy", "s3://b/p")
     for able in ("torch", "dcp", "dcp-async", "none"):
-        assert storage.check_remote_target(able, "s3://b/p", "fsspec").bucket == "b"
+        engines.refuse_unless_object_store(able, "s3://b/p")
+    assert storage.check_remote_location("s3://b/p", "fsspec").bucket == "b"
     with pytest.raises(storage.StorageError, match="gs:// checkpoints go through fsspec"):
-        storage.check_remote_target("torch", "gs://b/p", "s3torchconnector")
+        storage.check_remote_location("gs://b/p", "s3torchconnector")
 
 
 def test_listing_answers_glob_and_exists_for_s3_paths_only(tmp_path):
     (tmp_path / "local.pt").write_bytes(b"x")
     objects = {"s3://b/p/step2/layer_00-model_00-model_states.pt": 10, "s3://b/p/step2/mp_rank_00_model_states.pt": 5,
                "s3://b/p/step2/sub/layer_00-x-model_states.pt": 1}
-    with storage.object_paths_from_listing(objects, "s3://"):
+    with object_paths_from_listing(objects, "s3://"):
         import glob
 
         assert glob.glob("s3://b/p/step2/layer_00-*model_states.pt") == ["s3://b/p/step2/layer_00-model_00-model_states.pt"]
@@ -181,7 +183,7 @@ def test_object_above_the_multipart_threshold_round_trips_exactly(s3_env, client
 
     store = s3_store("s3://ckpt/multipart", client)
     inner = type("DeepSpeedTorchEngine", (), {"zipfile_serialization": True})()
-    files = storage.ObjectFileEngine(inner, store)
+    files = ObjectFileEngine(inner, store)
     state = {"w": torch.randn(3 * 2**20, generator=torch.Generator().manual_seed(0)), "step": 7}
     url = store.url_of("step1/big.pt")
     files.save(state, url)

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from restartbench.config import EngineConfig
+from restartbench.durability import fsync_files
+from restartbench.storage import LocalStore, ObjectStore, StorageError
 
 
 @dataclass(frozen=True)
@@ -205,14 +207,6 @@ def create_engine(options: EngineConfig):
     return getattr(importlib.import_module(info.module), info.cls)(options)
 
 
-def fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def durable_now(records: list[Any]) -> float:
     """fsync the files of these records (anything with a ``path``) and their folders; return the
     ``time.perf_counter()`` at which they were durable (what ``wait_until_durable`` returns)."""
@@ -220,14 +214,22 @@ def durable_now(records: list[Any]) -> float:
     return time.perf_counter()
 
 
-def fsync_files(paths: list[str]) -> None:
-    """fsync each file, then each distinct parent folder (so the names are durable too)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    for folder in sorted({os.path.dirname(p) for p in paths}):
-        fsync_dir(folder)
+def refuse_unless_object_store(name: str, location: str) -> None:
+    """Raise StorageError unless engine ``name`` can checkpoint to the object-store ``location``."""
+    able = object_store_engines()
+    if name not in able:
+        raise StorageError(f"engine {name!r} writes local files only, so it cannot checkpoint to {location}; "
+                           f"with an object-store --checkpoint-dir use --engine {', '.join(able)}, or give a "
+                           "local --checkpoint-dir")
 
+
+def engine_for_target(engine: Any, store: LocalStore | ObjectStore) -> Any:
+    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder (and for ``none``, which
+    writes nothing); for an object store the one its ``for_store`` gives (engines registered with ``object_store``)."""
+    if not store.remote or not engine.saves_state:
+        return engine
+    for_store = getattr(engine, "for_store", None)
+    if for_store is None:
+        raise StorageError(f"engine {type(engine).__name__} cannot write to {store.location}; use --engine "
+                           f"{', '.join(object_store_engines())}")
+    return for_store(store)

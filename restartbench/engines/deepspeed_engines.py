@@ -3,19 +3,26 @@
 DeepSpeed routes every file of a checkpoint through ``ds_engine.checkpoint_engine.save``
 and ``.load``. Wrapping that object (``RecordingCheckpointEngine``) tells us exactly which
 files this rank wrote or read, how big they are and how long each took, without touching
-DeepSpeed's code paths or naming rules.
+DeepSpeed's code paths or naming rules. With an object-store target (s3://, gs://), DeepSpeed's default
+engine streams every file through the store's client (``ObjectStoreTorchEngine``, ``restartbench.storage``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import glob
 import os
+import posixpath
 import re
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from restartbench.config import EngineConfig
 from restartbench.engines import durable_now
+from restartbench.storage import ObjectStore
 
 
 @dataclass
@@ -106,8 +113,6 @@ class TorchEngine(DeepSpeedEngine):
 
     def for_store(self, store: Any) -> Any:
         """For an object store: the same engine with every file streamed through the store's client."""
-        from restartbench.storage import ObjectStoreTorchEngine
-
         return ObjectStoreTorchEngine(self.options, store)
 
 
@@ -304,3 +309,142 @@ class DecoupledEngine(DeepSpeedEngine):
 
 class DataStatesEngine(DeepSpeedEngine):
     """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), as shipped; needs the ``datastates`` package."""
+
+
+# --- DeepSpeed's default engine with its files in an object store ------------------------------------
+
+
+class ObjectFileEngine:
+    """A DeepSpeed checkpoint engine that streams each file to the object store (``torch.save`` into the store
+    client's writer: a multipart upload for objects larger than one part) and loads with ``torch.load`` from its
+    reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` (or gs://) are the object URLs. Everything but save,
+    load and makedirs is DeepSpeed's own torch engine's (``inner``)."""
+
+    def __init__(self, inner: Any, store: ObjectStore):
+        self.inner, self.store = inner, store
+        self.saved: list[FileRecord] = []
+        self.loaded: list[FileRecord] = []
+        self.sizes: dict[str, int] = {}
+        """Object URL -> bytes, from the listing taken before a load."""
+        self.durable_at = time.perf_counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """An object store has no folders: a key prefix exists once an object is written under it."""
+
+    def save(self, state_dict: Any, path: str) -> None:
+        import torch
+
+        start = time.perf_counter()
+        try:
+            with self.store.writer(path) as writer:
+                torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
+                size = writer.tell()
+        except self.store.client_errors as error:  # the client's error, said in words, with the object
+            raise self.store.error(error, f"uploading {path}") from None
+        # leaving the block completed the upload: the object is durable and visible from here on
+        self.durable_at = time.perf_counter()
+        self.saved.append(FileRecord(path, size, self.durable_at - start))
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        import torch
+
+        start = time.perf_counter()
+        try:
+            with self.store.reader(path) as reader:
+                state = torch.load(reader, map_location=map_location, weights_only=False)
+        except self.store.client_errors as error:
+            raise self.store.error(error, f"downloading {path}") from None
+        self.loaded.append(FileRecord(path, self.sizes.get(path, 0), time.perf_counter() - start))
+        return state
+
+
+class ObjectStoreTorchEngine(TorchEngine):
+    """DeepSpeed's default engine (``torch``) with its files in an object store, through DeepSpeed's own save and load.
+
+    Two places where DeepSpeed 0.19.8 reaches the local file system directly, not through its checkpoint
+    engine, are answered for the object store (each stated in ``workarounds`` or here):
+
+    - at save, global rank 0 copies ``zero_to_fp32.py`` and ``zero_to_torch.py`` into the tag folder with
+      ``shutil.copyfile``: here they are uploaded instead (same bytes; like DeepSpeed's copy they are not
+      checkpoint-engine files, so they are not in the manifest);
+    - at load, DeepSpeed finds the model files with ``glob.glob`` and checks names with ``os.path.exists``:
+      for object URLs only, and only during the load, both are answered from one listing of the tag's
+      objects, taken before the load (and counted in it). Local paths go to the real functions.
+
+    A file is durable when its upload has completed (inside ``save``), so there is no fsync to wait for.
+    """
+
+    def __init__(self, options: Any, store: ObjectStore):
+        super().__init__(options)
+        self.store = store
+        self._files: ObjectFileEngine | None = None
+
+    def _object_files(self, ds_engine: Any) -> ObjectFileEngine:
+        if self._files is None or ds_engine.checkpoint_engine is not self._files:
+            self._files = ObjectFileEngine(ds_engine.checkpoint_engine, self.store)
+            ds_engine.checkpoint_engine = self._files
+            ds_engine._copy_recovery_script = self._upload_recovery_scripts
+        return self._files
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        files = self._object_files(ds_engine)
+        files.saved.clear()
+        self.workarounds = []
+        ds_engine.save_checkpoint(save_dir, tag=tag, save_latest=False)
+
+    def _upload_recovery_scripts(self, save_path: str) -> None:
+        import deepspeed
+
+        utils = Path(deepspeed.__file__).parent / "utils"
+        for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+            self.store.write_durably(self.store.relative(f"{save_path.rstrip('/')}/{script}"),
+                                     (utils / script).read_text())
+        self.workarounds.append("uploaded DeepSpeed's zero_to_fp32.py and zero_to_torch.py to the checkpoint prefix, "
+                                "where DeepSpeed puts them in a folder (it copies them with shutil.copyfile, which "
+                                "writes local files only)")
+
+    def wait_until_durable(self) -> float:
+        return self._files.durable_at if self._files else time.perf_counter()
+
+    def written(self) -> list[FileRecord]:
+        return list(self._files.saved) if self._files else []
+
+    def read(self) -> list[FileRecord]:
+        return list(self._files.loaded) if self._files else []
+
+    def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
+        files = self._object_files(ds_engine)
+        files.loaded.clear()
+        files.sizes = {self.store.url_of(k): size for k, size in self.store.files(tag).items()}
+        with object_paths_from_listing(files.sizes, self.store.where.scheme):
+            path, _client_state = ds_engine.load_checkpoint(
+                load_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag!r} under {load_dir}")
+
+
+@contextlib.contextmanager
+def object_paths_from_listing(objects: dict[str, int], scheme: str) -> Iterator[None]:
+    """While active, ``glob.glob`` and ``os.path.exists`` answer paths starting with ``scheme`` (s3://, gs://) from
+    ``objects`` (URL -> bytes); every other path goes to the real functions."""
+    real_glob, real_exists = glob.glob, os.path.exists
+
+    def object_glob(pattern: Any, *args: Any, **kwargs: Any) -> list[str]:
+        if not str(pattern).startswith(scheme):
+            return real_glob(pattern, *args, **kwargs)
+        folder = posixpath.dirname(pattern)
+        return sorted(u for u in objects if posixpath.dirname(u) == folder and fnmatch.fnmatchcase(u, pattern))
+
+    def object_exists(path: Any) -> bool:
+        if not isinstance(path, str) or not path.startswith(scheme):
+            return real_exists(path)
+        return path in objects or any(u.startswith(path.rstrip("/") + "/") for u in objects)
+
+    glob.glob, os.path.exists = object_glob, object_exists
+    try:
+        yield
+    finally:
+        glob.glob, os.path.exists = real_glob, real_exists

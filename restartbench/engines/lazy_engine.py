@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from restartbench.config import EngineConfig
-from restartbench.engines import fsync_dir
+from restartbench.durability import fsync_dir
 from restartbench.engines.deepspeed_engines import FileRecord
 from restartbench.faults import save_fault
 
