@@ -18,8 +18,7 @@ import torch
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:
-    flat = tensor.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.numel() else flat
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)  # as bytes: numpy has no bfloat16
     digest = hashlib.blake2b(digest_size=12)
     digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
     digest.update(raw.cpu().numpy().tobytes())

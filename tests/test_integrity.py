@@ -1,10 +1,12 @@
 """The manifest check a restore relies on, on real files: every damaged file is named with what is wrong."""
 
 import hashlib
+import json
+import os
 
 import pytest
 
-from restartbench.integrity import check_share, committed_tags, read_manifest, write_manifest
+from restartbench.integrity import check_share, committed_tags, read_manifest, sha256_of, write_manifest
 
 
 def _commit(root, tag, contents):
@@ -70,6 +72,29 @@ def test_committed_tags_are_newest_step_first_and_skip_tags_without_a_manifest(t
     (tmp_path / "step12" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"partial")
     (tmp_path / "latest").write_text("step10")
     assert committed_tags(tmp_path) == ["step10", "step4", "step2"]
+
+
+def test_a_committed_folder_without_a_step_in_its_name_sorts_after_every_step(tmp_path):
+    for tag in ("final", "step0", "step3"):
+        _commit(tmp_path, tag, _shards(count=1))
+    assert committed_tags(tmp_path) == ["step3", "step0", "final"]
+
+
+def test_the_manifest_names_its_tag_and_lists_every_file_sorted_by_path(tmp_path):
+    """The file itself, for every reader and not only ``read_manifest``: ``tag`` and ``files``, each with its path
+    relative to the checkpoint folder, size, SHA-256 and the rank that wrote it."""
+    shards = _shards(count=2)
+    _commit(tmp_path, "step4", shards)
+    expected = [{"path": f"step4/{name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rank": rank}
+                for rank, (name, data) in enumerate(shards.items())]
+    assert json.loads((tmp_path / "step4" / "manifest.json").read_text()) == {"tag": "step4", "files": expected}
+
+
+def test_a_files_recorded_hash_is_its_sha256(tmp_path):
+    """What a commit records for a file (``sha256_of``), over the whole file, past any read buffer."""
+    data = os.urandom(3 * 2**20 + 5)
+    (tmp_path / "shard.pt").write_bytes(data)
+    assert sha256_of(tmp_path / "shard.pt") == sha256_of(str(tmp_path / "shard.pt")) == hashlib.sha256(data).hexdigest()
 
 
 def test_reading_the_manifest_of_an_uncommitted_tag_says_never_committed(tmp_path):

@@ -1,10 +1,13 @@
-"""Page-cache eviction and measurement on real files (no mocks: mincore reports what the kernel holds).
+"""Page-cache eviction and measurement on real files (mincore reports what the kernel holds).
 
 A restore is labelled cold only when mincore shows no page of the checkpoint resident. The tests that
 evict first check, with ``posix_fadvise`` called here directly, that the test folder's file system drops
 pages at all; where it does not (tmpfs, some overlays), they are skipped naming the file system.
+Only what a single process cannot produce is stood in for: a failing mincore, and the other ranks of a job.
 """
 
+import ctypes
+import errno
 import hashlib
 import os
 import shutil
@@ -105,6 +108,31 @@ def test_reading_a_file_makes_it_warm_again(evictable):
     assert state.resident_fraction == pytest.approx(1.0) and state.label == "warm"
 
 
+def test_pages_are_counted_whole_and_a_never_read_page_is_not_resident(tmp_path):
+    """A sparse file was never read or written: none of its pages is in the cache; a file just read is."""
+    sparse, size = tmp_path / "sparse", 3 * pagecache.PAGE + 1
+    with open(sparse, "wb") as handle:
+        handle.truncate(size)
+    assert pagecache.resident_pages(sparse) == (0, 4)
+    _written(tmp_path / "read", size).read_bytes()
+    assert pagecache.resident_pages(tmp_path / "read") == (4, 4)
+
+
+def test_a_failed_measurement_is_an_error_naming_the_file_never_a_label(tmp_path, monkeypatch):
+    """Nothing is known of residency when mincore fails: read as 'nothing resident', it would label a warm restore cold."""
+    class FailingLibc:
+        @staticmethod
+        def mincore(*_):
+            ctypes.set_errno(errno.ENOMEM)
+            return -1
+
+    path = _written(tmp_path / "shard.pt")
+    monkeypatch.setattr(pagecache, "_libc", FailingLibc)
+    with pytest.raises(OSError) as failure:
+        pagecache.measure([path])
+    assert (failure.value.errno, failure.value.strerror) == (errno.ENOMEM, f"mincore failed on {path}")
+
+
 def test_empty_files_and_no_files_count_as_nothing_resident(tmp_path):
     empty = tmp_path / "empty"
     empty.touch()
@@ -125,6 +153,32 @@ def test_a_warm_restore_leaves_the_checkpoint_resident_and_says_warm(evictable, 
     paths[0].read_bytes()
     assert pagecache.before_restore(evictable, "step4", "warm") == {
         "cache": "warm", "resident_fraction": 1.0, "cache_requested": "warm"}
+
+
+@pytest.fixture
+def another_rank(monkeypatch):
+    """Joins this process to a stand-in second rank of the job: ``before_restore``'s all-gather returns this rank's
+    resident fraction and ``theirs`` (``None`` from a rank that is not its node's first)."""
+    def join(theirs):
+        monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+        monkeypatch.setattr(dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), [mine, theirs]))
+    return join
+
+
+def test_a_page_resident_on_another_node_makes_the_restore_warm(evictable, another_rank):
+    _checkpoint(evictable)
+    another_rank(0.25)
+    assert pagecache.before_restore(evictable, "step4", "cold") == {
+        "cache": "warm", "resident_fraction": 0.25, "cache_requested": "cold"}
+
+
+def test_a_nodes_other_ranks_leave_the_files_to_its_first(tmp_path, another_rank, monkeypatch):
+    """Each node has one page cache, evicted and measured by its LOCAL_RANK 0: the others do not even read the
+    manifest (there is none here), and take the label from what the first ranks found."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    another_rank(0.0)
+    assert pagecache.before_restore(tmp_path, "step4", "cold") == {
+        "cache": "cold", "resident_fraction": 0.0, "cache_requested": "cold"}
 
 
 @pytest.fixture

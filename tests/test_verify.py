@@ -3,10 +3,12 @@
 The state is a real single-rank DeepSpeed engine in this process (ZeRO-1, torch AdamW and WarmupLR as the
 study configures them), stepped once, so the digest sees what ``training_state_digest`` sees in a run: the
 module, DeepSpeed's optimizer state_dict with the wrapped AdamW's moments and ZeRO's fp32 partition, the
-scheduler and the step counter. Each test changes one value in place, takes the digest, and undoes it.
+scheduler and the step counter. Each test on it changes one value in place, takes the digest, and undoes it.
+The rest is tested on its own: the hash of a tensor, the digest files in the run folder, the list of problems.
 """
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import deepspeed
 import pytest
@@ -16,7 +18,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from restartbench import runtime
-from restartbench.verify import compare, digest, tensor_hash, training_state_digest
+from restartbench.verify import (
+    compare,
+    digest,
+    digest_path,
+    module_digest,
+    read_digest,
+    tensor_hash,
+    training_state_digest,
+    write_digest,
+)
 
 DS_CONFIG = {
     "train_batch_size": 2,
@@ -136,6 +147,39 @@ def test_same_bytes_under_another_dtype_or_shape_differ():
     assert compare(digest({"w": zeros}), digest({"w": zeros.view(2, 3)})) == ["w: differs"]
 
 
+def test_a_digest_is_the_same_in_every_process():
+    """Phase 2 compares against what phase 1 recorded in another process: a tensor's hash depends only on its
+    dtype, shape and bytes (values pinned here)."""
+    assert tensor_hash(torch.arange(6, dtype=torch.float32).view(2, 3)) == "50e040d95cf11aca47eb2492"
+    assert tensor_hash(torch.arange(6, dtype=torch.bfloat16)) == "5798eae1a415d4c2e0bbffe7"
+
+
+def test_bfloat16_tensors_empty_or_not_are_digested():
+    """bf16 is the study's precision, and numpy has no bfloat16: the bytes are hashed, whatever the dtype."""
+    ones, empty = torch.ones(3, dtype=torch.bfloat16), torch.empty(0, dtype=torch.bfloat16)
+    hashes = {tensor_hash(t) for t in (ones, ones.view(torch.float16), empty, empty.view(torch.float16))}
+    assert len(hashes) == 4
+
+
+def test_none_is_recorded_and_objects_without_training_state_are_left_out():
+    """An object's repr holds its address, which differs in the restoring process: recorded, it would fail
+    every restore."""
+    class Bookkeeping:
+        pass
+
+    assert digest({"clip": None, "hook": Bookkeeping(), "lr": 0.1}) == {"clip": "None", "lr": "0.1"}
+
+
+def test_an_engine_without_optimizer_or_scheduler_digests_its_module_and_step():
+    engine = SimpleNamespace(module=torch.nn.Linear(2, 1), optimizer=None, lr_scheduler=None, global_steps=3)
+    assert training_state_digest(engine).keys() == {"module.weight", "module.bias", "global_steps"}
+
+
+def test_the_resumed_weights_are_digested_under_the_state_digests_keys(engine):
+    state = training_state_digest(engine)
+    assert module_digest(engine) == {key: value for key, value in state.items() if key.startswith("module.")}
+
+
 def test_integer_optimizer_ids_turned_into_strings_are_caught(engine):
     saved = engine.optimizer.state_dict()
     restored = engine.optimizer.state_dict()
@@ -153,3 +197,26 @@ def test_a_long_list_of_problems_is_cut_at_the_limit_and_counts_the_rest(differi
     problems = compare(saved, restored, limit=limit)
     shown = [f"k{i:02d}: differs" for i in range(min(differing, limit))]
     assert problems == (shown + [f"... and {differing - limit} more"] if differing > limit else shown)
+
+
+def test_by_default_ten_problems_are_listed_and_the_rest_counted():
+    saved = {f"k{i:02d}": "a" for i in range(12)}
+    problems = compare(saved, {key: "b" for key in saved})
+    assert problems == [f"k{i:02d}: differs" for i in range(10)] + ["... and 2 more"]
+
+
+def test_each_ranks_digest_is_recorded_under_the_run_folder_and_read_back(tmp_path):
+    """``digests/<tag>/rank<NNNNN>.json`` as the README's run folder lists it, one file per rank in one folder."""
+    run_dir = tmp_path / "run"
+    values = {rank: {"module.0.weight": f"hash-of-rank-{rank}", "global_steps": "4"} for rank in (0, 3)}
+    for rank, value in values.items():
+        write_digest(run_dir, "step4", rank, value)
+    assert sorted(path.relative_to(run_dir).as_posix() for path in run_dir.rglob("*.json")) == [
+        "digests/step4/rank00000.json", "digests/step4/rank00003.json"]
+    assert digest_path(run_dir, "step4", 3) == run_dir / "digests" / "step4" / "rank00003.json"
+    assert {rank: read_digest(run_dir, "step4", rank) for rank in values} == values
+
+
+def test_a_missing_digest_names_the_rank_and_the_likely_cause(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no digest 'step4' recorded for rank 1 .*run with --verify\?"):
+        read_digest(tmp_path, "step4", 1)
