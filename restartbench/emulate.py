@@ -226,6 +226,10 @@ class EmulatedRanks:
             import torch  # noqa: F401
 
             from restartbench import plan  # noqa: F401  (torch, DeepSpeed's naming code)
+            from restartbench import runtime
+        note = runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s)  # dcp-async's own gloo group too
+        for log in self.logs.values():
+            log.emit("startup.workaround", note=note)
         with self.span_all("startup.dist_init", backend="gloo"):
             import datetime
 

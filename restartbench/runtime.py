@@ -55,6 +55,19 @@ def make_cuda_arch_list_parsable() -> str | None:
             "architecture-specific suffixes")
 
 
+def time_out_new_groups(timeout_s: int) -> str:
+    """Make ``timeout_s`` torch's default timeout for the process groups created from now on; the note to record.
+
+    DeepSpeed creates its data-, pipeline- and tensor-parallel groups with ``new_group(ranks)``, which gives them
+    torch's default (30 min for gloo, 10 for NCCL), not the timeout given to init: a rank stalled in an iteration
+    would hold the others that long (seen: --collective-timeout-s 5 did not end a stall in a training step)."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = datetime.timedelta(seconds=timeout_s)
+    return (f"torch's default process-group timeout set to {timeout_s} s (--collective-timeout-s): DeepSpeed creates "
+            "its data-, pipeline- and tensor-parallel groups without a timeout of their own")
+
+
 def init_distributed(backend: str, timeout_s: int) -> None:
     import deepspeed
 

@@ -81,7 +81,7 @@ class RankRun:
         if arch_note:
             self.log.emit("startup.workaround", note=arch_note)
             self._say(f"{self.phase}: {arch_note}")
-        self.log.emit("startup.workaround", note=_time_out_new_groups(self.cfg.launch.collective_timeout_s))
+        self.log.emit("startup.workaround", note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
         hang_before_init(self.log)
         with self.log.span("startup.dist_init", backend=self.plan["backend"]):
             runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)
@@ -359,21 +359,6 @@ class RestoreMismatch(RuntimeError):
 
 class CorruptCheckpoint(RuntimeError):
     pass
-
-
-def _time_out_new_groups(timeout_s: int) -> str:
-    """Make ``timeout_s`` torch's default timeout for the process groups created from now on; the note to record.
-
-    DeepSpeed creates its data-, pipeline- and tensor-parallel groups with ``new_group(ranks)``, which gives them
-    torch's default (30 min for gloo, 10 for NCCL), not the timeout given to init: a rank stalled in an iteration
-    would hold the others that long (seen: --collective-timeout-s 5 did not end a stall in a training step)."""
-    import datetime
-
-    from torch.distributed import distributed_c10d
-
-    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = datetime.timedelta(seconds=timeout_s)
-    return (f"torch's default process-group timeout set to {timeout_s} s (--collective-timeout-s): DeepSpeed creates "
-            "its data-, pipeline- and tensor-parallel groups without a timeout of their own")
 
 
 def _error_text(error: BaseException) -> str:
