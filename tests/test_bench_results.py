@@ -28,6 +28,7 @@ def bench_module(benchmark: str):
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass resolves its annotations through its module
     spec.loader.exec_module(module)
     return module
 
