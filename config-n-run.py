@@ -9,19 +9,7 @@ Options are generated from the run configuration tree (restartbench/config.py); 
 
 import sys
 
-from restartbench.config import config_from_args
-from restartbench.progress import say
-from restartbench.study import StudyError, run_study
-
-
-def main() -> int:
-    cfg = config_from_args(sys.argv[1:])
-    try:
-        return run_study(cfg)
-    except StudyError as error:
-        say(f"error: {error}")
-        return 2
-
+from restartbench.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,8 @@
 """Checkpoint I/O of a big preset and layout, emulated on CPU processes: no model, no training, the same files.
 
+This module is the program every emulating process runs (``python -m restartbench.emulate``, as real ranks run
+``restartbench.train``); ``restartbench.emulated_study`` plans, renders and launches an emulated run.
+
     python config-n-run.py 70B tp8pp8 --emulate --emulate-scale 0.016 --ranks-per-process 32 --dtype bf16
     python config-n-run.py 70B tp8pp4dp2 --emulate --engine lazy --emulate-scale 0.016 --ranks-per-process 32
 
@@ -47,145 +50,7 @@ from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
 WHAT_IS_EMULATED = __doc__.split("What is real and what is emulated", 1)[1].split(":", 1)[1].strip()
-
-
-# --- launching: a run folder like any other --------------------------------------------------
-
-
-def run_emulation(cfg: RunConfig) -> int:
-    """Plan, write the run folder and run both phases (train: save; restore: a fresh launch that loads)."""
-    from restartbench import study
-
-    plan = plan_emulation(cfg)
-    rendered = render(cfg, plan)
-    if cfg.launch.dry_run:
-        print(f"# run folder (not created): {plan.run_dir}")
-        print(f"# emulation: {plan.world_size} ranks in {plan.nproc_per_node * plan.nnodes} processes; "
-              f"one checkpoint {plan.checkpoint_bytes_estimate / 2**30:.3f} GiB")
-        print(rendered.launch_script, end="")
-        if rendered.job_script:
-            print(f"# --- {study.LAUNCHERS[plan.launcher].job_file} ---\n{rendered.job_script}", end="")
-        return 0
-    launcher = study.LAUNCHERS[plan.launcher]
-    missing = launcher.missing_submit_command(cfg.launch.submit)
-    if missing:
-        raise study.StudyError(missing)
-    run_dir = study._prepare_run_dir(cfg, plan, rendered)
-    meta = study._metadata(cfg, plan) | {"engine": engine_label(cfg.engine.engine),
-                                         "emulation": emulation_metadata(cfg, plan)}
-    study._write_json(run_dir / "metadata.json", meta)
-    say(f"run folder {run_dir} (emulated checkpoint I/O, no training)")
-    if launcher.job_template and not launcher.inside_allocation():  # a Slurm/PBS job runs the phases
-        return study._hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
-    return study.execute(run_dir)
-
-
-def plan_emulation(cfg: RunConfig):
-    """study.plan_run for gloo processes on CPU: K ranks per process, memory checked against the emulated shards."""
-    from restartbench import study
-    from restartbench.plan import predict
-
-    options = cfg.emulation
-    if options.ranks_per_process < 1:
-        raise study.StudyError(f"--ranks-per-process must be at least 1 (got {options.ranks_per_process})")
-    if not 0 < options.emulate_scale <= 1:
-        raise study.StudyError(f"--emulate-scale must be in (0, 1] (got {options.emulate_scale})")
-    _check_engine(cfg)
-    cfg.launch.device = "cpu"  # whatever the preset: these are gloo processes on CPUs
-    probe = RunConfig.from_dict(cfg.to_dict())
-    probe.launch.memory_check, probe.layout.nproc_per_node, probe.layout.nnodes = False, None, 1
-    if not probe.paths.run_dir:  # <logs>/<preset>/<layout>/<engine>-emulated/<time>: apart from real runs
-        labelled = RunConfig.from_dict(probe.to_dict())
-        labelled.engine.engine = engine_label(cfg.engine.engine)
-        probe.paths.run_dir = str(study._new_run_dir(labelled, _layout_name(probe)))
-    plan = study.plan_run(probe)
-    if plan.remote:
-        raise study.StudyError("--emulate writes its files to a local folder; give --checkpoint-dir a path, not an "
-                               "s3:// or gs:// location")
-    processes = _processes(plan.world_size, options.ranks_per_process, cfg.layout.nnodes)
-    plan.nnodes, plan.nproc_per_node = cfg.layout.nnodes, processes // cfg.layout.nnodes
-    if plan.nnodes > 1 and not cfg.launch.master_port:  # the probe planned one node, on a port free here only
-        plan.master_port = 29500  # --master-port's documented default across nodes
-    if not cfg.launch.dry_run and cfg.launch.memory_check:
-        shards = predict(probe, scale=options.emulate_scale).per_rank_bytes()
-        # the states, and their copies: read back on restore, or the lazy engine's host buffers
-        need = 2 * max(shards.values()) * options.ranks_per_process
-        have, what = study._memory_per_rank_available(plan)
-        if need > have:
-            raise study.StudyError(f"emulating {options.ranks_per_process} rank(s) per process needs about "
-                                   f"{need / 2**30:.2f} GiB per process, but {what} gives {have / 2**30:.2f} GiB; "
-                                   "lower --emulate-scale or --ranks-per-process, or add --no-memory-check")
-    return plan
-
-
-def _check_engine(cfg: RunConfig) -> None:
-    """The run's engine is one --emulate goes through (``EMULATORS``), with options it can emulate."""
-    from restartbench.study import StudyError
-
-    engine = cfg.engine.engine
-    if engine not in EMULATORS:
-        raise StudyError(f"--emulate runs the checkpoint I/O of --engine {', '.join(EMULATORS)}; {engine} is not "
-                         f"emulated: choose one of those, or run {engine} for real without --emulate")
-    refusal = EMULATORS[engine].refusal(cfg)
-    if refusal:
-        raise StudyError(refusal)
-
-
-def engine_label(engine: str) -> str:
-    """The engine an emulated run is listed under (metadata.json, run folder), so that no table mixes it with real
-    runs of the engine."""
-    return f"{engine}-emulated"
-
-
-def _layout_name(cfg: RunConfig) -> str:
-    from restartbench import study
-    from restartbench.layout import LayoutError, validate_layout
-    from restartbench.presets import UnknownPresetError, get_preset
-
-    try:
-        return validate_layout(cfg.layout.layout, get_preset(cfg.model.preset)).name
-    except (LayoutError, UnknownPresetError) as error:
-        raise study.StudyError(str(error)) from None
-
-
-def _processes(world_size: int, per_process: int, nnodes: int) -> int:
-    from restartbench.study import StudyError
-
-    if world_size % per_process or (world_size // per_process) % nnodes:
-        raise StudyError(f"{world_size} ranks do not split into processes of --ranks-per-process {per_process} "
-                         f"over {nnodes} node(s); choose K dividing {world_size} with world size / K a multiple of "
-                         "--nnodes")
-    return world_size // per_process
-
-
-def render(cfg: RunConfig, plan: Any):
-    """The study's launch script, running this module instead of restartbench.train in every process."""
-    from restartbench import study
-
-    rendered = study.render(cfg, plan, label=engine_label(cfg.engine.engine))
-    entry = "-m restartbench.train "
-    if rendered.launch_script.count(entry) != 1:
-        raise study.StudyError("templates/launch.sh.j2 no longer launches '-m restartbench.train' once; "
-                               "update restartbench/emulate.py's render")
-    rendered.launch_script = rendered.launch_script.replace(entry, "-m restartbench.emulate ")
-    return rendered
-
-
-def emulation_metadata(cfg: RunConfig, plan: Any) -> dict[str, Any]:
-    from restartbench.plan import checkpoint_bytes, scaled_preset
-    from restartbench.presets import get_preset
-
-    options = cfg.emulation
-    full = RunConfig.from_dict(cfg.to_dict())
-    full.emulation.emulate = False
-    preset = scaled_preset(get_preset(cfg.model.preset), options.emulate_scale, plan.layout["tp"])
-    return {"emulated": True, "what": WHAT_IS_EMULATED, "engine": cfg.engine.engine,
-            "engine_io": EMULATORS[cfg.engine.engine].how, "scale": options.emulate_scale,
-            "ranks_per_process": options.ranks_per_process, "processes": plan.nnodes * plan.nproc_per_node,
-            "emulated_model": {k: getattr(preset, k) for k in ("hidden", "ffn_hidden", "vocab_size", "layers",
-                                                                "heads", "kv_heads")},
-            "checkpoint_bytes": plan.checkpoint_bytes_estimate,
-            "full_scale_checkpoint_bytes": checkpoint_bytes(full)}
+"""The part of this docstring that says what is real and what is emulated (kept in metadata.json)."""
 
 
 # --- in every process --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import ctypes
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +120,21 @@ def placement() -> dict[str, Any]:
     return {"host": host, "node": os.environ.get("SLURMD_NODENAME") or host,
             "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
             "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+
+
+def choose_device(requested: str, param_count: float) -> str:
+    """The ranks' device: ``requested`` unless it is auto; auto means cuda where a GPU is visible, and without one
+    cpu for the CPU shapes (under 10^9 parameters) and cuda (render only) for the big ones."""
+    if requested != "auto":
+        return requested
+    if gpu_count() > 0:
+        return "cuda"
+    return "cpu" if param_count < 1e9 else "cuda"
+
+
+def gpu_count() -> int:
+    """GPUs that nvidia-smi lists on this machine (0 without nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return listing.stdout.count("GPU ") if listing.returncode == 0 else 0

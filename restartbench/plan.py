@@ -665,8 +665,9 @@ def _tensors(state: Any) -> Iterator[Any]:
 
 def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> ShardSetup:
     """The checkpoint of run configuration ``cfg`` after iteration ``step`` (default: its first save)."""
+    from restartbench.launchers import choose_device
+    from restartbench.render import render_ds_config
     from restartbench.runtime import preset_for
-    from restartbench.study import _device, render_ds_config
 
     base = preset_for(cfg)
     ranks = cfg.layout.nnodes * cfg.layout.nproc_per_node if cfg.layout.nproc_per_node else None
@@ -675,25 +676,21 @@ def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Sh
     grad_accum = cfg.train.grad_accum or layout.pp
     return ShardSetup(preset=scaled_preset(base, scale, layout.tp), layout=layout, dtype=cfg.model.dtype,
                       ds_config=render_ds_config(cfg, grad_accum, layout.dp), step=step, tag=f"step{step}",
-                      device=_device(cfg, base), folder=checkpoint_folder(cfg, base.name, layout.name),
+                      device=choose_device(cfg.launch.device, base.param_count()), folder=checkpoint_folder(cfg, base.name, layout.name),
                       nnodes=cfg.layout.nnodes)
-
-
-#: The run folder's time stamp when the run does not exist yet: as long as a real one (``study._new_run_dir``).
-PLACEHOLDER_STAMP = "00000000-000000"
 
 
 def checkpoint_folder(cfg: RunConfig, preset: str, layout: str) -> str:
     """Where a run of ``cfg`` puts its checkpoints, as ``study.plan_run`` resolves it: ``--checkpoint-dir``, else
     ``<run folder>/checkpoints``; a run folder not made yet is ``<logs>/<preset>/<layout>/<engine>/<time>`` with
-    ``PLACEHOLDER_STAMP`` for the time (a path of the same length, unless the run needs a ``-N`` suffix)."""
-    from restartbench import storage
+    ``rundir.PLACEHOLDER_STAMP`` for the time (a path of the same length, unless the run needs a ``-N`` suffix)."""
+    from restartbench import rundir, storage
 
     if cfg.storage.checkpoint_dir:
         where = cfg.storage.checkpoint_dir
         return where if storage.is_remote(where) else str(Path(where).resolve())
-    run_dir = Path(cfg.paths.run_dir or Path(cfg.paths.logs, preset, layout, cfg.engine.engine, PLACEHOLDER_STAMP))
-    return str((run_dir / "checkpoints").resolve())
+    run_dir = Path(cfg.paths.run_dir or rundir.run_folder(cfg.paths.logs, preset, layout, cfg.engine.engine))
+    return str((run_dir / rundir.CHECKPOINTS).resolve())
 
 
 # --- the predictors, one per engine ----------------------------------------------------------

@@ -1,9 +1,14 @@
 """Plan, render and run one study run: phase 1 (train + checkpoint), then a fresh launch (restore + resume).
 
-``plan_run`` checks every input before anything is written or launched and raises
-``StudyError`` with what was wrong and what to do. ``render`` fills the Jinja templates
-and parses the DeepSpeed JSON back. ``run_study`` writes the run folder, launches each
-phase, and marks the run ``complete`` or ``failed`` in ``metadata.json``.
+Three roles, in order:
+
+- check and plan: ``plan_run`` checks every input before anything is written or launched and raises
+  ``StudyError`` with what was wrong and what to do; the result is a ``Plan`` (saved as plan.json);
+- render: ``restartbench.render`` fills the Jinja templates and parses the DeepSpeed JSON back;
+- execute: ``run_study`` writes the run folder, then ``execute`` launches each phase and marks the run
+  ``complete`` or ``failed`` in ``metadata.json`` (here, or inside a batch job).
+
+An emulated run (``restartbench.emulate``) goes through the same functions with its own rank program.
 """
 
 from __future__ import annotations
@@ -24,26 +29,27 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from restartbench import engines, storage
+from restartbench import engines, rundir, storage
 from restartbench.baseline import record_baseline
 from restartbench.config import RunConfig
+from restartbench.errors import StudyError
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
 from restartbench.events import by_message
-from restartbench.launchers import LAUNCHERS, Launcher, allocation_gpus, resolve_launcher, set_parent_death_signal
+from restartbench.launchers import (
+    LAUNCHERS,
+    Launcher,
+    allocation_gpus,
+    choose_device,
+    resolve_launcher,
+    set_parent_death_signal,
+)
 from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
+from restartbench.render import REPO_ROOT, Rendered, render
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = REPO_ROOT / "templates"
 PHASES = ("train", "restore")
 GPUS_PER_NODE_DEFAULT = 8
-
-
-class StudyError(RuntimeError):
-    """A problem found before launching; the message says what to do."""
 
 
 @dataclass
@@ -73,7 +79,7 @@ class Plan:
 
 def plan_run(cfg: RunConfig) -> Plan:
     preset = _preset(cfg)
-    device = _device(cfg, preset)
+    device = choose_device(cfg.launch.device, preset.param_count())
     nnodes, nproc = _ranks(cfg)
     try:
         layout = validate_layout(cfg.layout.layout, preset, nnodes * nproc if nproc else None)
@@ -91,7 +97,8 @@ def plan_run(cfg: RunConfig) -> Plan:
     memory = memory_per_rank(preset, layout, dtype=cfg.model.dtype, micro_batch=cfg.train.micro_batch,
                              grad_accum=grad_accum, device=device,
                              activation_checkpoint_interval=cfg.model.activation_checkpoint_interval)
-    run_dir = Path(cfg.paths.run_dir) if cfg.paths.run_dir else _new_run_dir(cfg, layout.name)
+    run_dir = Path(cfg.paths.run_dir or rundir.new_run_folder(cfg.paths.logs, cfg.model.preset, layout.name,
+                                                              cfg.engine.engine))
     checkpoint_dir, remote = _checkpoint_target(cfg, run_dir)
     plan = Plan(
         preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
@@ -140,22 +147,6 @@ def _preset(cfg: RunConfig) -> ModelPreset:
         raise StudyError(str(error)) from None
     cfg.model.preset = preset.name
     return preset
-
-
-def _device(cfg: RunConfig, preset: ModelPreset) -> str:
-    """auto: cuda where a GPU is visible; without one, cpu for the CPU shapes and cuda (render only) for the big ones."""
-    if cfg.launch.device != "auto":
-        return cfg.launch.device
-    if _gpu_count() > 0:
-        return "cuda"
-    return "cpu" if preset.param_count() < 1e9 else "cuda"
-
-
-def _gpu_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return listing.stdout.count("GPU ") if listing.returncode == 0 else 0
 
 
 def _ranks(cfg: RunConfig) -> tuple[int, int | None]:
@@ -209,10 +200,10 @@ def _optional_engine_missing(cfg: RunConfig, plan: Plan) -> bool:
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True)
     cfg.paths.run_dir = str(run_dir)
-    cfg.save(run_dir / "config.json")
+    cfg.save(run_dir / rundir.CONFIG)
     reason = "; ".join(missing)
-    meta = _metadata(cfg, plan) | {"status": "skipped", "error": reason, "end": time.time()}
-    _write_json(run_dir / "metadata.json", meta)
+    meta = run_metadata(cfg, plan) | {"status": "skipped", "error": reason, "end": time.time()}
+    rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"SKIPPED: {reason}")
     say(f"run marked skipped: {run_dir}")
     return True
@@ -233,7 +224,7 @@ def _check_train(cfg: RunConfig) -> None:
 
 
 def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
-    have, what = _memory_per_rank_available(plan)
+    have, what = memory_per_rank_available(plan)
     if need > have:
         raise StudyError(
             f"{preset.name} with {plan.layout_name} needs about {plan.memory_per_rank_estimate} per rank, "
@@ -242,7 +233,7 @@ def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
         )
 
 
-def _memory_per_rank_available(plan: Plan) -> tuple[float, str]:
+def memory_per_rank_available(plan: Plan) -> tuple[float, str]:
     if plan.device == "cuda":
         query = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                                capture_output=True, text=True) if shutil.which("nvidia-smi") else None
@@ -261,74 +252,10 @@ def _meminfo_available() -> float:
     return float("inf")
 
 
-def _new_run_dir(cfg: RunConfig, layout_name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.paths.logs) / cfg.model.preset / layout_name / cfg.engine.engine / stamp
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{stamp}-{n}")
-    return candidate
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-# --- rendering ----------------------------------------------------------------------------
-
-
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    return env
-
-
-@dataclass
-class Rendered:
-    ds_config: dict[str, Any]
-    ds_config_text: str
-    launch_script: str
-    job_script: str | None
-    """The batch job script (sbatch or PBS) where the launcher has one."""
-
-
-def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]:
-    """The DeepSpeed JSON of a run, parsed (also what the checkpoint plan puts in its files)."""
-    ds_text = _environment().get_template("ds_config.json.j2").render(
-        micro_batch=cfg.train.micro_batch, grad_accum=grad_accum, dp=dp, dtype=cfg.model.dtype,
-        lr=cfg.train.lr, engine_sections=engines.ds_config_sections(cfg.engine),
-    )
-    try:
-        return json.loads(ds_text)
-    except json.JSONDecodeError as error:
-        raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
-
-
-def render(cfg: RunConfig, plan: Plan, label: str | None = None) -> Rendered:
-    """The DeepSpeed JSON, launch script and job script of a run; ``label``: what the scripts call its engine (the
-    job name, the header), default the engine itself (an emulated run passes its own label)."""
-    env = _environment()
-    label = label or cfg.engine.engine
-    ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"])
-    launch = env.get_template("launch.sh.j2").render(
-        preset=cfg.model.preset, layout=plan.layout_name, engine=label, world_size=plan.world_size,
-        nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
-        accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine, plan.device),
-        python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir,
-    )
-    launcher = LAUNCHERS[plan.launcher]
-    job = env.get_template(launcher.job_template).render(
-        preset=cfg.model.preset, layout=plan.layout_name, engine=label, nnodes=plan.nnodes,
-        cpus_per_task=max(plan.nproc_per_node, 1), gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
-        account=cfg.launch.account, partition=cfg.launch.partition, walltime=cfg.launch.walltime,
-        setup=[line.strip() for line in (cfg.launch.setup or "").split(";") if line.strip()],
-        python=sys.executable, run_dir=plan.run_dir, repo_root=str(REPO_ROOT),
-    ) if launcher.job_template else None
-    return Rendered(ds_config, json.dumps(ds_config, indent=2) + "\n", launch, job)
 
 
 # --- running ------------------------------------------------------------------------------
@@ -353,10 +280,6 @@ def dry_run(cfg: RunConfig) -> int:
 
 def run_study(cfg: RunConfig) -> int:
     """Plan, write the run folder, then run the phases here, or hand them to a batch job."""
-    if cfg.emulation.emulate:  # checkpoint I/O only, on CPU processes (restartbench/emulate.py)
-        from restartbench.emulate import run_emulation
-
-        return run_emulation(cfg)
     if cfg.launch.dry_run:
         return dry_run(cfg)
     plan = plan_run(cfg)
@@ -367,25 +290,25 @@ def run_study(cfg: RunConfig) -> int:
     if _optional_engine_missing(cfg, plan):
         return 0
     rendered = render(cfg, plan)
-    run_dir = _prepare_run_dir(cfg, plan, rendered)
-    meta = _metadata(cfg, plan)
-    _write_json(run_dir / "metadata.json", meta)
+    run_dir = prepare_run_dir(cfg, plan, rendered)
+    meta = run_metadata(cfg, plan)
+    rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"run folder {run_dir}")
     if launcher.job_template and not launcher.inside_allocation():
-        return _hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
+        return hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
     return execute(run_dir)
 
 
 def execute(run_dir: Path) -> int:
     """Run the phases of a prepared run folder, each a fresh launch, and mark the run complete or failed."""
     run_dir = Path(run_dir)
-    cfg = RunConfig.load(run_dir / "config.json")
-    plan = json.loads((run_dir / "plan.json").read_text())
+    cfg = RunConfig.load(run_dir / rundir.CONFIG)
+    plan = rundir.read_json(run_dir / rundir.PLAN)
     launcher = LAUNCHERS[plan["launcher"]]
-    meta = json.loads((run_dir / "metadata.json").read_text())
+    meta = rundir.read_json(run_dir / rundir.METADATA)
     meta.update(status="running", start=time.time(), host=socket.gethostname(),
                 job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or meta.get("job_id"))
-    _write_json(run_dir / "metadata.json", meta)
+    rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"{cfg.model.preset} {plan['layout_name']} engine={cfg.engine.engine}: {plan['world_size']} ranks on "
         f"{plan['nnodes']} node(s), {plan['device']}/{plan['backend']}, launcher {launcher.name}; "
         f"{cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
@@ -411,28 +334,28 @@ def execute(run_dir: Path) -> int:
     return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
 
 
-def _hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rendered: Rendered,
+def hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rendered: Rendered,
                           meta: dict[str, Any]) -> int:
     job_file = run_dir / launcher.job_file
     if not cfg.launch.submit:
         meta["status"] = "prepared"
-        _write_json(run_dir / "metadata.json", meta)
+        rundir.write_json(run_dir / rundir.METADATA, meta)
         say(f"wrote {job_file}; submit it with: {launcher.submit_command} {shlex.quote(str(job_file))}")
         return 0
     submitted = subprocess.run([launcher.submit_command, str(job_file)], capture_output=True, text=True, cwd=run_dir)
     if submitted.returncode != 0:
         meta.update(status="failed", error=f"{launcher.submit_command} refused the job: {submitted.stderr.strip()}")
-        _write_json(run_dir / "metadata.json", meta)
+        rundir.write_json(run_dir / rundir.METADATA, meta)
         raise StudyError(meta["error"])
     job_id = submitted.stdout.strip().split(";")[0].split()[-1]
     meta.update(status="submitted", job_id=job_id)
-    _write_json(run_dir / "metadata.json", meta)
+    rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"submitted job {job_id} ({launcher.name}); the run folder fills in as it runs: {run_dir}")
     print(job_id)
     return 0
 
 
-def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
+def prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     """Check the target folders, then create the run folder; nothing is left behind when a check fails."""
     run_dir = Path(plan.run_dir)
     if run_dir.exists():
@@ -447,11 +370,11 @@ def _prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
         raise StudyError(f"cannot create the run folder or checkpoint folder: {error}; "
                          "choose a writable --logs / --checkpoint-dir") from None
     cfg.paths.run_dir = str(run_dir)
-    cfg.save(run_dir / "config.json")
-    _write_json(run_dir / "plan.json", asdict(plan))
-    (run_dir / "ds_config.json").write_text(rendered.ds_config_text)
-    (run_dir / "launch.sh").write_text(rendered.launch_script)
-    (run_dir / "launch.sh").chmod(0o755)
+    cfg.save(run_dir / rundir.CONFIG)
+    rundir.write_json(run_dir / rundir.PLAN, asdict(plan))
+    (run_dir / rundir.DS_CONFIG).write_text(rendered.ds_config_text)
+    (run_dir / rundir.LAUNCH_SCRIPT).write_text(rendered.launch_script)
+    (run_dir / rundir.LAUNCH_SCRIPT).chmod(0o755)
     if rendered.job_script:
         (run_dir / LAUNCHERS[plan.launcher].job_file).write_text(rendered.job_script)
     return run_dir
@@ -486,7 +409,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _metadata(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+def run_metadata(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
     return {
         "status": "running",
         "error": None,
@@ -521,8 +444,8 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))
     pumps = [
-        threading.Thread(target=_pump, args=(process.stdout, run_dir / f"{phase}.stdout.log", True)),
-        threading.Thread(target=_pump, args=(process.stderr, run_dir / f"{phase}.stderr.log", False)),
+        threading.Thread(target=_pump, args=(process.stdout, rundir.phase_log(run_dir, phase, "stdout"), True)),
+        threading.Thread(target=_pump, args=(process.stderr, rundir.phase_log(run_dir, phase, "stderr"), False)),
     ]
     for pump in pumps:
         pump.start()
@@ -568,12 +491,12 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
     """The first rank error recorded in the events, else the last lines of stderr."""
-    for path in sorted((run_dir / "events").glob(f"{phase}-rank*.jsonl")):
+    for path in sorted((run_dir / rundir.EVENTS).glob(f"{phase}-rank*.jsonl")):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record["event"] == "phase.error":
                 return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
-    tail = (run_dir / f"{phase}.stderr.log").read_text().strip().splitlines()[-5:]
+    tail = (rundir.phase_log(run_dir, phase, "stderr")).read_text().strip().splitlines()[-5:]
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 
 
@@ -586,7 +509,7 @@ def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | Non
     """Record how the run ended (a failed checkpoint fails the run) and print its summary; return the status."""
     from restartbench.results import failed_checkpoints, summarize_run, write_inventory
 
-    runtime = run_dir / "runtime.json"
+    runtime = run_dir / rundir.RUNTIME
     if runtime.exists():
         meta["runtime"] = json.loads(runtime.read_text())
     meta["failed_checkpoints"] = failed_checkpoints(run_dir, phase_failed=status != "complete")
@@ -597,7 +520,7 @@ def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | Non
     if status == "complete":
         write_inventory(run_dir)
     meta.update(status=status, error=error, end=time.time())
-    _write_json(run_dir / "metadata.json", meta)
+    rundir.write_json(run_dir / rundir.METADATA, meta)
     if status == "complete":
         for line in summarize_run(run_dir):
             say(line)
@@ -605,9 +528,3 @@ def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | Non
         say(f"error: {error}")
     say(f"run {status}: {run_dir}")
     return status
-
-
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(tmp, path)

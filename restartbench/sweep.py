@@ -34,9 +34,11 @@ from typing import Any
 
 import yaml
 
+from restartbench.cli import run
 from restartbench.config import RunConfig, check_type, leaf_fields
+from restartbench.errors import StudyError
 from restartbench.progress import say
-from restartbench.study import StudyError, plan_run, run_study
+from restartbench.study import plan_run
 
 LIST_KEYS = ("presets", "layouts", "engines")
 KNOWN_KEYS = set(LIST_KEYS) | {"repetitions", "options", "logs"}
@@ -178,7 +180,7 @@ def run_sweep(path: Path, dry_run: bool = False) -> int:
             say(f"cell {index}/{len(configs)} {cell.describe()}: earlier attempt moved to {set_aside(run_dir).name}")
         say(f"cell {index}/{len(configs)} {cell.describe()}: running")
         try:
-            run_study(cfg)
+            run(cfg)
         except StudyError as error:
             say(f"cell {cell.describe()}: error: {error}")
         states[cell] = cell_state(run_dir)

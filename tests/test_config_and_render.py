@@ -100,10 +100,10 @@ def test_memory_check_refuses_a_preset_too_big_for_this_machine(tmp_path):
 
 
 def test_templates_refuse_undefined_variables():
-    from restartbench.study import _environment
+    from restartbench.render import template_environment
 
     with pytest.raises(jinja2.UndefinedError):
-        _environment().get_template("ds_config.json.j2").render(micro_batch=1)
+        template_environment().get_template("ds_config.json.j2").render(micro_batch=1)
 
 
 def test_config_n_run_dry_run_prints_json_and_script():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_study
-from restartbench import emulate, study
+from restartbench import emulate, emulated_study, study
 from restartbench.config import RunConfig, config_from_args
 from restartbench.engines import lazy_engine as lazy
 from restartbench.plan import predict
@@ -104,8 +104,8 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
     engine's own code; after one byte of a model file changes, the replica that reads it names the tensor."""
     cfg = config_from_args(["7B", "tp1pp2dp2", "--emulate", "--engine", "lazy", "--emulate-scale", "0.02",
                             "--ranks-per-process", "4", "--iters", "1", "--logs", str(tmp_path / "logs")])
-    plan = emulate.plan_emulation(cfg)
-    run_dir = study._prepare_run_dir(cfg, plan, emulate.render(cfg, plan))
+    plan = emulated_study.plan_emulation(cfg)
+    run_dir = study.prepare_run_dir(cfg, plan, emulated_study.render(cfg, plan))
     saver = emulate.LazyFiles(emulate.EmulatedRanks(run_dir, "train"))
     for rank in range(4):
         saver.save(rank, saver.stage(rank, 1), "step1")

@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT
 
-from restartbench import emulate
+from restartbench import emulated_study
 from restartbench.config import config_from_args
 from restartbench.study import StudyError, plan_run, render, run_study as run_study_in_process
 
@@ -103,8 +103,8 @@ def test_emulated_checkpoint_io_spans_two_slurm_nodes(slurm, tmp_path):
 def test_multinode_emulation_sbatch(tmp_path):
     cfg = config_from_args(["70B", "tp8pp8", "--emulate", "--emulate-scale", "0.016", "--ranks-per-process", "16",
                             "--launcher", "slurm", "--nnodes", "2", "--dry-run", "--logs", str(tmp_path)])
-    plan = emulate.plan_emulation(cfg)
-    rendered = emulate.render(cfg, plan)
+    plan = emulated_study.plan_emulation(cfg)
+    rendered = emulated_study.render(cfg, plan)
     directives = dict(line[len("#SBATCH --"):].split("=", 1)
                       for line in rendered.job_script.splitlines() if line.startswith("#SBATCH"))
     assert directives["nodes"] == "2" and directives["ntasks-per-node"] == "1" and directives["cpus-per-task"] == "2"
