@@ -100,11 +100,10 @@ class RankRun:
 
         with self.log.span("startup.engine", engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
-            if hasattr(self.ckpt_engine, "prepare"):
-                setup.update(self.ckpt_engine.prepare(self.engine))
-        if hasattr(self.ckpt_engine, "on_copy_wait"):  # training waited for a save's copies after save() returned
-            self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
-                "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)
+            setup.update(self.ckpt_engine.prepare(self.engine))
+        # called by an engine that made training wait for a save's copies after its save() returned
+        self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
+            "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)
         self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
@@ -141,7 +140,7 @@ class RankRun:
             with bit_flipped_while_saving(self.log, tag, self.engine), \
                     self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
-            for note in getattr(self.ckpt_engine, "workarounds", []):
+            for note in self.ckpt_engine.workarounds:
                 self.log.emit("checkpoint.workaround", step=step, tag=tag, note=note)
         except Exception as failure:  # noqa: BLE001 - every rank must learn of it, whatever it is
             error = f"{type(failure).__name__}: {failure}"

@@ -1,27 +1,8 @@
-"""Checkpoint engines behind one small interface, registered by name.
+"""Checkpoint engines, registered by name.
 
-An engine is registered with an ``EngineInfo``: its name, the class that runs it, the
-``checkpoint`` block it puts in the DeepSpeed JSON and the environment it needs. The
-harness calls, on every rank:
-
-- ``save(ds_engine, save_dir, tag)``: returns when training may continue (the *stall*);
-- ``wait_until_durable()``: blocks until this rank's bytes are on stable storage (fsync'd) and
-  returns the ``time.perf_counter()`` at which they were. A synchronous engine is waited on right
-  after ``save``; an ``asynchronous`` one only before its next save or at the end of training,
-  so that its background write overlaps training as it would in a real job;
-- ``load(ds_engine, load_dir, tag)``: restores model, optimizer and scheduler state;
-- ``written()``: the files this rank wrote for the last save, with sizes.
-
-An engine may also have ``prepare(ds_engine)``, called once per launch right after it is created (inside the
-``startup.engine`` span, a restart part): set-up that would otherwise land in the first save's stall, such as
-a pinned host buffer; it returns a dict of what it set up, recorded with that span.
-
-Attributes: ``asynchronous`` (see above) and ``saves_state`` (False only for ``none``). An engine
-whose ``save`` returns before its copies of the state are taken, and which therefore makes training
-wait later (at the optimizer step), has an ``on_copy_wait(tag, seconds)`` callback attribute: the
-harness records each wait as ``checkpoint.copy_wait`` and counts it in the stall.
-After every rank is durable the harness commits the checkpoint (writes ``latest`` through its
-store, ``restartbench.storage``), so a checkpoint is named ``latest`` only once all of its files are on disk.
+An engine is registered with an ``EngineInfo``: its name, the class that runs it, the ``checkpoint`` block it
+puts in the DeepSpeed JSON and the environment it needs. Its class is a ``CheckpointEngine``: what the harness
+calls on every rank, and when, is ``restartbench/engines/base.py``.
 
 This module imports no torch: the registry is read by the launcher and ``--dry-run`` too.
 An engine whose package is missing is reported by ``missing_requirements`` with the
@@ -41,6 +22,7 @@ from typing import Any, Callable
 
 from restartbench.config import EngineConfig
 from restartbench.durability import fsync_files
+from restartbench.engines.base import CheckpointEngine
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
 
@@ -66,9 +48,8 @@ class EngineInfo:
     ahead (the study measures engines as they are, failures included); the note is printed and kept
     in metadata.json so that a failure is read with its known cause."""
     object_store: bool = False
-    """The engine can checkpoint to an ``s3://`` location (through s3torchconnector); its class then has
-    ``for_store(store)``, which gives the engine writing to that store (``restartbench.storage``); ``none``
-    writes nothing, so any location will do."""
+    """The engine can checkpoint to an object-store location (s3://, gs://): its class overrides
+    ``CheckpointEngine.for_store``; ``none`` writes nothing, so any location will do."""
 
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -202,9 +183,14 @@ def launch_env(name: str, device: str) -> dict[str, str]:
     return engine_info(name).launch_env(device)
 
 
-def create_engine(options: EngineConfig):
+def create_engine(options: EngineConfig) -> CheckpointEngine:
     info = engine_info(options.engine)
-    return getattr(importlib.import_module(info.module), info.cls)(options)
+    cls = getattr(importlib.import_module(info.module), info.cls)
+    if not (isinstance(cls, type) and issubclass(cls, CheckpointEngine)):
+        raise TypeError(f"engine {info.name!r} is registered with {info.module}.{info.cls}, which is not a "
+                        "subclass of restartbench.engines.base.CheckpointEngine: the harness drives only classes "
+                        "that implement that contract")
+    return cls(options)
 
 
 def durable_now(records: list[Any]) -> float:
@@ -223,13 +209,7 @@ def refuse_unless_object_store(name: str, location: str) -> None:
                            "local --checkpoint-dir")
 
 
-def engine_for_target(engine: Any, store: LocalStore | ObjectStore) -> Any:
-    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder (and for ``none``, which
-    writes nothing); for an object store the one its ``for_store`` gives (engines registered with ``object_store``)."""
-    if not store.remote or not engine.saves_state:
-        return engine
-    for_store = getattr(engine, "for_store", None)
-    if for_store is None:
-        raise StorageError(f"engine {type(engine).__name__} cannot write to {store.location}; use --engine "
-                           f"{', '.join(object_store_engines())}")
-    return for_store(store)
+def engine_for_target(engine: CheckpointEngine, store: LocalStore | ObjectStore) -> CheckpointEngine:
+    """The checkpoint engine that writes to ``store``: ``engine`` itself for a folder, for an object store the one
+    its ``for_store`` gives (StorageError from an engine that cannot)."""
+    return engine.for_store(store) if store.remote else engine

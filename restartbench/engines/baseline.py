@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from restartbench.config import EngineConfig
+from restartbench.engines.base import CheckpointEngine, FileRecord
 
 
-class NoCheckpoint:
-    asynchronous = False
+class NoCheckpoint(CheckpointEngine):
     saves_state = False
 
     def __init__(self, options: EngineConfig):
@@ -25,11 +25,15 @@ class NoCheckpoint:
     def wait_until_durable(self) -> float:
         return time.perf_counter()
 
-    def written(self) -> list:
+    def written(self) -> list[FileRecord]:
         return []
 
-    def read(self) -> list:
+    def read(self) -> list[FileRecord]:
         return []
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
         raise RuntimeError("engine 'none' restores nothing; the harness must not call load")
+
+    def for_store(self, store: Any) -> NoCheckpoint:
+        """Itself: it writes nothing, so any location will do."""
+        return self

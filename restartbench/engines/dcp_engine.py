@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from restartbench.config import EngineConfig
 from restartbench.engines import durable_now
 from restartbench.engines import harness_state
-from restartbench.engines.deepspeed_engines import FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord
 
 METADATA = ".metadata"
 SKELETON = "skeleton"
@@ -189,11 +189,8 @@ class FsspecPrefix(ObjectPrefix):
 OBJECT_PREFIXES = {"S3Store": S3ConnectorPrefix, "FsspecStore": FsspecPrefix}
 
 
-class DCPEngine:
+class DCPEngine(CheckpointEngine):
     """``torch.distributed.checkpoint.save``: returns once every rank's files are written (and fsync'd by DCP)."""
-
-    asynchronous = False
-    saves_state = True
 
     def __init__(self, options: EngineConfig):
         self.options = options

@@ -16,25 +16,19 @@ import os
 import posixpath
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
 from restartbench.config import EngineConfig
 from restartbench.engines import durable_now
+from restartbench.engines.base import CheckpointEngine, FileRecord
 from restartbench.storage import ObjectStore
 
 
-@dataclass
-class FileRecord:
-    path: str
-    bytes: int
-    seconds: float
-    """Time inside the engine's save (serialize + write) or load (read + deserialize) of this file."""
-
-
 class RecordingCheckpointEngine:
-    """Delegates to DeepSpeed's checkpoint engine and records each file saved or loaded."""
+    """Delegates to DeepSpeed's checkpoint engine and records each file saved or loaded. A DeepSpeed checkpoint
+    engine (one call per file), not a ``CheckpointEngine``."""
 
     def __init__(self, inner: Any):
         self.inner = inner
@@ -64,17 +58,12 @@ def _size_or_zero(path: str) -> int:
         return 0
 
 
-class DeepSpeedEngine:
+class DeepSpeedEngine(CheckpointEngine):
     """Base for engines that are DeepSpeed checkpoint engines selected by the ``checkpoint`` JSON block."""
-
-    asynchronous = False
-    saves_state = True
 
     def __init__(self, options: EngineConfig):
         self.options = options
         self._recorder: RecordingCheckpointEngine | None = None
-        self.workarounds: list[str] = []
-        """What the harness changed after the engine's last save, to be recorded with it (empty: nothing)."""
 
     def _recording(self, ds_engine: Any) -> RecordingCheckpointEngine:
         if self._recorder is None or ds_engine.checkpoint_engine is not self._recorder:
@@ -315,10 +304,11 @@ class DataStatesEngine(DeepSpeedEngine):
 
 
 class ObjectFileEngine:
-    """A DeepSpeed checkpoint engine that streams each file to the object store (``torch.save`` into the store
-    client's writer: a multipart upload for objects larger than one part) and loads with ``torch.load`` from its
-    reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` (or gs://) are the object URLs. Everything but save,
-    load and makedirs is DeepSpeed's own torch engine's (``inner``)."""
+    """A DeepSpeed checkpoint engine (one call per file, not a ``CheckpointEngine``) that streams each file to the
+    object store (``torch.save`` into the store client's writer: a multipart upload for objects larger than one
+    part) and loads with ``torch.load`` from its reader. DeepSpeed's paths ``s3://bucket/prefix/tag/name`` (or
+    gs://) are the object URLs. Everything but save, load and makedirs is DeepSpeed's own torch engine's
+    (``inner``)."""
 
     def __init__(self, inner: Any, store: ObjectStore):
         self.inner, self.store = inner, store

@@ -59,7 +59,7 @@ import torch
 
 from restartbench.config import EngineConfig
 from restartbench.durability import fsync_dir
-from restartbench.engines.deepspeed_engines import FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord
 from restartbench.faults import save_fault
 
 MAGIC = b"RBLAZY01"
@@ -615,11 +615,10 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 # -- the engine ---------------------------------------------------------------------------------------------
 
 
-class LazyEngine:
+class LazyEngine(CheckpointEngine):
     """``--engine lazy``: see the module docstring."""
 
     asynchronous = True
-    saves_state = True
 
     def __init__(self, options: EngineConfig):
         self.options = options
@@ -635,9 +634,8 @@ class LazyEngine:
         self._flush: Flush | None = None
         self._read: list[FileRecord] = []
         self.copy_waits: list[dict[str, Any]] = []
-        """Every wait at the optimizer step for copies still in flight: tag, seconds."""
-        self.on_copy_wait: Callable[[str, float], None] | None = None
-        """Called (tag, seconds) from the training thread after each such wait: the harness's hook to record it."""
+        """Every wait at the optimizer step for copies still in flight: tag, seconds; each is also reported to
+        ``on_copy_wait`` (from the training thread)."""
 
     # -- save ----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from restartbench.config import EngineConfig
 from restartbench.engines import durable_now
 from restartbench.engines import harness_state
-from restartbench.engines.deepspeed_engines import FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord
 
 PATCH = Path(__file__).resolve().parents[2] / "third_party" / "torchsnapshot" / "rank_local.py"
 PATCH_MODULE = "restartbench_torchsnapshot_rank_local"
@@ -73,9 +73,8 @@ class HarnessStateful:
         self.restore_seconds = time.perf_counter() - start
 
 
-class TorchSnapshotEngine:
-    asynchronous = False
-    saves_state = True
+class TorchSnapshotEngine(CheckpointEngine):
+    """``--engine torchsnapshot``: see the module docstring."""
 
     def __init__(self, options: EngineConfig):
         self.options = options

@@ -1,0 +1,87 @@
+"""The contract between the harness (``restartbench.train``) and a checkpoint engine, as code.
+
+Every engine registered in ``restartbench.engines`` is a ``CheckpointEngine``: the harness creates it
+once per launch on every rank (``create_engine``, which refuses any other class), gives it the store
+it writes to (``for_store``), lets it set up (``prepare``), then drives it through ``save`` →
+``wait_until_durable`` → ``written`` while training and ``load`` → ``read`` on restore. After every
+rank is durable the harness commits the checkpoint (writes ``latest`` through its store), so a
+checkpoint is named ``latest`` only once all of its files are on disk.
+
+Not to be confused with DeepSpeed's own checkpoint engines (``ds_engine.checkpoint_engine``: one
+``save``/``load`` per file), which some of these engines wrap.
+
+No torch here: the registry imports this module, and the launcher and ``--dry-run`` read it without torch.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from restartbench.storage import StorageError
+
+
+@dataclass
+class FileRecord:
+    path: str
+    bytes: int
+    seconds: float
+    """Time inside the engine's save (serialize + write) or load (read + deserialize) of this file."""
+
+
+class CheckpointEngine(abc.ABC):
+    """One rank's checkpoint engine; subclasses are constructed with the run's ``EngineConfig``."""
+
+    asynchronous: bool = False
+    """False: the harness waits for durability right after ``save``. True: only before the next save or at
+    the end of training, so that the background write overlaps training as it would in a real job."""
+
+    saves_state: bool = True
+    """False only for ``none``: the harness then never calls ``save`` or ``load``."""
+
+    workarounds: Sequence[str] = ()
+    """What the harness changed for the engine's last save, read after each ``save`` and recorded with it
+    as ``checkpoint.workaround`` events (empty: nothing)."""
+
+    on_copy_wait: Callable[[str, float], None] | None = None
+    """Set by the harness before the first save. An engine whose ``save`` returns before its copies of the
+    state are taken, and which therefore makes training wait later (at the optimizer step), calls it
+    ``(tag, seconds)`` after each such wait: the harness records it as ``checkpoint.copy_wait`` and counts
+    it in the stall. Other engines never call it."""
+
+    @abc.abstractmethod
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        """Checkpoint the rank's training state as ``<save_dir>/<tag>``; return when training may continue
+        (the time in here is the *stall*). Not ``latest``: the harness commits."""
+
+    @abc.abstractmethod
+    def wait_until_durable(self) -> float:
+        """Block until this rank's bytes of the last save are on stable storage (fsync'd, or uploaded); return
+        the ``time.perf_counter()`` at which they were. Raises what went wrong in the save's background work."""
+
+    @abc.abstractmethod
+    def written(self) -> list[FileRecord]:
+        """The files this rank wrote for the last save, with their sizes (final once durable)."""
+
+    @abc.abstractmethod
+    def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
+        """Restore model, optimizer and scheduler state of ``<load_dir>/<tag>`` into ``ds_engine``."""
+
+    @abc.abstractmethod
+    def read(self) -> list[FileRecord]:
+        """The files this rank read in the last ``load``, with the bytes it read from each."""
+
+    def prepare(self, ds_engine: Any) -> dict[str, Any]:
+        """Called once per launch right after the engine is created (inside the ``startup.engine`` span, a restart
+        part): set-up that would otherwise land in the first save's stall, such as a pinned host buffer. Returns
+        what it set up, recorded with that span."""
+        return {}
+
+    def for_store(self, store: Any) -> CheckpointEngine:
+        """The engine that checkpoints to the object store ``store`` (``restartbench.storage``). Overridden by the
+        engines registered with ``object_store=True``; this default refuses, naming those engines."""
+        from restartbench.engines import object_store_engines  # the registry imports this module
+
+        raise StorageError(f"engine {type(self).__name__} cannot write to {store.location}; use --engine "
+                           f"{', '.join(object_store_engines())}")

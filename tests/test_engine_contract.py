@@ -1,0 +1,126 @@
+"""The engine contract (restartbench/engines/base.py) holds for every registered engine, and the registry
+refuses what breaks it. Fast: no launch, no engine is run."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from restartbench import engines
+from restartbench.config import EngineConfig
+from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.engines.baseline import NoCheckpoint
+from restartbench.engines.deepspeed_engines import ObjectStoreTorchEngine, TorchEngine
+from restartbench.storage import LocalStore, ObjectLocation, ObjectStore, S3Settings, StorageError
+
+PRESENT = [name for name in engines.engine_names() if not engines.missing_requirements(name)]
+"""Engines whose requirements this environment has (all but the optional datastates, usually)."""
+
+
+def _registered_class(name: str) -> type:
+    info = engines.engine_info(name)
+    return getattr(importlib.import_module(info.module), info.cls)
+
+
+class CompleteEngine(CheckpointEngine):
+    """Implements the abstract methods and nothing else."""
+
+    def save(self, ds_engine, save_dir, tag):
+        pass
+
+    def wait_until_durable(self):
+        return 0.0
+
+    def written(self):
+        return []
+
+    def load(self, ds_engine, load_dir, tag):
+        pass
+
+    def read(self):
+        return []
+
+
+class NotAnEngine:
+    """Has an engine's methods, but not the contract's class."""
+
+    def __init__(self, options):
+        raise AssertionError("create_engine must refuse the class before constructing it")
+
+
+def not_a_class(options):
+    raise AssertionError("create_engine must refuse a function before calling it")
+
+
+def _object_store() -> ObjectStore:
+    return ObjectStore(ObjectLocation.parse("s3://bucket/run"), S3Settings(None, "us-east-1", True, "none"))
+
+
+@pytest.mark.parametrize("name", PRESENT)
+def test_every_registered_engine_implements_the_contract(name):
+    cls = _registered_class(name)
+    assert issubclass(cls, CheckpointEngine), f"{cls.__name__} is not a CheckpointEngine"
+    assert not cls.__abstractmethods__, f"{cls.__name__} leaves {sorted(cls.__abstractmethods__)} unimplemented"
+    writes_to_object_stores = cls.for_store is not CheckpointEngine.for_store
+    assert writes_to_object_stores == engines.engine_info(name).object_store, \
+        "an engine registered with object_store overrides for_store, and only such an engine"
+
+
+def test_the_engines_that_must_run_here_are_checked():
+    assert set(engines.engine_names()) - set(PRESENT) <= {
+        name for name in engines.engine_names() if engines.engine_info(name).skip_when_missing}
+
+
+@pytest.mark.parametrize("missing", ["save", "wait_until_durable", "written", "load", "read"])
+def test_an_engine_missing_a_contract_method_cannot_be_created(missing):
+    methods = {"save", "wait_until_durable", "written", "load", "read"} - {missing}
+    toy = type("Toy", (CheckpointEngine,), {name: getattr(CompleteEngine, name) for name in methods})
+    with pytest.raises(TypeError, match=rf"abstract.*{missing}"):
+        toy()
+
+
+def test_the_optional_hooks_have_defaults_the_harness_can_call():
+    engine = CompleteEngine()
+    assert engine.prepare(ds_engine=None) == {}
+    assert list(engine.workarounds) == []
+    assert engine.on_copy_wait is None
+    assert (engine.asynchronous, engine.saves_state) == (False, True)
+
+
+@pytest.mark.parametrize("cls_name", ["NotAnEngine", "not_a_class"])
+def test_create_engine_refuses_a_class_outside_the_contract(monkeypatch, cls_name):
+    monkeypatch.setitem(engines._REGISTRY, "impostor",
+                        engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine"))
+    with pytest.raises(TypeError, match=rf"engine 'impostor' is registered with {__name__}\.{cls_name}, which is "
+                                        r"not a subclass of restartbench\.engines\.base\.CheckpointEngine"):
+        engines.create_engine(EngineConfig(engine="impostor"))
+
+
+def test_create_engine_gives_a_checkpoint_engine():
+    assert isinstance(engines.create_engine(EngineConfig(engine="none")), NoCheckpoint)
+
+
+def test_an_engine_without_for_store_refuses_an_object_store_naming_those_that_can():
+    with pytest.raises(StorageError) as refused:
+        engines.engine_for_target(CompleteEngine(), _object_store())
+    message = str(refused.value)
+    assert "CompleteEngine cannot write to s3://bucket/run" in message
+    assert "use --engine " + ", ".join(engines.object_store_engines()) in message
+    assert {"torch", "dcp"} <= set(engines.object_store_engines())
+
+
+def test_engine_for_target_keeps_the_engine_for_a_folder_and_asks_it_for_an_object_store(tmp_path):
+    options = EngineConfig(engine="torch")
+    engine = CompleteEngine()
+    assert engines.engine_for_target(engine, LocalStore(tmp_path)) is engine
+    none = NoCheckpoint(EngineConfig(engine="none"))
+    assert engines.engine_for_target(none, _object_store()) is none, "'none' writes nothing: any location will do"
+    to_store = engines.engine_for_target(TorchEngine(options), _object_store())
+    assert type(to_store) is ObjectStoreTorchEngine and to_store.store.location == "s3://bucket/run"
+
+
+def test_file_record_keeps_its_old_import_path():
+    from restartbench.engines import deepspeed_engines
+
+    assert deepspeed_engines.FileRecord is FileRecord
