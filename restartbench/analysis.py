@@ -43,6 +43,11 @@ from typing import Any, Iterable
 import pandas as pd
 
 from restartbench.baseline import BASELINE_FILE
+from restartbench.config import RunConfig
+from restartbench.engines import engine_names
+from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, checkpoint_bytes, weight_bytes
+from restartbench.layout import parse_layout
+from restartbench.presets import get_preset
 from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
 
 MB = 1e6
@@ -572,9 +577,6 @@ def _predicted_bytes(config: dict[str, Any], planned: Any) -> int | None:
     """The checkpoint plan's size for the run's configuration and engine (restartbench.plan, to the byte where the
     format allows; cached); the run's own plan.json figure where this version cannot predict it (a preset or
     option it does not know)."""
-    from restartbench.config import RunConfig
-    from restartbench.estimate import checkpoint_bytes
-
     try:
         return checkpoint_bytes(RunConfig.from_dict(config))
     except Exception:  # noqa: BLE001 - a config this version cannot read or predict
@@ -633,14 +635,13 @@ def group_keys(table: pd.DataFrame) -> list[str]:
 
 def engine_order(engines: Iterable[str]) -> list[str]:
     """The registry's order (none, torch, ...) for known engines, then the others alphabetically."""
-    from restartbench.engines import engine_names
-
     known = engine_names()
     present = set(engines)
     return [e for e in known if e in present] + sorted(present - set(known))
 
 
-def _sort(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+def sort_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Rows sorted by ``keys``, engines in the registry's order (none, torch, ...) rather than by name."""
     if frame.empty or "engine" not in frame.columns:
         return frame.reset_index(drop=True)
     order = {engine: i for i, engine in enumerate(engine_order(frame["engine"].unique()))}
@@ -673,7 +674,7 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
         stall_iterations=("stall_iterations", "median"), stall_overhead_pct=("stall_overhead_pct", "median"),
         baseline_write_MBps=("baseline_write_MBps", "median"),
     ).reset_index()
-    return _sort(summary, keys)
+    return sort_rows(summary, keys)
 
 
 def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -696,7 +697,7 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
     ).reset_index()
-    return _sort(summary, keys)
+    return sort_rows(summary, keys)
 
 
 def start_up_floor(table: pd.DataFrame) -> pd.DataFrame:
@@ -758,7 +759,7 @@ def file_summary(files: pd.DataFrame) -> pd.DataFrame:
     summary = pd.concat([summary, total.assign(kind="all")], ignore_index=True)
     kind_order = {k: i for i, k in enumerate((*FILE_KINDS, "all"))}
     summary = summary.assign(_k=summary["kind"].map(lambda k: kind_order.get(k, len(kind_order))))
-    return _sort(summary.sort_values("_k", kind="stable").drop(columns="_k"), ["preset", "layout", "engine"]) \
+    return sort_rows(summary.sort_values("_k", kind="stable").drop(columns="_k"), ["preset", "layout", "engine"]) \
         .reindex(columns=columns)
 
 
@@ -802,7 +803,7 @@ def engine_comparison(table: pd.DataFrame, preset: str | None = None, layout: st
     if "stall_s" in merged and merged["stall_s"].notna().any():
         best = merged.groupby([k for k in keys if k != "engine"], dropna=False)["stall_s"].transform("min")
         merged["stall_vs_best"] = merged["stall_s"] / best
-    return _sort(merged, keys)
+    return sort_rows(merged, keys)
 
 
 def select(table: pd.DataFrame, preset: str | None = None, layout: str | None = None,
@@ -822,8 +823,6 @@ def select(table: pd.DataFrame, preset: str | None = None, layout: str | None = 
 
 def _canonical(layout: str, table: pd.DataFrame) -> str:
     """tp2pp2 -> the table's tp2pp2dp<N> (dp1 preferred where the name leaves dp open)."""
-    from restartbench.layout import parse_layout
-
     try:
         spec = parse_layout(layout)
     except ValueError:
@@ -862,9 +861,6 @@ def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.Dat
     against the measured one, per preset, layout, dtype and engine; with the files, weights (layer + model files)
     and optimizer files against the rough rule P·w and P·12 bytes (the plan's exact per-kind bytes are in
     ``python -m restartbench.plan``)."""
-    from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes
-    from restartbench.presets import get_preset
-
     ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
     keys = ["preset", "layout", "dtype", "engine"]
     if ckpt.empty:
@@ -895,4 +891,4 @@ def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.Dat
         medians = parts.groupby(keys, dropna=False)[["weights", "optimizer", "other"]].median() \
             .add_prefix("measured_").add_suffix("_bytes").reset_index()
         summary = summary.merge(medians, on=keys, how="left")
-    return _sort(summary, ["preset", "layout", "dtype", "engine"])
+    return sort_rows(summary, ["preset", "layout", "dtype", "engine"])

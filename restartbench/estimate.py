@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from restartbench.config import RunConfig
 from restartbench.layout import Layout
+from restartbench.plan import checkpoint_bytes as predicted
 from restartbench.presets import ModelPreset
 
 GiB = 1024**3
@@ -82,6 +83,4 @@ def memory_per_rank(preset: ModelPreset, layout: Layout, *, dtype: str, micro_ba
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
     """Size of one checkpoint of the run (all ranks' files together), as ``restartbench.plan`` predicts it."""
-    from restartbench.plan import checkpoint_bytes as predicted
-
     return predicted(cfg)

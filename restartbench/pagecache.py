@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from restartbench.integrity import read_manifest
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
 PAGE = mmap.PAGESIZE
@@ -68,8 +70,6 @@ def before_restore(ckpt_dir: str | Path, tag: str, wanted: str) -> dict:
     what is resident. One rank per node does the work, since each node has its own page cache; the label
     is ``cold`` only if no byte of the checkpoint was resident on any node."""
     import torch.distributed as dist
-
-    from restartbench.integrity import read_manifest
 
     state = None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:

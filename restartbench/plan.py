@@ -590,9 +590,9 @@ def signature(state: Any) -> tuple:
 
     def walk(item: Any) -> Any:
         if isinstance(item, torch.Tensor):
-            storage = item.untyped_storage()
-            index = storages.setdefault(storage._cdata, len(storages))
-            return ("tensor", index, storage.nbytes(), str(item.dtype), tuple(item.shape), item.stride(),
+            untyped = item.untyped_storage()
+            index = storages.setdefault(untyped._cdata, len(storages))  # one id per storage, as torch.save's
+            return ("tensor", index, untyped.nbytes(), str(item.dtype), tuple(item.shape), item.stride(),
                     item.storage_offset(), item.requires_grad)
         if isinstance(item, dict):
             extra = tuple(sorted((k, repr(v)) for k, v in getattr(item, "__dict__", {}).items()))

@@ -25,6 +25,7 @@ from matplotlib.patches import Patch
 
 from restartbench import analysis
 from restartbench.analysis import MB, RESTART_PART_COLUMNS, Collected
+from restartbench.engines import engine_names
 
 MAX_FACETS = 24
 MAX_ROWS = 60
@@ -78,8 +79,6 @@ def fmt_share(value: Any) -> str:
 
 def engine_colors(engines) -> dict[str, tuple]:
     """A fixed color per engine: the registry's order, so an engine has the same color in every figure."""
-    from restartbench.engines import engine_names
-
     known = engine_names()
     colors = {}
     extra = 0
@@ -285,7 +284,7 @@ def plot_files_per_rank(files: pd.DataFrame, table: pd.DataFrame | None = None) 
         return _empty("No checkpoint files recorded (inventory.json).")
     latest = (per_rank.sort_values(["run_id", "tag"]).groupby(["preset", "layout", "engine"], sort=False)
               .tail(1)[["preset", "layout", "engine", "run_id", "tag"]])
-    latest = analysis._sort(latest, ["preset", "layout", "engine"])
+    latest = analysis.sort_rows(latest, ["preset", "layout", "engine"])
     shown = latest.head(MAX_FACETS)
     max_ranks = int(per_rank["rank"].nunique()) or 1
     fig, axes = _grid(len(shown), 4, max(3.2, 0.45 * max_ranks + 1.6), 3.0, sharey=False)

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from restartbench import storage
 from restartbench.events import read_events
 from restartbench.integrity import MANIFEST
 
@@ -116,10 +117,8 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
 def inventory(run_dir: Path) -> list[dict[str, Any]]:
     """Every file the engines wrote under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it
     (None if not recorded). The harness's own ``<tag>/manifest.json`` is left out: it is not part of the checkpoint."""
-    from restartbench.storage import open_store
-
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = open_store(plan["checkpoint_dir"], plan.get("remote"))
+    store = storage.open_store(plan["checkpoint_dir"], plan.get("remote"))
     writers = {}
     for e in read_events(run_dir):
         if e["event"] == "checkpoint.durable":
@@ -144,10 +143,9 @@ def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]
         for e in events:
             if e["event"] == "checkpoint.begin" and e["tag"] not in committed and e["tag"] not in failed:
                 failed[e["tag"]] = "begun, never committed: the phase died during the save"
-    from restartbench.storage import open_store
 
     plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = open_store(plan["checkpoint_dir"], plan.get("remote"))
+    store = storage.open_store(plan["checkpoint_dir"], plan.get("remote"))
     kept = store.read_text("latest").strip() if store.exists("latest") else None
     return [{"tag": tag, "error": error, "latest_kept": kept} for tag, error in failed.items()]
 
@@ -158,10 +156,8 @@ def write_inventory(run_dir: Path) -> None:
 
 def summarize_run(run_dir: Path) -> list[str]:
     """A few lines for the terminal, every figure saying what it is."""
-    from restartbench.storage import is_remote
-
     events = read_events(run_dir)
-    remote = is_remote(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
+    remote = storage.is_remote(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
     durable = "uploaded" if remote else "fsync'd"
     lines = []
     iteration = iteration_time(events)

@@ -40,7 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from restartbench import baseline
 from restartbench.durability import fsync_dir
+from restartbench.progress import say
 
 S3_SCHEME, GS_SCHEME = "s3://", "gs://"
 OBJECT_SCHEMES = (S3_SCHEME, GS_SCHEME)
@@ -641,9 +643,6 @@ def record_remote_baseline(run_dir: Path, location: str, remote: dict[str, Any],
 
     The top-level figures are those of the client the checkpoints go through; ``other_clients`` holds the same
     transfer through the other route to S3 (s3torchconnector or s3fs), for comparison."""
-    from restartbench import baseline
-    from restartbench.progress import say
-
     store = open_store(location, remote)
     say(f"storage baseline: a {size_mib} MiB object uploaded and downloaded in {store.location} through {store.tool}")
     try:

@@ -47,6 +47,7 @@ from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
 from restartbench.render import REPO_ROOT, Rendered, render
+from restartbench.results import failed_checkpoints, summarize_run, write_inventory
 
 PHASES = ("train", "restore")
 GPUS_PER_NODE_DEFAULT = 8
@@ -507,8 +508,6 @@ def _nothing_committed(cfg: RunConfig, plan: dict[str, Any]) -> bool:
 
 def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> str:
     """Record how the run ended (a failed checkpoint fails the run) and print its summary; return the status."""
-    from restartbench.results import failed_checkpoints, summarize_run, write_inventory
-
     runtime = run_dir / rundir.RUNTIME
     if runtime.exists():
         meta["runtime"] = json.loads(runtime.read_text())
