@@ -1,12 +1,13 @@
 """Raw bandwidth of the checkpoint target, measured with fio before phase 1 and kept as ``baseline.json``.
 
 The analysis sets every checkpoint's throughput against it (``restartbench.analysis`` reads
-``write_MBps``/``read_MBps`` from the run folder or the nearest ancestor). Two fio jobs on one
-file in the target folder: a sequential buffered write whose time includes the final fsync
-(``--end_fsync=1``), as a checkpoint is only durable once fsync'd, then a sequential read with
-O_DIRECT so the page cache does not answer it. Where the filesystem refuses O_DIRECT, the file
-is evicted with ``posix_fadvise(DONTNEED)`` and read buffered, and ``read_method`` says so.
-fio's JSON output is parsed; its text output never is. MB = 10^6 bytes.
+``write_MBps``/``read_MBps`` from the run folder or the nearest ancestor). The checkpoint's concurrency is kept:
+``jobs`` fio jobs at once (as many as ranks write on a node), each on its own file in the target folder, first a
+sequential buffered write whose time includes each file's final fsync (``--end_fsync=1``), as a checkpoint is only
+durable once fsync'd, then a sequential read with O_DIRECT so the page cache does not answer it. Where the
+filesystem refuses O_DIRECT, the files are evicted with ``posix_fadvise(DONTNEED)`` and read buffered, and
+``read_method`` says so. The bandwidth is the jobs' aggregate (fio's group report). fio's JSON output is parsed;
+its text output never is. MB = 10^6 bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class BaselineError(RuntimeError):
     """fio ran but gave no usable measurement; the message says what fio reported."""
 
 
-def record_baseline(run_dir: Path, target: Path, size_mib: int) -> Path | None:
+def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1) -> Path | None:
     """Measure ``target`` and write ``run_dir/baseline.json``; on any problem print a note and return None.
 
     A missing or failing baseline never fails the run: it is context for the analysis, not a result.
@@ -44,9 +45,9 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int) -> Path | None:
     if shutil.which("fio") is None:
         say("note: fio is not installed, so no storage baseline is measured (install it: apt-get install fio)")
         return None
-    say(f"storage baseline: fio writes and reads {size_mib} MiB in {target}")
+    say(f"storage baseline: {jobs} fio job(s) at once each write and read {size_mib} MiB in {target}")
     try:
-        baseline = measure(Path(target), size_mib)
+        baseline = measure(Path(target), size_mib, jobs=jobs)
     except (BaselineError, OSError) as error:
         say(f"note: storage baseline not measured: {error}")
         return None
@@ -57,43 +58,56 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int) -> Path | None:
     return path
 
 
-def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE) -> dict[str, Any]:
-    """fio write (with fsync) then read of ``size_mib`` MiB in ``target``; the test file is always removed."""
+def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int = 1) -> dict[str, Any]:
+    """fio write (with fsync) then read of ``size_mib`` MiB per job, ``jobs`` jobs at once, in ``target``; the
+    test files are always removed."""
     if size_mib <= 0:
         raise BaselineError(f"the baseline size must be a positive number of MiB, got {size_mib}")
+    if jobs < 1:
+        raise BaselineError(f"the baseline needs at least one fio job, got {jobs}")
     target.mkdir(parents=True, exist_ok=True)
-    test_file = target / f".restartbench-baseline-{os.getpid()}.fio"
+    test_files = [target / f".restartbench-baseline-{os.getpid()}-{job}.fio" for job in range(jobs)]
     size = size_mib * MiB
     free = shutil.disk_usage(target).free
-    if size > free:
-        raise BaselineError(f"{target} has {free / MiB:.0f} MiB free, less than the {size_mib} MiB the baseline "
-                            "writes; lower --baseline-mib (0 skips the baseline)")
+    if size * jobs > free:
+        raise BaselineError(f"{target} has {free / MiB:.0f} MiB free, less than the {jobs * size_mib} MiB the "
+                            f"baseline writes ({jobs} job(s) of {size_mib} MiB); lower --baseline-mib (0 skips the "
+                            "baseline)")
     try:
-        write = run_fio(test_file, "write", size, block_size, "--end_fsync=1")
-        if direct_io_works(test_file):
-            read_method, read = READ_DIRECT, run_fio(test_file, "read", size, block_size, "--direct=1")
+        write = run_fio(test_files, "write", size, block_size, "--end_fsync=1")
+        if direct_io_works(test_files[0]):
+            read_method, read = READ_DIRECT, run_fio(test_files, "read", size, block_size, "--direct=1")
         else:
-            evict(test_file)
-            read_method, read = READ_BUFFERED, run_fio(test_file, "read", size, block_size, "--direct=0")
+            for test_file in test_files:
+                evict(test_file)
+            read_method, read = READ_BUFFERED, run_fio(test_files, "read", size, block_size, "--direct=0")
     finally:
-        test_file.unlink(missing_ok=True)
+        for test_file in test_files:
+            test_file.unlink(missing_ok=True)
+    for side, report in (("write", write), ("read", read)):
+        if report["io_bytes"] != size * jobs:  # the group report must cover every job, all of its bytes
+            raise BaselineError(f"fio's {side} report covers {report['io_bytes']} bytes, not the {jobs} × {size} "
+                                "bytes its jobs moved")
     return {
         "tool": "fio", "write_MBps": write["MBps"], "read_MBps": read["MBps"],
-        "target": str(target.resolve()), "size_bytes": size, "block_size": block_size,
+        "target": str(target.resolve()), "size_bytes": size, "jobs": jobs, "block_size": block_size,
         "write_method": WRITE_METHOD, "read_method": read_method, "fio_version": write["version"],
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def run_fio(path: Path, rw: str, size: int, block_size: str, *extra: str) -> dict[str, Any]:
-    """One sequential fio job on ``path``; returns its bandwidth (MB/s) and fio's version."""
-    command = ["fio", f"--name=restartbench-{rw}", f"--filename={fio_filename(path)}", f"--rw={rw}",
-               f"--bs={block_size}", f"--size={size}", "--ioengine=psync", "--numjobs=1",
-               "--output-format=json", *extra]
+def run_fio(paths: Path | list[Path], rw: str, size: int, block_size: str, *extra: str) -> dict[str, Any]:
+    """One sequential fio job per file of ``paths``, all at once; returns their aggregate bandwidth (MB/s) and
+    fio's version."""
+    paths = [paths] if isinstance(paths, Path) else paths
+    command = ["fio", "--output-format=json", "--group_reporting"]
+    for index, path in enumerate(paths):  # one job section per file: each job writes or reads its own file
+        command += [f"--name=restartbench-{rw}-{index}", f"--filename={fio_filename(path)}", f"--rw={rw}",
+                    f"--bs={block_size}", f"--size={size}", "--ioengine=psync", *extra]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        raise BaselineError(f"fio {rw} on {path.parent} exited with {done.returncode}: "
+        raise BaselineError(f"fio {rw} on {paths[0].parent} exited with {done.returncode}: "
                             f"{reason[-1] if reason else 'no message'}")
     return parse_fio(done.stdout, rw)
 

@@ -106,3 +106,29 @@ def test_study_run_measures_baseline_and_analysis_reads_it(tmp_path):
     assert json.loads((run_dir / "baseline.json").read_text())["size_bytes"] == 64 * MiB
     table = collect(logs).table()
     assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_read_MBps"] > 0).all()
+
+
+def test_baseline_runs_at_the_checkpoints_concurrency(tmp_path, monkeypatch):
+    """Two jobs at once, each on its own file: the report is their aggregate, all bytes of both; nothing is left."""
+    commands = []
+    real_run = baseline.subprocess.run
+
+    def recording_run(command, **kwargs):
+        commands.append(command)
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr(baseline.subprocess, "run", recording_run)
+    data = baseline.measure(tmp_path, 4, jobs=2)
+    assert data["jobs"] == 2 and data["size_bytes"] == 4 * MiB and data["write_MBps"] > 0 and data["read_MBps"] > 0
+    for command in commands:
+        files = [arg.split("=", 1)[1] for arg in command if arg.startswith("--filename=")]
+        assert len(files) == len(set(files)) == 2 and "--group_reporting" in command
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_report_missing_a_jobs_bytes_is_refused(tmp_path, monkeypatch):
+    """fio's group report must count every job: one job's bytes alone would overstate nothing but hide the others'."""
+    real_parse = baseline.parse_fio
+    monkeypatch.setattr(baseline, "parse_fio", lambda output, rw: real_parse(output, rw) | {"io_bytes": 4 * MiB})
+    with pytest.raises(BaselineError, match=r"covers 4194304 bytes, not the 2 × 4194304"):
+        baseline.measure(tmp_path, 4, jobs=2)
