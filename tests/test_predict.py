@@ -1,10 +1,13 @@
 """restartbench.plan: every file of a checkpoint predicted without running, held to real runs file by file."""
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,10 +15,13 @@ import torch
 
 from conftest import STUDY_CASES, run_study
 from restartbench import engines
+from restartbench import plan as plan_module
 from restartbench.config import RunConfig
-from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, _cached_bytes, checkpoint_bytes,
-                               materialize, payload_bytes, predict, random_names_as_placeholders, scaled_preset,
-                               setup_for, shard_files, zero_partition)
+from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, PlannedFile,
+                               _cached_bytes, _deepspeed_files, _snapshot_request_bytes,
+                               _snapshot_requests, _tensor_saved_size, checkpoint_bytes, materialize, payload_bytes,
+                               predict, random_names_as_placeholders, saved_size, scaled_preset, setup_for, shard_files,
+                               zero_partition)
 from restartbench.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -357,3 +363,163 @@ def test_a_layout_that_does_not_fit_surfaces_the_layout_message(capsys):
     assert main(["70B", "tp3pp4"]) == 2
     err = capsys.readouterr().err
     assert "layout tp3pp4dp1 does not fit 70B" in err and "not divisible by tp=3" in err
+
+
+# -- each file's writer, kind and payload against hand-computed values, DeepSpeed's and TorchSnapshot's own objects --
+
+
+def tiny_numel() -> dict[str, int]:
+    """Parameters of the tiny preset on one tensor rank, counted by hand from its widths: the embedding and the head
+    vocabulary × hidden; each decoder layer two norms, q and o hidden², k and v hidden × (hidden · kv_heads / heads),
+    gate, up and down hidden × ffn; the final norm hidden."""
+    p = get_preset("tiny")
+    kv = p.hidden * p.kv_heads // p.heads
+    layer = 2 * p.hidden + 2 * p.hidden ** 2 + 2 * p.hidden * kv + 3 * p.hidden * p.ffn_hidden
+    table = p.vocab_size * p.hidden
+    return {"embedding": table, "layer": layer, "norm": p.hidden, "head": table,
+            "all": 2 * table + p.layers * layer + p.hidden, "layers": p.layers}
+
+
+def test_plan_totals_and_json_hold_every_file_as_given():
+    files = [PlannedFile("step2/a", 0, "layer", 100, 164), PlannedFile("step2/b", 1, "optimizer", 300, 420),
+             PlannedFile("step2/c", 1, "model", 0, 50), PlannedFile("step2/d", 2, "layer", 10, 70)]
+    plan = CheckpointPlan("tiny", "tp1pp1dp4", "bf16", "torch", "step2", 4, files, {"zero_to_fp32.py": 7}, 0.5, 64,
+                          "a note")
+    totals = {"checkpoint_bytes": 704, "payload_bytes": 410, "overhead_bytes": 294, "files": 4,
+              "per_rank_max_bytes": 470, "per_rank_max_rank": 1, "per_rank_min_bytes": 0,  # rank 3 writes nothing
+              "by_kind": {"layer": {"files": 2, "bytes": 234}, "model": {"files": 1, "bytes": 50},
+                          "optimizer": {"files": 1, "bytes": 420}}, "root_files": {"zero_to_fp32.py": 7}}
+    assert plan.totals() == totals
+    as_json = json.loads(json.dumps(plan.to_dict()))
+    assert as_json == {"preset": "tiny", "layout": "tp1pp1dp4", "dtype": "bf16", "engine": "torch", "tag": "step2",
+                       "world_size": 4, "scale": 0.5, "tolerance_bytes": 64, "note": "a note", "totals": totals,
+                       "files": [{"path": f.path, "rank": f.rank, "kind": f.kind, "payload_bytes": f.payload_bytes,
+                                  "bytes": f.bytes} for f in files]}
+
+
+def test_scaled_preset_rounds_each_width_and_refuses_scales_outside_0_to_1():
+    # 8192 · 0.016 = 131.1 -> one multiple of 2 · 64 heads; 28672 · 0.016 = 458.8 = 57.3 · 8; 128256 · 0.016 = 256.5 · 8
+    scaled = scaled_preset(get_preset("70B"), 0.016, tp=8)
+    assert (scaled.name, scaled.hidden, scaled.ffn_hidden, scaled.vocab_size) == ("70B@0.016", 128, 456, 2056)
+    tiny = scaled_preset(get_preset("70B"), 0.001, tp=8)  # each width at least one multiple
+    assert (tiny.hidden, tiny.ffn_hidden, tiny.vocab_size) == (128, 32, 128)
+    for scale in (0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=rf"scale must be in \(0, 1\], got {scale}"):
+            scaled_preset(get_preset("70B"), scale, tp=8)
+
+
+def test_torch_files_payload_is_each_shards_numel_times_its_itemsize():
+    """tiny tp1pp1dp3 bf16: data-parallel rank 0 writes the 7 layer files (bf16) and the model file (no tensor); each
+    rank its optimizer file: the fp32 partition (its storage, padding included), Adam's two moments and its step."""
+    n = tiny_numel()
+    partition = -(-n["all"] // 6) * 6 // 3  # the flat buffer padded to a multiple of 2 · dp, split in 3
+    layers = [n["embedding"], *[n["layer"]] * n["layers"], n["norm"], n["head"]]
+    expected = ([(f"step2/layer_{i:02d}-model_00-model_states.pt", 0, "layer", 2 * numel)
+                 for i, numel in enumerate(layers)] + [("step2/mp_rank_00_model_states.pt", 0, "model", 0)]
+                + [(f"step2/bf16_zero_pp_rank_{d}_mp_rank_00_optim_states.pt", d, "optimizer", 3 * 4 * partition + 4)
+                   for d in range(3)])
+    plan = predict(config("tiny", "tp1pp1dp3", "bf16"))
+    assert sorted((f.path, f.rank, f.kind, f.payload_bytes) for f in plan.files) == sorted(expected)
+
+
+def test_a_torch_saved_files_size_depends_on_its_names_length(tmp_path):
+    """torch.save names the zip's root folder after the file: layer_99 and layer_100 hold the same state, yet their
+    files differ in size, each predicted as torch.save writes it."""
+    setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
+    setup = replace(setup, preset=replace(setup.preset, layers=100))
+    names = [f"step2/layer_{i}-model_00-model_states.pt" for i in (99, 100)]
+    planned = {f.path: f for f in _deepspeed_files(setup, str(tmp_path))}
+    shards = {f.path: f for f in shard_files(setup) if f.path in names}
+    for name in names:
+        torch.save(materialize(shards[name].state, lambda numel, dtype: torch.zeros(numel, dtype=dtype)),
+                   tmp_path / os.path.basename(name))
+        assert planned[name].bytes == (tmp_path / os.path.basename(name)).stat().st_size, name
+        assert planned[name].payload_bytes == 2 * tiny_numel()["layer"]
+    assert planned[names[0]].bytes != planned[names[1]].bytes
+
+
+def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypatch):
+    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})  # every entry measured here, none from an earlier test
+    n = tiny_numel()["all"]
+    plan = predict(config("tiny", "tp1pp1dp1", "bf16", engine="dcp"))
+    # bf16 module, then the fp32 partition (padded to 2 · dp) and Adam's two moments, and Adam's step (a 0-d fp32)
+    assert [(f.path, f.rank, f.kind, f.payload_bytes) for f in plan.files] == [
+        ("step2/__0_0.distcp", 0, "data", 2 * n + 3 * 4 * (n + n % 2) + 4), ("step2/.metadata", 0, "metadata", 0)]
+
+
+@pytest.mark.parametrize("name", [name for name in STORED_RUNS if name.startswith("dcp")])
+def test_stored_dcp_runs_files_as_predicted_with_every_tensor_entry_measured_afresh(name, monkeypatch):
+    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})
+    _cached_bytes.cache_clear()
+    assert_files_as_predicted(stored_run(name))
+
+
+def test_a_tensor_entry_is_measured_without_allocating_it(tmp_path, monkeypatch):
+    """A 1 TiB tensor entry, on a machine with far less memory: meta tensors and a sparse file, no byte allocated."""
+    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})
+    assert 2**40 < _tensor_saved_size(torch.float32, (2**38,), str(tmp_path)) < 2**40 + 4096
+
+
+def test_saved_size_is_torch_saves_size_at_a_path_of_that_name_and_touches_nothing_else(tmp_path, monkeypatch):
+    state = {"weight": torch.empty((3, 5), dtype=torch.bfloat16, device="meta"), "step": 7}
+    real = tmp_path / "real"
+    real.mkdir()
+    torch.save({"weight": torch.zeros((3, 5), dtype=torch.bfloat16), "step": 7}, real / "model_states.pt")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.chdir(tmp_path)
+    Path("model_states.pt").write_text("not the plan's")
+    assert saved_size(state, "step2/model_states.pt", str(scratch)) == (real / "model_states.pt").stat().st_size
+    assert Path("model_states.pt").read_text() == "not the plan's"
+    assert "model_states.pt" not in os.listdir(scratch)
+
+
+def test_saved_size_of_a_state_it_cannot_save_raises_that_error(tmp_path):
+    sparse = torch.sparse_coo_tensor([[0]], [1.0], (3,))
+    with pytest.raises(NotImplementedError, match="storage of SparseTensorImpl"):
+        saved_size({"sparse": sparse}, "step2/x.pt", str(tmp_path))
+
+
+def test_torchsnapshot_writes_tensors_raw_in_batches_objects_and_metadata_apart():
+    n = tiny_numel()["all"]
+    plan = predict(config("tiny", "tp1pp1dp1", "bf16", engine="torchsnapshot"))
+    data = [f for f in plan.files if f.kind == "data"]
+    assert [f.path for f in data] == ["step2/rank00000/batched/<uuid4>"]
+    assert data[0].payload_bytes == data[0].bytes == 2 * n + 3 * 4 * (n + n % 2) + 4
+    objects = {f.path.rsplit("/", 1)[1]: f.payload_bytes for f in plan.files if f.kind == "object"}
+    assert objects == {"betas": 0, "foreach": 0, "fused": 0}  # AdamW's non-scalar options, each torch.save'd
+    assert [(f.path, f.rank, f.payload_bytes) for f in plan.files if f.kind == "metadata"] == [
+        ("step2/rank00000/.snapshot_metadata", 0, 0)]
+    assert len(plan.files) == len(data) + len(objects) + 1
+
+
+def test_torchsnapshot_without_batching_writes_each_tensor_raw_to_a_file_of_its_own(monkeypatch):
+    monkeypatch.setenv("TORCHSNAPSHOT_DISABLE_BATCHING", "1")
+    n = tiny_numel()
+    plan = predict(config("tiny", "tp1pp1dp1", "bf16", engine="torchsnapshot"))
+    data = {f.path.split("/harness/")[1]: (f.payload_bytes, f.bytes) for f in plan.files if f.kind == "data"}
+    partition = 4 * (n["all"] + n["all"] % 2)
+    assert {key: data[key] for key in ("module/0.weight", "module/5.weight", "optimizer/fp32_partitions/0",
+                                       "optimizer/base/state/0/step", "optimizer/base/state/0/exp_avg")} == {
+        "module/0.weight": (2 * n["embedding"],) * 2, "module/5.weight": (2 * n["norm"],) * 2,
+        "optimizer/fp32_partitions/0": (partition,) * 2, "optimizer/base/state/0/step": (4, 4),
+        "optimizer/base/state/0/exp_avg": (partition,) * 2}
+    assert sum(payload for payload, _ in data.values()) == 2 * n["all"] + 3 * partition + 4
+    assert all(payload == size for payload, size in data.values())
+
+
+def test_torchsnapshot_writes_the_plan_cannot_size_are_refused_by_name():
+    requests, _ = _snapshot_requests({"z": torch.zeros(3, dtype=torch.complex64)}, "cpu")  # torch.save'd, not raw
+    with pytest.raises(NotImplementedError, match=r"would torch.save \S*z \(torch.complex64\)"):
+        [_snapshot_request_bytes(request) for request in requests]
+    with pytest.raises(NotImplementedError, match=r"request w of an unknown kind \(object\)"):
+        _snapshot_request_bytes(SimpleNamespace(path="w", buffer_stager=object()))
+
+
+def test_lazy_headers_hold_the_checkpoints_tag(tmp_path):
+    """The lazy format's header (JSON, padded to 4096-byte pages) holds the tag: a tag 4096 bytes longer makes every
+    file exactly one page longer."""
+    setup = setup_for(config("tiny", "pp2dp1", "bf16", engine="lazy"))
+    short = PREDICTORS["lazy"].files(setup, str(tmp_path))
+    long = PREDICTORS["lazy"].files(replace(setup, tag="step2" + "x" * 4096), str(tmp_path))
+    assert [(f.rank, f.kind, f.bytes + 4096) for f in short] == [(f.rank, f.kind, f.bytes) for f in long]
