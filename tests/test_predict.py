@@ -18,7 +18,7 @@ from restartbench import engines
 from restartbench import plan as plan_module
 from restartbench.config import RunConfig
 from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, PlannedFile,
-                               _cached_bytes, _deepspeed_files, _snapshot_request_bytes,
+                               _cached_bytes, _deepspeed_files, _fastpersist_writers, _snapshot_request_bytes,
                                _snapshot_requests, _tensor_saved_size, checkpoint_bytes, materialize, payload_bytes,
                                predict, random_names_as_placeholders, saved_size, scaled_preset, setup_for, shard_files,
                                zero_partition)
@@ -514,6 +514,43 @@ def test_torchsnapshot_writes_the_plan_cannot_size_are_refused_by_name():
         [_snapshot_request_bytes(request) for request in requests]
     with pytest.raises(NotImplementedError, match=r"request w of an unknown kind \(object\)"):
         _snapshot_request_bytes(SimpleNamespace(path="w", buffer_stager=object()))
+
+
+def fastpersist_config(layout: str, nnodes: int, per_node: int, unit: str) -> RunConfig:
+    cfg = config("tiny", layout, "fp32", engine="fastpersist")
+    cfg.layout.nnodes, cfg.layout.nproc_per_node, cfg.engine.writer_data_parallel = nnodes, per_node, unit
+    return cfg
+
+
+# (layout, nodes, ranks per node, writer.data_parallel, rank -> (writer index, writers)) worked out by hand from
+# DeepSpeed 0.19.8's DataParallelWriterFactory. Ranks are pipe·(dp·tp) + data·tp + tensor; two sockets per machine.
+# Under ZeRO-1 a rank that gets no data-parallel writer gets one of its own (index 0 of 1).
+FASTPERSIST_WRITERS = [
+    # pure data parallel, one writer per machine: the first rank of each machine, indexed by its machine
+    ("dp4", 2, 2, "machine", {0: (0, 2), 1: (0, 1), 2: (1, 2), 3: (0, 1)}),
+    # pure data parallel, one rank per machine: every rank writes, indexed by its data-parallel rank
+    ("dp2", 2, 1, "socket", {0: (0, 2), 1: (1, 2)}),
+    # 4 sockets for 4 ranks: each stage's two data-parallel ranks are on two sockets, each a writer
+    ("pp2dp2", 2, 2, "socket", {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}),
+    # each tensor slice's data-parallel peers (ranks 0 and 2, 1 and 3) on their own sockets: index (rank - first)
+    ("tp2dp2", 2, 2, "socket", {0: (0, 2), 1: (0, 2), 2: (2, 2), 3: (2, 2)}),
+]
+
+
+@pytest.mark.parametrize(("layout", "nnodes", "per_node", "unit", "writers"), FASTPERSIST_WRITERS)
+def test_fastpersist_writers_on_machines_and_sockets_as_deepspeed_assigns_them(layout, nnodes, per_node, unit,
+                                                                               writers):
+    assert _fastpersist_writers(setup_for(fastpersist_config(layout, nnodes, per_node, unit))) == writers
+
+
+def test_fastpersist_model_file_keeps_its_name_at_the_lowest_writer_and_a_suffix_elsewhere():
+    """dp4 on 2 machines, a writer per machine: rank 0 (writer 0 of 2) keeps DeepSpeed's name, rank 2 (writer 1 of 2,
+    the second machine) keeps FastPersist's suffix; every rank writes its own optimizer partition."""
+    files = predict(fastpersist_config("dp4", 2, 2, "machine")).files
+    model = {f.rank: f.path for f in files if f.kind == "model"}
+    assert (model[0], model[2]) == ("step2/mp_rank_00_model_states.pt", "step2/mp_rank_00_model_states.pt-1.2")
+    assert {f.rank: f.path for f in files if f.kind == "optimizer"} == {
+        rank: f"step2/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(4)}
 
 
 def test_lazy_headers_hold_the_checkpoints_tag(tmp_path):
