@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +17,8 @@ from conftest import STUDY_CASES, run_study
 from restartbench import engines
 from restartbench import plan as plan_module
 from restartbench.config import RunConfig
-from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, PlannedFile,
-                               _cached_bytes, _deepspeed_files, _fastpersist_writers, _snapshot_request_bytes,
+from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, PlannedFile, ZeroOptimizer,
+                               _adamw, _cached_bytes, _deepspeed_files, _fastpersist_writers, _snapshot_request_bytes,
                                _snapshot_requests, _tensor_saved_size, checkpoint_bytes, materialize, payload_bytes,
                                predict, random_names_as_placeholders, saved_size, scaled_preset, setup_for, shard_files,
                                zero_partition)
@@ -551,6 +551,76 @@ def test_fastpersist_model_file_keeps_its_name_at_the_lowest_writer_and_a_suffix
     assert (model[0], model[2]) == ("step2/mp_rank_00_model_states.pt", "step2/mp_rank_00_model_states.pt-1.2")
     assert {f.rank: f.path for f in files if f.kind == "optimizer"} == {
         rank: f"step2/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(4)}
+
+
+def test_zero1_optimizer_state_is_deepspeeds_own(monkeypatch):
+    """The optimizer file's content against a real single-rank DeepSpeed engine (gloo, ZeRO-1, the study's optimizer
+    and scheduler, with DeepSpeed's own adam_w_mode option too), stepped 3 times: the same keys in the same order, the
+    same values and objects, tensors of the same dtypes, shapes and storages (75 parameters: one element of padding)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from restartbench import runtime
+
+    setup = setup_for(config("tiny", "tp1pp1dp1", "fp32"), step=3)
+    optimizer = setup.ds_config["optimizer"]
+    setup = replace(setup, ds_config={**setup.ds_config, "optimizer": {
+        **optimizer, "params": {**optimizer["params"], "adam_w_mode": True}}})
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    runtime.skip_shm_comm_build()
+    dist.init_process_group("gloo", world_size=1, rank=0, store=dist.HashStore())
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=setup.ds_config)
+        for _ in range(3):
+            engine.backward(engine(torch.randn(1, 8)).square().mean())
+            engine.step()
+        real, real_scheduler = engine.optimizer.state_dict(), engine.lr_scheduler.state_dict()
+    finally:
+        deepspeed.comm.destroy_process_group()
+    params = OrderedDict((name, torch.empty(p.shape, device="meta")) for name, p in model.named_parameters())
+    stand_in = ZeroOptimizer(setup, params, dp_rank=0)
+    state = stand_in.state_dict()
+    assert list(state) == list(real)
+    assert _structure(state) == _structure(real)
+    assert stand_in.scheduler.state_dict() == real_scheduler
+
+
+def _structure(item: Any) -> Any:
+    """What a saved state holds besides its tensors' values: containers, keys, plain values, objects' attributes, and
+    each tensor's dtype, shape and storage bytes."""
+    if isinstance(item, torch.Tensor):
+        return "tensor", item.dtype, tuple(item.shape), item.untyped_storage().nbytes()
+    if isinstance(item, dict):
+        return type(item).__name__, [(key, _structure(value)) for key, value in item.items()]
+    if isinstance(item, (list, tuple)):
+        return type(item).__name__, [_structure(value) for value in item]
+    if type(item).__eq__ is object.__eq__ and hasattr(item, "__dict__"):  # compared by identity: DeepSpeed's loss scaler
+        return type(item).__name__, _structure(vars(item))
+    return type(item).__name__, item
+
+
+def test_zero1_fp32_partition_and_adam_moments_are_fp32_whatever_torchs_default_dtype():
+    setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
+    params = OrderedDict(weight=torch.empty((5,), dtype=torch.bfloat16, device="meta"))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        state = ZeroOptimizer(setup, params, dp_rank=0).state_dict()
+    finally:
+        torch.set_default_dtype(default)
+    moments = state["base_optimizer_state"]["state"][0]
+    assert (moments["exp_avg"].dtype, moments["exp_avg_sq"].dtype) == (torch.float32, torch.float32)
+    assert state["single_partition_of_fp32_groups"][0].dtype == torch.float32
+
+
+def test_adamw_without_a_scheduler_in_the_config_has_none():
+    setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
+    setup = replace(setup, ds_config={k: v for k, v in setup.ds_config.items() if k != "scheduler"})
+    adam, scheduler = _adamw(setup, torch.empty((4,), device="meta", requires_grad=True))
+    assert scheduler is None and adam.param_groups[0]["lr"] == setup.ds_config["optimizer"]["params"]["lr"]
 
 
 def test_lazy_headers_hold_the_checkpoints_tag(tmp_path):
