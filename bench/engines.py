@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from restartbench import engines as registry  # noqa: E402
 from restartbench.analysis import BASELINE_FILE, collect  # noqa: E402
-from restartbench.events import read_events  # noqa: E402
+from restartbench.events import Event, read_events  # noqa: E402
 
 MB = 1e6
 DEFAULT_ENGINES = ("torch", "lazy", "dcp", "dcp-async", "torchsnapshot", "fastpersist")
@@ -151,7 +151,7 @@ def copy_waits(run_dir: Path) -> dict[str, float]:
     """Per tag, the max over ranks of the time the optimizer step waited for the copies (harness events)."""
     waits: dict[str, float] = {}
     for e in read_events(run_dir):
-        if e["event"] == "checkpoint.copy_wait":
+        if e["event"] == Event.CHECKPOINT_COPY_WAIT:
             waits[e["tag"]] = max(waits.get(e["tag"], 0.0), e["duration_s"])
     return waits
 

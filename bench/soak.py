@@ -23,7 +23,7 @@ import psutil
 
 from results_io import add_output_arguments, machine_line, run_meta, write_results
 from restartbench.config import RunConfig, config_from_args
-from restartbench.events import read_events
+from restartbench.events import Event, read_events
 from restartbench.study import run_study
 
 MiB = 2**20
@@ -40,12 +40,12 @@ def run_cycle(index: int, layout: str, logs: Path, launcher: psutil.Process) -> 
     wall_s = time.perf_counter() - start
     run_dir = sorted(logs.glob("*/*/*/*"))[-1]
     events = read_events(run_dir)
-    results = [e for e in events if e["event"] == "restore.result"]
+    results = [e for e in events if e["event"] == Event.RESTORE_RESULT]
     return {"cycle": index, "exit": status, "wall_s": wall_s, "run": str(run_dir.relative_to(logs)),
             "exact": bool(results) and all(e["exact"] for e in results),
             "launcher": {"open_fds": launcher.num_fds(), "rss_bytes": launcher.memory_info().rss,
                          "children": len(launcher.children(recursive=True))},
-            "rank_resources": [e for e in events if e["event"] == "rank.resources"]}
+            "rank_resources": [e for e in events if e["event"] == Event.RANK_RESOURCES]}
 
 
 def cycle_row(cycle: dict) -> dict:

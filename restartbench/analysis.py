@@ -46,6 +46,7 @@ from restartbench.baseline import BASELINE_FILE
 from restartbench.config import RunConfig
 from restartbench.engines import engine_names
 from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, checkpoint_bytes, weight_bytes
+from restartbench.events import CHECKPOINT_PREFIX, EVENTS_FOLDER, Event, EventFileError, read_events
 from restartbench.layout import parse_layout
 from restartbench.presets import get_preset
 from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
@@ -211,7 +212,8 @@ def collect(root: Path | str) -> Collected:
             _collect_run(run_dir, root, collected, baselines)
         except Exception as error:  # noqa: BLE001 - a bad run must never stop the analysis of the others
             meta = _quiet_metadata(run_dir)
-            reason = str(error) if isinstance(error, RunFolderError) else f"{type(error).__name__}: {error}"
+            described = isinstance(error, (RunFolderError, EventFileError))  # their message names the file
+            reason = str(error) if described else f"{type(error).__name__}: {error}"
             collected.excluded.append(Excluded(run_dir, "unreadable", reason, *meta))
     return collected
 
@@ -235,9 +237,9 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
     config = _read_json(run_dir / "config.json", dict)
     plan = _read_json(run_dir / "plan.json", dict) if (run_dir / "plan.json").exists() else {}
     runtime = meta.get("runtime") or {}
-    events = read_run_events(run_dir)
+    events = read_events(run_dir)
     if not events:
-        raise RunFolderError(f"{run_dir / 'events'}: no events recorded, although metadata.json says complete")
+        raise RunFolderError(f"{run_dir / EVENTS_FOLDER}: no events recorded, although metadata.json says complete")
     run_id = _run_id(run_dir, root)
     layout = plan.get("layout") or {}
     model, train = _section(config, "model", run_dir), _section(config, "train", run_dir)
@@ -342,20 +344,20 @@ def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     copies), durable wait, durable time, bytes, files."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for e in events:
-        if e["phase"] != "train" or not e["event"].startswith("checkpoint."):
+        if e["phase"] != "train" or not e["event"].startswith(CHECKPOINT_PREFIX):
             continue
         row = rows.setdefault((e["tag"], e["rank"]), {
             "kind": "checkpoint", "tag": e["tag"], "step": e.get("step"), "rank": e["rank"], "stall_s": None,
             "copy_wait_s": 0.0, "wait_durable_s": None, "durable_s": None, "bytes": None, "files": None})
-        if e["event"] == "checkpoint.save":
+        if e["event"] == Event.CHECKPOINT_SAVE:
             row["stall_s"] = e["duration_s"] + row["copy_wait_s"]
-        elif e["event"] == "checkpoint.copy_wait":
+        elif e["event"] == Event.CHECKPOINT_COPY_WAIT:
             row["copy_wait_s"] += e["duration_s"]
             if row["stall_s"] is not None:
                 row["stall_s"] += e["duration_s"]
-        elif e["event"] == "checkpoint.wait_durable":
+        elif e["event"] == Event.CHECKPOINT_WAIT_DURABLE:
             row["wait_durable_s"] = e["duration_s"]
-        elif e["event"] == "checkpoint.durable":
+        elif e["event"] == Event.CHECKPOINT_DURABLE:
             row.update(durable_s=e["since_save_start_s"], bytes=e["bytes"], files=e["n_files"])
     return sorted(rows.values(), key=lambda r: (r["step"] or 0, r["rank"]))
 
@@ -374,18 +376,18 @@ def rank_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                           "verify_s": None, "bytes_read": None, "files_read": None,
                                           "read_deserialize_s": None, "_launch": None})
         name = e["event"]
-        if name == "train.iteration" and not e.get("first_after_restore"):
+        if name == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
             continue
         if name in labels:
             row[columns[labels[name]]] = e["duration_s"]
-        if name == "process.start":
+        if name == Event.PROCESS_START:
             row["_launch"] = e["start"]
-        elif name == "train.iteration":
+        elif name == Event.TRAIN_ITERATION:
             row["_first"], row["_end"] = e["start"], e["start"] + e["duration_s"]
-        elif name == "restore.load":
+        elif name == Event.RESTORE_LOAD:
             row.update(tag=e.get("tag"), bytes_read=e.get("bytes"), files_read=e.get("n_files"),
                        read_deserialize_s=e.get("read_deserialize_s"))
-        elif name == "restore.verify":
+        elif name == Event.RESTORE_VERIFY:
             row["verify_s"] = e["duration_s"]
     for row in rows.values():
         launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
@@ -419,104 +421,7 @@ def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, An
         except (KeyError, TypeError) as error:
             raise RunFolderError(f"{path}: an entry lacks {error} (expected tag, path, bytes, kind, rank)") from None
     return [{"tag": e["tag"], "path": f["path"], "bytes": f["bytes"], "kind": file_kind(f["path"]), "rank": e["rank"]}
-            for e in events if e["event"] == "checkpoint.durable" for f in e.get("files", [])]
-
-
-# -- events, read and checked ----------------------------------------------------------------------
-
-_SPANS = ("process.start", "startup.imports", "startup.dist_init", "startup.model_build", "startup.ds_initialize",
-          "startup.engine",
-          "train.iteration", "checkpoint.save", "checkpoint.wait_durable", "restore.load", "restore.verify")
-#: Fields the analysis relies on, per event (README "Run folder"); other events and fields are ignored.
-REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    **{name: ("start", "duration_s") for name in _SPANS},
-    "train.iteration": ("start", "duration_s", "step"),
-    "checkpoint.save": ("start", "duration_s", "tag", "step"),
-    "checkpoint.wait_durable": ("start", "duration_s", "tag"),
-    "checkpoint.durable": ("tag", "since_save_start_s", "bytes", "n_files"),
-    "checkpoint.commit": ("tag", "since_save_start_s"),
-}
-_NUMERIC = frozenset(("start", "duration_s", "since_save_start_s", "bytes", "n_files", "step", "rank"))
-_NUMBER_TYPES = (int, float)
-#: event -> (fields that must be numbers, other fields that must be present)
-_CHECKS = {event: (tuple(f for f in fields if f in _NUMERIC), tuple(f for f in fields if f not in _NUMERIC))
-           for event, fields in REQUIRED_FIELDS.items()}
-
-
-def read_run_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Every event of a run (all phases and ranks), checked for the fields the analysis uses.
-
-    Same records as ``restartbench.events.read_events``; a malformed line or a missing field
-    raises ``RunFolderError`` naming the file and line.
-    """
-    folder = os.path.join(run_dir, "events")
-    try:
-        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".jsonl"))
-    except FileNotFoundError:
-        raise RunFolderError(f"{folder}: missing (no events recorded)") from None
-    records: list[dict[str, Any]] = []
-    for name in names:
-        records.extend(_read_event_file(os.path.join(folder, name)))
-    return records
-
-
-def _read_event_file(path: str) -> list[dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise RunFolderError(f"{path}: cannot be read ({error})") from None
-    lines = [line for line in text.splitlines() if line.strip()]
-    try:  # one parse per file: much faster than one per line
-        records = json.loads("[" + ",".join(lines) + "]")
-    except json.JSONDecodeError:
-        for number, line in enumerate(text.splitlines(), start=1):
-            try:
-                json.loads(line) if line.strip() else None
-            except json.JSONDecodeError as error:
-                raise RunFolderError(f"{path}:{number}: not a JSON event line ({error.msg})") from None
-        raise RunFolderError(f"{path}: not JSON lines") from None
-    checks, numbers, nothing = _CHECKS, _NUMBER_TYPES, ((), ())
-    for index, record in enumerate(records):
-        try:  # fast path: every field there and of the right type
-            numeric, present = checks.get(record["event"], nothing)
-            ok = "phase" in record and type(record["rank"]) is int
-            for name in numeric:
-                ok = ok and type(record[name]) in numbers
-            for name in present:
-                ok = ok and name in record
-        except (KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise RunFolderError(f"{path}:{_line_number(text, index)}: {_event_problem(record)}")
-    return records
-
-
-def _event_problem(record: Any) -> str:
-    if not isinstance(record, dict):
-        return f"an event must be a JSON object, not {type(record).__name__}"
-    missing = [name for name in ("event", "phase", "rank") if name not in record]
-    if missing:
-        return f"event record lacks {', '.join(missing)}"
-    needed = REQUIRED_FIELDS.get(record["event"], ())
-    missing = [name for name in needed if name not in record]
-    if missing:
-        return f"event {record['event']!r} lacks field(s) {', '.join(missing)}"
-    for name in ("rank", *needed):
-        value = record[name]
-        if name in _NUMERIC and type(value) not in _NUMBER_TYPES:
-            return f"event {record['event']!r}: field {name!r} should be a number, got {value!r}"
-    return f"malformed event {record.get('event')!r}"
-
-
-def _line_number(text: str, index: int) -> int:
-    seen = -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            seen += 1
-            if seen == index:
-                return number
-    return 0
+            for e in events if e["event"] == Event.CHECKPOINT_DURABLE for f in e.get("files", [])]
 
 
 # -- small helpers -----------------------------------------------------------------------------------

@@ -1,26 +1,75 @@
 """Structured per-rank events: one JSON object per line, never scraped from logs.
 
-Every rank of every phase appends to ``<run>/events/<phase>-rank<NNNNN>.jsonl``.
+Every rank of every phase appends to ``<run>/events/<phase>-rank<NNNNN>.jsonl`` (``events_file``).
 A record always has ``event``, ``phase``, ``rank`` and ``time`` (wall clock, s since
-the epoch); a span (``with log.span("checkpoint.save", step=4) as extra:``) adds
+the epoch); a span (``with log.span(Event.CHECKPOINT_SAVE, step=4) as extra:``) adds
 ``start`` and ``duration_s`` (monotonic clock) plus whatever the body put in ``extra``.
 A span whose body raises is still written, with ``error`` set, and the error re-raised.
 
-The event names and their fields are the run-folder contract the analysis reads;
-they are listed in README.md ("Run folder").
+The event names (``Event``), their fields and the files are the run-folder contract the analysis reads;
+they are listed in README.md ("Run folder"). ``read_events`` is the one reader.
+
+This module owns the ``events/`` folder of a run folder (``restartbench.rundir`` the rest): ``EventLog``
+computes its file from the run folder, and this module and ``rundir`` are leaves that may not import each other.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 
-def events_path(run_dir: Path, phase: str, rank: int) -> Path:
-    return Path(run_dir) / "events" / f"{phase}-rank{rank:05d}.jsonl"
+class Event:
+    """Every event name a rank writes, grouped by phase; each with what it records and its main fields."""
+
+    # -- start-up of a phase: the restart's parts (spans) --------------------------------------------------------
+    PROCESS_START = "process.start"  # launch -> this rank's code running; host, node, node_rank, local_rank, pid
+    STARTUP_IMPORTS = "startup.imports"  # importing torch and DeepSpeed
+    STARTUP_DIST_INIT = "startup.dist_init"  # the default process group's set-up; backend
+    STARTUP_MODEL_BUILD = "startup.model_build"  # building the pipeline module
+    STARTUP_DS_INITIALIZE = "startup.ds_initialize"  # deepspeed.initialize
+    STARTUP_ENGINE = "startup.engine"  # the checkpoint engine's own set-up; engine, what it set up
+    STARTUP_WORKAROUND = "startup.workaround"  # the harness changed the rank's environment; note (what and why)
+    # -- training --------------------------------------------------------------------------------------------------
+    TRAIN_ITERATION = "train.iteration"  # one iteration (span); step, loss, reference or first_after_restore
+    # -- phase 1's checkpoints: each has tag and step -------------------------------------------------------------
+    CHECKPOINT_BEGIN = "checkpoint.begin"  # a save starts (begun, never committed: a lost checkpoint); engine
+    CHECKPOINT_SAVE = "checkpoint.save"  # the time save blocked training, the stall (span); engine
+    CHECKPOINT_WORKAROUND = "checkpoint.workaround"  # the engine answered a DeepSpeed call its own way; note
+    CHECKPOINT_COPY_WAIT = "checkpoint.copy_wait"  # a lazy engine's later wait for the save's copies; duration_s
+    CHECKPOINT_WAIT_DURABLE = "checkpoint.wait_durable"  # the harness waiting for this rank's files (span)
+    CHECKPOINT_DURABLE = "checkpoint.durable"  # this rank's files are stable; since_save_start_s, files, bytes, n_files
+    CHECKPOINT_CHECKSUM = "checkpoint.checksum"  # hashing this rank's files for the manifest (span)
+    CHECKPOINT_COMMIT = "checkpoint.commit"  # rank 0 wrote the manifest and latest; since_save_start_s
+    CHECKPOINT_FAILED = "checkpoint.failed"  # a save failed on some rank; errors, target, free_bytes, needed_bytes_...
+    RANK_RESOURCES = "rank.resources"  # after each checkpoint; open_fds, rss_bytes, threads, children
+    # -- phase 2's restore -----------------------------------------------------------------------------------------
+    RESTORE_CHECK_FILES = "restore.check_files"  # the manifest check of a checkpoint's files (span); problems
+    RESTORE_FALLBACK = "restore.fallback"  # the wanted checkpoint was damaged; wanted, restored
+    RESTORE_LOAD = "restore.load"  # the checkpoint's load (span); bytes, n_files, read_deserialize_s, cache
+    RESTORE_VERIFY = "restore.verify"  # the digest comparison (span)
+    RESTORE_RESULT = "restore.result"  # exact, verified, problems, the resumed loss
+    # -- how a phase ended on a rank -------------------------------------------------------------------------------
+    PHASE_ERROR = "phase.error"  # error (and the one it was raised while handling)
+    PHASE_END = "phase.end"  # the phase ended normally
+    FAULT_INJECTED = "fault.injected"  # a test's fault struck (restartbench.faults); fault, tag or step
+
+
+EVENT_NAMES = frozenset(value for name, value in vars(Event).items() if name.isupper())
+CHECKPOINT_PREFIX = "checkpoint."
+"""What every name of a checkpoint's events (``Event.CHECKPOINT_*``) begins with."""
+
+EVENTS_FOLDER = "events"
+
+
+def events_file(run_dir: str | Path, phase: str, rank: int) -> Path:
+    """The events one rank wrote in one phase."""
+    return Path(run_dir) / EVENTS_FOLDER / f"{phase}-rank{rank:05d}.jsonl"
 
 
 class EventLog:
@@ -29,7 +78,7 @@ class EventLog:
     def __init__(self, run_dir: Path, phase: str, rank: int):
         self.phase = phase
         self.rank = rank
-        path = events_path(run_dir, phase, rank)
+        path = events_file(run_dir, phase, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", buffering=1)
 
@@ -54,18 +103,117 @@ class EventLog:
         self._file.close()
 
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Every event of a run, all phases and ranks; a malformed line raises naming file and line."""
-    records = []
-    for path in sorted((Path(run_dir) / "events").glob("*.jsonl")):
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not a JSON event line ({error.msg})") from None
+# -- reading ---------------------------------------------------------------------------------------------------
+
+_SPANS = (Event.PROCESS_START, Event.STARTUP_IMPORTS, Event.STARTUP_DIST_INIT, Event.STARTUP_MODEL_BUILD,
+          Event.STARTUP_DS_INITIALIZE, Event.STARTUP_ENGINE, Event.TRAIN_ITERATION, Event.CHECKPOINT_SAVE,
+          Event.CHECKPOINT_WAIT_DURABLE, Event.RESTORE_LOAD, Event.RESTORE_VERIFY)
+#: Fields the readers rely on, per event (README "Run folder"); other events and fields are not checked.
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    **{name: ("start", "duration_s") for name in _SPANS},
+    Event.TRAIN_ITERATION: ("start", "duration_s", "step"),
+    Event.CHECKPOINT_SAVE: ("start", "duration_s", "tag", "step"),
+    Event.CHECKPOINT_WAIT_DURABLE: ("start", "duration_s", "tag"),
+    Event.CHECKPOINT_DURABLE: ("tag", "since_save_start_s", "bytes", "n_files"),
+    Event.CHECKPOINT_COMMIT: ("tag", "since_save_start_s"),
+}
+_NUMERIC = frozenset(("start", "duration_s", "since_save_start_s", "bytes", "n_files", "step", "rank"))
+_NUMBER_TYPES = (int, float)
+#: event -> (fields that must be numbers, other fields that must be present)
+_CHECKS = {event: (tuple(f for f in fields if f in _NUMERIC), tuple(f for f in fields if f not in _NUMERIC))
+           for event, fields in REQUIRED_FIELDS.items()}
+
+
+class EventFileError(ValueError):
+    """An events file cannot be read or holds a malformed event; the message names the file and line."""
+
+
+def read_events(run_dir: str | Path, phase: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
+    """Every event of a run (or of one ``phase``, one ``rank``), file by file in name order, each checked for the
+    fields the readers use (``REQUIRED_FIELDS``). A run without an events folder has none; a malformed line, a torn
+    last one included, raises ``EventFileError`` naming the file and line."""
+    records: list[dict[str, Any]] = []
+    for path in _event_files(Path(run_dir) / EVENTS_FOLDER, phase, rank):
+        records.extend(_read_event_file(path))
     return records
+
+
+def _event_files(folder: Path, phase: str | None, rank: int | None) -> list[str]:
+    """The files of ``folder`` named after ``phase`` and ``rank`` (``events_file``), either one left open."""
+    prefix = f"{phase}-rank" if phase is not None else ""
+    suffix = f"-rank{rank:05d}.jsonl" if rank is not None else ".jsonl"
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder)
+                       if entry.name.startswith(prefix) and entry.name.endswith(suffix))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(folder, name) for name in names]
+
+
+def _read_event_file(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise EventFileError(f"{path}: cannot be read ({error})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:  # one parse per file: much faster than one per line
+        records = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        raise EventFileError(_first_bad_line(path, text)) from None
+    checks, numbers, nothing = _CHECKS, _NUMBER_TYPES, ((), ())
+    for index, record in enumerate(records):
+        try:  # fast path: every field there and of the right type
+            numeric, present = checks.get(record["event"], nothing)
+            ok = "phase" in record and type(record["rank"]) is int
+            for name in numeric:
+                ok = ok and type(record[name]) in numbers
+            for name in present:
+                ok = ok and name in record
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise EventFileError(f"{path}:{_line_number(text, index)}: {_event_problem(record)}")
+    return records
+
+
+def _first_bad_line(path: str, text: str) -> str:
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as error:
+            return f"{path}:{number}: not a JSON event line ({error.msg})"
+    return f"{path}: not JSON lines"
+
+
+def _event_problem(record: Any) -> str:
+    if not isinstance(record, dict):
+        return f"an event must be a JSON object, not {type(record).__name__}"
+    missing = [name for name in ("event", "phase", "rank") if name not in record]
+    if missing:
+        return f"event record lacks {', '.join(missing)}"
+    needed = REQUIRED_FIELDS.get(record["event"], ())
+    missing = [name for name in needed if name not in record]
+    if missing:
+        return f"event {record['event']!r} lacks field(s) {', '.join(missing)}"
+    for name in ("rank", *needed):
+        value = record[name]
+        if name in _NUMERIC and type(value) not in _NUMBER_TYPES:
+            return f"event {record['event']!r}: field {name!r} should be a number, got {value!r}"
+    return f"malformed event {record.get('event')!r}"
+
+
+def _line_number(text: str, index: int) -> int:
+    seen = -1
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            seen += 1
+            if seen == index:
+                return number
+    return 0
+
+
+# -- errors of many ranks, in few lines ------------------------------------------------------------------------
 
 
 def by_message(pairs: Iterable[tuple[Any, str]]) -> dict[str, list[Any]]:

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from restartbench.events import EventLog
+from restartbench.events import Event, EventLog
 
 VARIABLE = "RESTARTBENCH_FAULT"
 
@@ -62,7 +62,7 @@ def _strikes(log: EventLog, kind: str, **match: str) -> bool:
     fault = active_fault()
     if not (fault and fault.applies(kind, log.rank, **match)):
         return False
-    log.emit("fault.injected", fault=kind, **match)
+    log.emit(Event.FAULT_INJECTED, fault=kind, **match)
     return True
 
 
@@ -116,7 +116,7 @@ def arm_save_fault(log: EventLog, tag: str) -> None:
     """Make this rank's next torch.save of checkpoint ``tag`` die or fail half-way, if a fault asks for it."""
     kind = save_fault(log.rank, tag)
     if kind:
-        log.emit("fault.injected", fault=kind, tag=tag)
+        log.emit(Event.FAULT_INJECTED, fault=kind, tag=tag)
         _patch_torch_save_once(kind)
 
 

@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from restartbench import storage
-from restartbench.events import read_events
+from restartbench.events import CHECKPOINT_PREFIX, Event, read_events
 from restartbench.integrity import MANIFEST
 
 RESTART_PARTS = (
-    ("process.start", "launch"),  # launcher start -> our first line running in the rank
-    ("startup.imports", "imports"),
-    ("startup.dist_init", "dist init"),
-    ("startup.model_build", "model build"),
-    ("startup.ds_initialize", "ds init"),  # deepspeed.initialize
-    ("startup.engine", "engine setup"),  # the checkpoint engine's own start-up (imports, process groups)
-    ("restore.load", "ckpt load"),
-    ("train.iteration", "1st iter"),
+    (Event.PROCESS_START, "launch"),  # launcher start -> our first line running in the rank
+    (Event.STARTUP_IMPORTS, "imports"),
+    (Event.STARTUP_DIST_INIT, "dist init"),
+    (Event.STARTUP_MODEL_BUILD, "model build"),
+    (Event.STARTUP_DS_INITIALIZE, "ds init"),  # deepspeed.initialize
+    (Event.STARTUP_ENGINE, "engine setup"),  # the checkpoint engine's own start-up (imports, process groups)
+    (Event.RESTORE_LOAD, "ckpt load"),
+    (Event.TRAIN_ITERATION, "1st iter"),
 )
 
 _KINDS = (
@@ -53,13 +53,14 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per checkpoint tag of phase 1."""
     by_tag: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for e in events:
-        if e["phase"] == "train" and e["event"].startswith("checkpoint."):
+        if e["phase"] == "train" and e["event"].startswith(CHECKPOINT_PREFIX):
             by_tag[e["tag"]][e["event"]].append(e)
     rows = []
     for tag, kinds in by_tag.items():
-        saves, durable, commit = kinds["checkpoint.save"], kinds["checkpoint.durable"], kinds["checkpoint.commit"]
+        saves, durable = kinds[Event.CHECKPOINT_SAVE], kinds[Event.CHECKPOINT_DURABLE]
+        commit = kinds[Event.CHECKPOINT_COMMIT]
         waits = defaultdict(float)  # training's later wait for a lazy engine's copies belongs to the stall
-        for e in kinds["checkpoint.copy_wait"]:
+        for e in kinds[Event.CHECKPOINT_COPY_WAIT]:
             waits[e["rank"]] += e["duration_s"]
         stalls = [e["duration_s"] + waits[e["rank"]] for e in saves]
         rows.append({
@@ -68,7 +69,7 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "ranks": len(saves),
             "stall_max_s": max(stalls, default=None),
             "stall_min_s": min(stalls, default=None),
-            "wait_durable_max_s": max((e["duration_s"] for e in kinds["checkpoint.wait_durable"]), default=None),
+            "wait_durable_max_s": max((e["duration_s"] for e in kinds[Event.CHECKPOINT_WAIT_DURABLE]), default=None),
             "durable_rank_max_s": max((e["since_save_start_s"] for e in durable), default=None),
             "committed_s": commit[0]["since_save_start_s"] if commit else None,
             "bytes": sum(e["bytes"] for e in durable),
@@ -86,13 +87,13 @@ def restart(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     parts = {}
     for event, label in RESTART_PARTS:
         durations = [e["duration_s"] for e in restore if e["event"] == event
-                     and (event != "train.iteration" or e.get("first_after_restore"))]
+                     and (event != Event.TRAIN_ITERATION or e.get("first_after_restore"))]
         parts[label] = max(durations, default=None)
-    launch = {e["rank"]: e["start"] for e in restore if e["event"] == "process.start"}
+    launch = {e["rank"]: e["start"] for e in restore if e["event"] == Event.PROCESS_START}
     ends = [e["start"] + e["duration_s"] - launch[e["rank"]] for e in restore
-            if e["event"] == "train.iteration" and e.get("first_after_restore") and e["rank"] in launch]
-    loads = [e for e in restore if e["event"] == "restore.load"]
-    results = [e for e in restore if e["event"] == "restore.result"]
+            if e["event"] == Event.TRAIN_ITERATION and e.get("first_after_restore") and e["rank"] in launch]
+    loads = [e for e in restore if e["event"] == Event.RESTORE_LOAD]
+    results = [e for e in restore if e["event"] == Event.RESTORE_RESULT]
     return {
         "total_s": max(ends, default=None),
         "parts": parts,
@@ -109,7 +110,7 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
     """Median phase-1 iteration time (max over ranks per step), checkpoints excluded (they are separate spans)."""
     per_step: dict[int, float] = defaultdict(float)
     for e in events:
-        if e["phase"] == "train" and e["event"] == "train.iteration" and e["step"] > 1:
+        if e["phase"] == "train" and e["event"] == Event.TRAIN_ITERATION and e["step"] > 1:
             per_step[e["step"]] = max(per_step[e["step"]], e["duration_s"])
     return statistics.median(per_step.values()) if per_step else None
 
@@ -121,7 +122,7 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
     store = storage.open_store(plan["checkpoint_dir"], plan.get("remote"))
     writers = {}
     for e in read_events(run_dir):
-        if e["event"] == "checkpoint.durable":
+        if e["event"] == Event.CHECKPOINT_DURABLE:
             for f in e["files"]:
                 writers[f["path"]] = e["rank"]
     files = []
@@ -136,12 +137,12 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
 def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]]:
     """Checkpoints that never became the latest: a save that failed on some rank, or (when the phase
     died) one that had begun and was never committed — a rank killed mid-save."""
-    events = [e for e in read_events(run_dir) if e["phase"] == "train"]
-    committed = {e["tag"] for e in events if e["event"] == "checkpoint.commit"}
-    failed = {e["tag"]: "; ".join(e["errors"]) for e in events if e["event"] == "checkpoint.failed"}
+    events = read_events(run_dir, "train")
+    committed = {e["tag"] for e in events if e["event"] == Event.CHECKPOINT_COMMIT}
+    failed = {e["tag"]: "; ".join(e["errors"]) for e in events if e["event"] == Event.CHECKPOINT_FAILED}
     if phase_failed:
         for e in events:
-            if e["event"] == "checkpoint.begin" and e["tag"] not in committed and e["tag"] not in failed:
+            if e["event"] == Event.CHECKPOINT_BEGIN and e["tag"] not in committed and e["tag"] not in failed:
                 failed[e["tag"]] = "begun, never committed: the phase died during the save"
 
     plan = json.loads((Path(run_dir) / "plan.json").read_text())

@@ -6,7 +6,7 @@ A run folder ``<logs>/<preset>/<layout>/<engine>/<stamp>`` holds::
     plan.json        what the checks derived from it (study.Plan)
     metadata.json    status, versions, phases, failed checkpoints
     ds_config.json   the DeepSpeed JSON; launch.sh and the batch job script beside it
-    events/<phase>-rank<NNNNN>.jsonl   every rank's timed events (restartbench.events)
+    events/<phase>-rank<NNNNN>.jsonl   every rank's timed events, written and read by restartbench.events only
     <phase>.stdout.log, <phase>.stderr.log
     runtime.json, inventory.json, baseline.json
     checkpoints/     unless --checkpoint-dir points elsewhere
@@ -27,7 +27,6 @@ DS_CONFIG = "ds_config.json"
 LAUNCH_SCRIPT = "launch.sh"
 RUNTIME = "runtime.json"
 INVENTORY = "inventory.json"
-EVENTS = "events"
 CHECKPOINTS = "checkpoints"
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
 PLACEHOLDER_STAMP = "00000000-000000"
@@ -48,11 +47,6 @@ def new_run_folder(logs: str | Path, preset: str, layout: str, engine: str) -> P
         n += 1
         candidate = base.with_name(f"{stamp}-{n}")
     return candidate
-
-
-def events_file(run_dir: str | Path, phase: str, rank: int) -> Path:
-    """The events one rank wrote in one phase."""
-    return Path(run_dir) / EVENTS / f"{phase}-rank{rank:05d}.jsonl"
 
 
 def phase_log(run_dir: str | Path, phase: str, stream: str) -> Path:

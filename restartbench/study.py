@@ -34,7 +34,7 @@ from restartbench.baseline import record_baseline
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
-from restartbench.events import by_message
+from restartbench.events import Event, by_message, read_events
 from restartbench.launchers import (
     LAUNCHERS,
     Launcher,
@@ -492,11 +492,9 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
     """The first rank error recorded in the events, else the last lines of stderr."""
-    for path in sorted((run_dir / rundir.EVENTS).glob(f"{phase}-rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record["event"] == "phase.error":
-                return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
+    for record in read_events(run_dir, phase):
+        if record["event"] == Event.PHASE_ERROR:
+            return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
     tail = (rundir.phase_log(run_dir, phase, "stderr")).read_text().strip().splitlines()[-5:]
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 

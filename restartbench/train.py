@@ -21,7 +21,7 @@ from pathlib import Path
 PROCESS_START = time.time()
 
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
-from restartbench.events import EventLog, rank_errors  # noqa: E402
+from restartbench.events import Event, EventLog, rank_errors, read_events  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     log = EventLog(args.run_dir, args.phase, rank)
     launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
-    log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
+    log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
     try:
         rank_run = RankRun(RunConfig.load(args.run_dir / "config.json"), args.run_dir, rank, log)
         rank_run.start()
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             rank_run.restore_phase()
         rank_run.finish()
     except BaseException as error:
-        log.emit("phase.error", error=_error_text(error))
+        log.emit(Event.PHASE_ERROR, error=_error_text(error))
         raise
     finally:
         log.close()
@@ -69,7 +69,7 @@ class RankRun:
     # -- start-up: each part is a restart phase -----------------------------------------
 
     def start(self) -> None:
-        with self.log.span("startup.imports"):
+        with self.log.span(Event.STARTUP_IMPORTS):
             import deepspeed  # noqa: F401
             import torch  # noqa: F401
 
@@ -79,31 +79,31 @@ class RankRun:
         runtime.skip_shm_comm_build()
         arch_note = runtime.make_cuda_arch_list_parsable()
         if arch_note:
-            self.log.emit("startup.workaround", note=arch_note)
+            self.log.emit(Event.STARTUP_WORKAROUND, note=arch_note)
             self._say(f"{self.phase}: {arch_note}")
-        self.log.emit("startup.workaround", note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
+        self.log.emit(Event.STARTUP_WORKAROUND, note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
         hang_before_init(self.log)
-        with self.log.span("startup.dist_init", backend=self.plan["backend"]):
+        with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan["backend"]):
             runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)
         self._say(f"{self.phase}: {self.plan['world_size']} ranks up ({self.plan['backend']}); building the model")
-        with self.log.span("startup.model_build"):
+        with self.log.span(Event.STARTUP_MODEL_BUILD):
             from restartbench.layout import Layout
             from restartbench.model import build_pipeline_module
 
             layout = Layout(**self.plan["layout"])
             module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
                                            activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
-        with self.log.span("startup.ds_initialize"):
+        with self.log.span(Event.STARTUP_DS_INITIALIZE):
             ds_config = json.loads((self.run_dir / "ds_config.json").read_text())
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
         from restartbench.engines import create_engine, engine_for_target
 
-        with self.log.span("startup.engine", engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
+        with self.log.span(Event.STARTUP_ENGINE, engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
             setup.update(self.ckpt_engine.prepare(self.engine))
         # called by an engine that made training wait for a save's copies after its save() returned
         self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
-            "checkpoint.copy_wait", tag=tag, step=_step_of(tag), duration_s=seconds)
+            Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds)
         self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
@@ -133,15 +133,15 @@ class RankRun:
         hang_before_save(self.log, tag)
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
         arm_save_fault(self.log, tag)
-        self.log.emit("checkpoint.begin", step=step, tag=tag, engine=self.cfg.engine.engine)
+        self.log.emit(Event.CHECKPOINT_BEGIN, step=step, tag=tag, engine=self.cfg.engine.engine)
         save_start = time.perf_counter()
         error = None
         try:
             with bit_flipped_while_saving(self.log, tag, self.engine), \
-                    self.log.span("checkpoint.save", step=step, tag=tag, engine=self.cfg.engine.engine):
+                    self.log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=self.cfg.engine.engine):
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
             for note in self.ckpt_engine.workarounds:
-                self.log.emit("checkpoint.workaround", step=step, tag=tag, note=note)
+                self.log.emit(Event.CHECKPOINT_WORKAROUND, step=step, tag=tag, note=note)
         except Exception as failure:  # noqa: BLE001 - every rank must learn of it, whatever it is
             error = f"{type(failure).__name__}: {failure}"
             dist.barrier()  # the healthy ranks are in DeepSpeed's closing barrier of save_checkpoint
@@ -183,18 +183,18 @@ class RankRun:
         import psutil
 
         me = psutil.Process()
-        self.log.emit("rank.resources", tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
+        self.log.emit(Event.RANK_RESOURCES, tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
                       threads=me.num_threads(), children=len(me.children(recursive=True)))
 
     def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
         from restartbench.engines.deepspeed_engines import records_as_dicts
 
-        with self.log.span("checkpoint.wait_durable", step=step, tag=tag):
+        with self.log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
             durable_at = self.ckpt_engine.wait_until_durable()
         written = records_as_dicts(self.ckpt_engine.written(), self.ckpt_dir)
-        self.log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=durable_at - save_start,
+        self.log.emit(Event.CHECKPOINT_DURABLE, step=step, tag=tag, since_save_start_s=durable_at - save_start,
                       files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
-        with self.log.span("checkpoint.checksum", step=step, tag=tag):
+        with self.log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
             return [{**f, "rank": self.rank, "sha256": self.store.sha256(f["path"])} for f in written]
 
     def _commit_or_discard(self, step: int, tag: str, save_start: float, outcomes: list, errors: list[str]) -> None:
@@ -207,12 +207,12 @@ class RankRun:
                 errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
                                  f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on device)")
             self.store.remove_tree(tag)
-            self.log.emit("checkpoint.failed", step=step, tag=tag, errors=errors, target=self.ckpt_dir,
+            self.log.emit(Event.CHECKPOINT_FAILED, step=step, tag=tag, errors=errors, target=self.ckpt_dir,
                           free_bytes=free, needed_bytes_estimate=needed)
             return
         write_manifest(self.store, tag, [f for o in outcomes for f in o["files"]])
         self.store.write_durably("latest", tag)  # atomic: a rename on a file system, one PUT in S3
-        self.log.emit("checkpoint.commit", step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
+        self.log.emit(Event.CHECKPOINT_COMMIT, step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
 
     def _reference_step(self, step: int) -> None:
         """Iteration K+1 of the uninterrupted run: the restore phase must reproduce it exactly."""
@@ -235,7 +235,7 @@ class RankRun:
         cache = self._page_cache_before_load(tag)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page cache)")
         kill_in_load(self.log)
-        with self.log.span("restore.load", tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
+        with self.log.span(Event.RESTORE_LOAD, tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
             self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
             read = self.ckpt_engine.read()
             extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
@@ -244,7 +244,7 @@ class RankRun:
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:
             problems += self._verify_resumed(step + 1, loss)
-        self.log.emit("restore.result", tag=tag, exact=not problems if self.cfg.launch.verify else None,
+        self.log.emit(Event.RESTORE_RESULT, tag=tag, exact=not problems if self.cfg.launch.verify else None,
                       verified=self.cfg.launch.verify, problems=problems, loss=loss)
         if problems:
             raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
@@ -271,7 +271,7 @@ class RankRun:
             return tag
         candidates = [tag] + [t for t in committed_tags(self.store) if _step_of(t) < _step_of(tag)]
         for candidate in candidates:
-            with self.log.span("restore.check_files", tag=candidate) as extra:
+            with self.log.span(Event.RESTORE_CHECK_FILES, tag=candidate) as extra:
                 try:
                     mine = check_share(self.store, candidate, self.rank, dist.get_world_size())
                 except FileNotFoundError as missing:
@@ -282,7 +282,7 @@ class RankRun:
                 extra["problems"] = problems
             if not problems:
                 if candidate != tag:
-                    self.log.emit("restore.fallback", wanted=tag, restored=candidate)
+                    self.log.emit(Event.RESTORE_FALLBACK, wanted=tag, restored=candidate)
                     self._say(f"restore: {tag} is damaged; falling back to {candidate}")
                 return candidate
             if self.cfg.launch.on_corrupt == "refuse":
@@ -294,14 +294,14 @@ class RankRun:
     def _restart_without_checkpoint(self) -> None:
         """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
         loss = self._iteration(1, first_after_restore=True)
-        self.log.emit("restore.result", tag=None, exact=None, verified=False, loss=loss,
+        self.log.emit(Event.RESTORE_RESULT, tag=None, exact=None, verified=False, loss=loss,
                       problems=[], note="engine none: nothing was saved, nothing restored")
         self._say("restore: relaunched without a checkpoint (engine none): start-up cost only")
 
     def _verify_restored(self, tag: str) -> list[str]:
         from restartbench.verify import compare, read_digest, training_state_digest
 
-        with self.log.span("restore.verify", tag=tag):
+        with self.log.span(Event.RESTORE_VERIFY, tag=tag):
             return compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine))
 
     def _verify_resumed(self, step: int, loss: float) -> list[str]:
@@ -317,9 +317,8 @@ class RankRun:
         return problems
 
     def _reference_loss(self, step: int) -> float:
-        for line in (self.run_dir / "events" / f"train-rank{self.rank:05d}.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record["event"] == "train.iteration" and record.get("step") == step:
+        for record in read_events(self.run_dir, "train", self.rank):
+            if record["event"] == Event.TRAIN_ITERATION and record.get("step") == step:
                 return record["loss"]
         raise RestoreMismatch(f"phase 1 recorded no iteration {step} on rank {self.rank}")
 
@@ -335,7 +334,7 @@ class RankRun:
         batches = micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len,
                                 micro_batch=self.cfg.train.micro_batch, grad_accum=self.engine.gradient_accumulation_steps(),
                                 step=step, dp_rank=self.dp_rank, seed=self.cfg.train.seed)
-        with self.log.span("train.iteration", step=step, **flags) as extra:
+        with self.log.span(Event.TRAIN_ITERATION, step=step, **flags) as extra:
             loss = float(self.engine.train_batch(data_iter=iter(batches)))
             extra["loss"] = loss
         return loss
@@ -344,7 +343,7 @@ class RankRun:
         import torch.distributed as dist
 
         dist.barrier()
-        self.log.emit("phase.end")
+        self.log.emit(Event.PHASE_END)
         dist.destroy_process_group()
 
     def _say(self, message: str) -> None:

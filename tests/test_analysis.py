@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from restartbench import analysis, report
-from restartbench.analysis import collect, read_run_events
+from restartbench.analysis import collect
+from restartbench.events import EventFileError, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 multirank = pytest.mark.multirank
@@ -361,13 +362,13 @@ def test_event_reader_names_file_and_line(tmp_path):
             "tag": "step2", "step": 2}
     path = events / "train-rank00000.jsonl"
     path.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "duration_s": "slow"}) + "\n")
-    with pytest.raises(analysis.RunFolderError, match=r"train-rank00000.jsonl:3: .*'duration_s' should be a number"):
-        read_run_events(tmp_path / "run")
+    with pytest.raises(EventFileError, match=r"train-rank00000.jsonl:3: .*'duration_s' should be a number"):
+        read_events(tmp_path / "run")
     path.write_text(json.dumps(good) + "\n" + json.dumps({"phase": "train"}) + "\n")
-    with pytest.raises(analysis.RunFolderError, match=r"train-rank00000.jsonl:2: event record lacks event, rank"):
-        read_run_events(tmp_path / "run")
+    with pytest.raises(EventFileError, match=r"train-rank00000.jsonl:2: event record lacks event, rank"):
+        read_events(tmp_path / "run")
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "event": "something.new", "x": 1}) + "\n")
-    assert len(read_run_events(tmp_path / "run")) == 2  # events the analysis does not know are kept, unchecked
+    assert len(read_events(tmp_path / "run")) == 2  # events no reader checks are kept, unchecked
 
 
 def test_run_folders_stop_at_run_folders(tmp_path):

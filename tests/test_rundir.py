@@ -1,0 +1,110 @@
+"""The run folder's contract (restartbench.rundir, restartbench.events): the event names spelled once, and the one
+event reader."""
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from restartbench.events import EVENT_NAMES, EventFileError, EventLog, events_file, read_events
+
+#: The sources whose event names are checked: the package, the benchmarks, the analysis entry point.
+SOURCES = sorted([*(ROOT / "restartbench").rglob("*.py"), *(ROOT / "bench").glob("*.py"),
+                  *(ROOT / "analysis").glob("*.py")])
+#: Where an event name may be spelled as a string: the one place that defines them.
+DEFINED_IN = "restartbench/events.py"
+#: PENDING, not a rule (issue 16): emulate.py is being changed by another engineer and still spells its event names
+#: as strings; once it uses restartbench.events.Event, remove it from here (the last test below says when).
+PENDING_LITERALS = {"restartbench/emulate.py"}
+
+_GROUPS = "|".join(sorted({name.split(".")[0] for name in EVENT_NAMES}))
+EVENT_LITERAL = re.compile(rf"""(["'])((?:{_GROUPS})\.[a-z_]+)\1""")
+
+
+def event_literals(text: str) -> list[str]:
+    """Every quoted ``"<group>.<name>"`` string of the known event groups."""
+    return [match.group(2) for match in EVENT_LITERAL.finditer(text)]
+
+
+def literals_by_file() -> dict[str, list[str]]:
+    found = {str(path.relative_to(ROOT)): event_literals(path.read_text()) for path in SOURCES}
+    return {path: names for path, names in found.items() if names}
+
+
+def test_rundir_and_events_import_nothing_from_restartbench():
+    """Leaf modules: every layer may read the run folder through them."""
+    for module in ("rundir", "events"):
+        tree = ast.parse((ROOT / "restartbench" / f"{module}.py").read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert [name for name in imported if name and name.startswith("restartbench")] == [], module
+
+
+# -- event names -----------------------------------------------------------------------------------------------
+
+
+def test_the_scan_finds_quoted_event_names_only():
+    text = """log.emit("checkpoint.save") x == 'restore.load' ``phase.end`` "train.stdout.log" "restartbench.train" """
+    assert event_literals(text) == ["checkpoint.save", "restore.load"]
+
+
+def test_every_event_name_spelled_in_the_sources_is_a_known_event():
+    unknown = {path: sorted(set(names) - EVENT_NAMES) for path, names in literals_by_file().items()}
+    assert {path: names for path, names in unknown.items() if names} == {}
+
+
+def test_event_names_are_spelled_only_where_they_are_defined():
+    """Writers and readers use restartbench.events.Event; a new string literal of an event name fails here."""
+    assert set(literals_by_file()) - {DEFINED_IN} - PENDING_LITERALS == set()
+
+
+def test_every_pending_exception_still_applies():
+    assert PENDING_LITERALS - set(literals_by_file()) == set(), "no literal left: remove it from PENDING_LITERALS"
+
+
+def test_every_event_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(name for name in EVENT_NAMES if f"`{name}`" not in readme) == []
+
+
+# -- the event reader ------------------------------------------------------------------------------------------
+
+
+def _write(run_dir: Path, phase: str, rank: int, *names: str) -> None:
+    log = EventLog(run_dir, phase, rank)
+    for step, name in enumerate(names):
+        log.emit(name, step=step)
+    log.close()
+
+
+def test_each_rank_of_each_phase_writes_its_own_file(tmp_path):
+    assert events_file(tmp_path, "train", 3) == tmp_path / "events" / "train-rank00003.jsonl"
+    _write(tmp_path, "train", 3, "phase.end")
+    assert [json.loads(line)["event"] for line in events_file(tmp_path, "train", 3).read_text().splitlines()] == [
+        "phase.end"]
+
+
+def test_the_reader_selects_by_phase_and_rank(tmp_path):
+    for phase in ("train", "restore"):
+        for rank in (0, 1, 10):
+            _write(tmp_path, phase, rank, "phase.end")
+    every = [(e["phase"], e["rank"]) for e in read_events(tmp_path)]
+    assert every == [(p, r) for p in ("restore", "train") for r in (0, 1, 10)]  # file by file, in name order
+    assert [(e["phase"], e["rank"]) for e in read_events(tmp_path, "train")] == [("train", r) for r in (0, 1, 10)]
+    assert [(e["phase"], e["rank"]) for e in read_events(tmp_path, "restore", 1)] == [("restore", 1)]
+    assert [(e["phase"], e["rank"]) for e in read_events(tmp_path, rank=10)] == [("restore", 10), ("train", 10)]
+
+
+def test_a_run_without_events_has_none(tmp_path):
+    assert read_events(tmp_path) == [] and read_events(tmp_path, "train", 0) == []
+
+
+def test_a_torn_last_line_is_refused_naming_file_and_line(tmp_path):
+    _write(tmp_path, "train", 0, "phase.error")
+    path = events_file(tmp_path, "train", 0)
+    path.write_text(path.read_text() + '{"event": "phase.e')
+    with pytest.raises(EventFileError, match=r"train-rank00000\.jsonl:2: not a JSON event line"):
+        read_events(tmp_path)
