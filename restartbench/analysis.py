@@ -42,6 +42,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from restartbench import rundir
 from restartbench.baseline import BASELINE_FILE
 from restartbench.config import RunConfig
 from restartbench.engines import engine_names
@@ -50,6 +51,7 @@ from restartbench.events import CHECKPOINT_PREFIX, EVENTS_FOLDER, Event, EventFi
 from restartbench.layout import parse_layout
 from restartbench.presets import get_preset
 from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
+from restartbench.rundir import RunFolderError, RunPlan
 
 MB = 1e6
 MiB = 2**20
@@ -195,7 +197,7 @@ def run_folders(root: Path) -> list[Path]:
     """Every folder under ``root`` (or ``root`` itself) holding metadata.json; run folders are not descended into."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        if "metadata.json" in filenames:
+        if rundir.METADATA in filenames:
             found.append(Path(dirpath))
             dirnames.clear()
         else:
@@ -218,12 +220,8 @@ def collect(root: Path | str) -> Collected:
     return collected
 
 
-class RunFolderError(ValueError):
-    """A file of a run folder is missing or malformed; the message names it."""
-
-
 def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_BaselineFinder") -> None:
-    meta = _read_json(run_dir / "metadata.json", dict)
+    meta = _read_json(run_dir / rundir.METADATA, dict)
     status = meta.get("status")
     ident = (meta.get("preset"), meta.get("layout"), meta.get("engine"))
     if status != "complete":
@@ -231,38 +229,37 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
             "skipped": ("skipped", meta.get("error") or "skipped (no reason recorded)"),
             "failed": ("failed", meta.get("error") or "failed (no error recorded)"),
             "running": ("incomplete", "never finished (status 'running': killed or still going)"),
-        }.get(status, ("incomplete", f"unknown status {status!r} in {run_dir / 'metadata.json'}"))
+        }.get(status, ("incomplete", f"unknown status {status!r} in {run_dir / rundir.METADATA}"))
         collected.excluded.append(Excluded(run_dir, kind, reason, *ident))
         return
-    config = _read_json(run_dir / "config.json", dict)
-    plan = _read_json(run_dir / "plan.json", dict) if (run_dir / "plan.json").exists() else {}
+    config = _read_json(run_dir / rundir.CONFIG, dict)
+    planned = _plan_columns(run_dir)
     runtime = meta.get("runtime") or {}
     events = read_events(run_dir)
     if not events:
         raise RunFolderError(f"{run_dir / EVENTS_FOLDER}: no events recorded, although metadata.json says complete")
     run_id = _run_id(run_dir, root)
-    layout = plan.get("layout") or {}
     model, train = _section(config, "model", run_dir), _section(config, "train", run_dir)
     versions = meta.get("versions") or {}
     iteration = iteration_time(events)
     dtype = model.get("dtype")
-    preset = _require(meta, "preset", run_dir / "metadata.json")
+    preset = _require(meta, "preset", run_dir / rundir.METADATA)
     baseline = baselines.find(run_dir)
     common = {
         "run_id": run_id, "run": str(run_dir), "preset": preset,
-        "layout": _require(meta, "layout", run_dir / "metadata.json"),
-        "tp": layout.get("tp"), "pp": layout.get("pp"), "dp": layout.get("dp"),
-        "engine": _require(meta, "engine", run_dir / "metadata.json"), "dtype": dtype,
+        "layout": _require(meta, "layout", run_dir / rundir.METADATA),
+        "tp": planned["tp"], "pp": planned["pp"], "dp": planned["dp"],
+        "engine": _require(meta, "engine", run_dir / rundir.METADATA), "dtype": dtype,
         "storage": (config.get("storage") or {}).get("checkpoint_dir") or "run folder",
-        "client": (plan.get("remote") or {}).get("client"),
-        "ranks": meta.get("world_size"), "nodes": plan.get("nnodes", 1), "device": meta.get("device"),
-        "backend": plan.get("backend"), "gpu": runtime.get("gpu"), "host": meta.get("host"),
+        "client": planned["client"],
+        "ranks": meta.get("world_size"), "nodes": planned["nodes"], "device": meta.get("device"),
+        "backend": planned["backend"], "gpu": runtime.get("gpu"), "host": meta.get("host"),
         "started": pd.Timestamp(meta["start"], unit="s", tz="UTC").isoformat(timespec="seconds")
         if isinstance(meta.get("start"), (int, float)) else None,
         "torch": versions.get("torch"), "deepspeed": versions.get("deepspeed"), "python": versions.get("python"),
         "restartbench": versions.get("restartbench"),
         "iters": train.get("iters"), "save_interval": train.get("save_interval"), "iteration_s": iteration,
-        "predicted_bytes": _predicted_bytes(config, plan.get("checkpoint_bytes_estimate")),
+        "predicted_bytes": _predicted_bytes(config, planned["checkpoint_bytes_estimate"]),
         "baseline_write_MBps": baseline.get("write_MBps"), "baseline_read_MBps": baseline.get("read_MBps"),
         "baseline_tool": baseline.get("tool"),
     }
@@ -282,6 +279,16 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_B
         collected.ranks.extend({**ident, **r} for r in ranks)
     for entry in _run_files(run_dir, events):
         collected.files.append({**ident, **entry})
+
+
+def _plan_columns(run_dir: Path) -> dict[str, Any]:
+    """The table's columns from plan.json; empty for a run folder without one."""
+    if not (run_dir / rundir.PLAN).exists():
+        return dict.fromkeys(("tp", "pp", "dp", "client", "backend", "checkpoint_bytes_estimate")) | {"nodes": 1}
+    plan = RunPlan.load(run_dir)
+    return {"tp": plan.layout.get("tp"), "pp": plan.layout.get("pp"), "dp": plan.layout.get("dp"),
+            "client": (plan.remote or {}).get("client"), "nodes": plan.nnodes, "backend": plan.backend,
+            "checkpoint_bytes_estimate": plan.checkpoint_bytes_estimate}
 
 
 def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
@@ -412,7 +419,7 @@ def critical_path(ranks: list[dict[str, Any]], total: float | None) -> dict[str,
 
 def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Checkpoint files (with a tag) from inventory.json, or from the durable events where there is none."""
-    path = run_dir / "inventory.json"
+    path = run_dir / rundir.INVENTORY
     if path.exists():
         entries = _read_json(path, list)
         try:
@@ -451,14 +458,14 @@ def _require(mapping: dict[str, Any], key: str, path: Path) -> Any:
 def _section(config: dict[str, Any], name: str, run_dir: Path) -> dict[str, Any]:
     section = config.get(name) or {}
     if not isinstance(section, dict):
-        raise RunFolderError(f"{run_dir / 'config.json'}: section {name!r} should be an object")
+        raise RunFolderError(f"{run_dir / rundir.CONFIG}: section {name!r} should be an object")
     return section
 
 
 def _quiet_metadata(run_dir: Path) -> tuple[str | None, str | None, str | None]:
     """(preset, layout, engine) of a run that could not be read, from metadata.json or else the folder names."""
     try:
-        meta = json.loads((run_dir / "metadata.json").read_text())
+        meta = json.loads((run_dir / rundir.METADATA).read_text())
         return meta.get("preset"), meta.get("layout"), meta.get("engine")
     except Exception:  # noqa: BLE001
         parts = run_dir.parts

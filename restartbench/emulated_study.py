@@ -45,7 +45,7 @@ def run_emulation(cfg: RunConfig) -> int:
     return study.execute(run_dir)
 
 
-def plan_emulation(cfg: RunConfig) -> study.Plan:
+def plan_emulation(cfg: RunConfig) -> rundir.RunPlan:
     """study.plan_run for gloo processes on CPU: K ranks per process, memory checked against the emulated shards."""
     options = cfg.emulation
     if options.ranks_per_process < 1:
@@ -72,7 +72,7 @@ def plan_emulation(cfg: RunConfig) -> study.Plan:
     return plan
 
 
-def _check_memory(probe: RunConfig, plan: study.Plan) -> None:
+def _check_memory(probe: RunConfig, plan: rundir.RunPlan) -> None:
     """Each process holds its ranks' states and their copies: read back on restore, or the lazy engine's host
     buffers."""
     options = probe.emulation
@@ -117,12 +117,12 @@ def _processes(world_size: int, per_process: int, nnodes: int) -> int:
     return world_size // per_process
 
 
-def render(cfg: RunConfig, plan: study.Plan) -> Rendered:
+def render(cfg: RunConfig, plan: rundir.RunPlan) -> Rendered:
     """The study's scripts, with restartbench.emulate as the program of every process."""
     return render_run(cfg, plan, label=engine_label(cfg.engine.engine), entry=ENTRY)
 
 
-def emulation_metadata(cfg: RunConfig, plan: study.Plan) -> dict[str, Any]:
+def emulation_metadata(cfg: RunConfig, plan: rundir.RunPlan) -> dict[str, Any]:
     options = cfg.emulation
     full = RunConfig.from_dict(cfg.to_dict())
     full.emulation.emulate = False

@@ -19,9 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from restartbench import storage
+from restartbench import rundir, storage
 from restartbench.events import CHECKPOINT_PREFIX, Event, read_events
 from restartbench.integrity import MANIFEST
+from restartbench.rundir import RunPlan
 
 RESTART_PARTS = (
     (Event.PROCESS_START, "launch"),  # launcher start -> our first line running in the rank
@@ -118,8 +119,8 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
 def inventory(run_dir: Path) -> list[dict[str, Any]]:
     """Every file the engines wrote under the checkpoint folder: tag, path, bytes, kind, and the rank that wrote it
     (None if not recorded). The harness's own ``<tag>/manifest.json`` is left out: it is not part of the checkpoint."""
-    plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = storage.open_store(plan["checkpoint_dir"], plan.get("remote"))
+    plan = RunPlan.load(run_dir)
+    store = storage.open_store(plan.checkpoint_dir, plan.remote)
     writers = {}
     for e in read_events(run_dir):
         if e["event"] == Event.CHECKPOINT_DURABLE:
@@ -145,20 +146,20 @@ def failed_checkpoints(run_dir: Path, phase_failed: bool) -> list[dict[str, Any]
             if e["event"] == Event.CHECKPOINT_BEGIN and e["tag"] not in committed and e["tag"] not in failed:
                 failed[e["tag"]] = "begun, never committed: the phase died during the save"
 
-    plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    store = storage.open_store(plan["checkpoint_dir"], plan.get("remote"))
+    plan = RunPlan.load(run_dir)
+    store = storage.open_store(plan.checkpoint_dir, plan.remote)
     kept = store.read_text("latest").strip() if store.exists("latest") else None
     return [{"tag": tag, "error": error, "latest_kept": kept} for tag, error in failed.items()]
 
 
 def write_inventory(run_dir: Path) -> None:
-    (Path(run_dir) / "inventory.json").write_text(json.dumps(inventory(run_dir), indent=1) + "\n")
+    (Path(run_dir) / rundir.INVENTORY).write_text(json.dumps(inventory(run_dir), indent=1) + "\n")
 
 
 def summarize_run(run_dir: Path) -> list[str]:
     """A few lines for the terminal, every figure saying what it is."""
     events = read_events(run_dir)
-    remote = storage.is_remote(json.loads((Path(run_dir) / "plan.json").read_text())["checkpoint_dir"])
+    remote = storage.is_remote(RunPlan.load(run_dir).checkpoint_dir)
     durable = "uploaded" if remote else "fsync'd"
     lines = []
     iteration = iteration_time(events)

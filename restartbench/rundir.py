@@ -3,7 +3,7 @@
 A run folder ``<logs>/<preset>/<layout>/<engine>/<stamp>`` holds::
 
     config.json      the run configuration (restartbench.config.RunConfig)
-    plan.json        what the checks derived from it (study.Plan)
+    plan.json        what the checks derived from it (RunPlan)
     metadata.json    status, versions, phases, failed checkpoints
     ds_config.json   the DeepSpeed JSON; launch.sh and the batch job script beside it
     events/<phase>-rank<NNNNN>.jsonl   every rank's timed events, written and read by restartbench.events only
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,56 @@ def write_json(path: str | Path, value: Any) -> None:
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+class RunFolderError(ValueError):
+    """A file of a run folder is missing or malformed, or was written by another version; the message names it."""
+
+
+@dataclass
+class RunPlan:
+    """Everything derived from the config that the launch and the ranks need: plan.json, written once by the
+    launcher (``restartbench.study.plan_run``) and read by the launcher, every rank and the analysis."""
+
+    preset: dict[str, Any]
+    layout: dict[str, int]
+    layout_name: str
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    device: str
+    backend: str
+    grad_accum: int
+    run_dir: str
+    checkpoint_dir: str
+    master_port: int
+    checkpoint_bytes_estimate: int
+    memory_per_rank_estimate: str
+    launcher: str
+    remote: dict[str, Any] | None = None
+    """For an object-store checkpoint_dir (s3://, gs://), how to reach it (storage.S3Settings or GCSSettings: the
+    scheme, client, endpoint, region, addressing, where the credentials come from — never their values); None for
+    a folder."""
+
+    def save(self, run_dir: str | Path) -> None:
+        write_json(Path(run_dir) / PLAN, asdict(self))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> RunPlan:
+        """The plan of a run folder; one with a field missing or unknown is refused (another version wrote it)."""
+        path = Path(run_dir) / PLAN
+        try:
+            stored = read_json(path)
+        except json.JSONDecodeError as error:
+            raise RunFolderError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+        if not isinstance(stored, dict):
+            raise RunFolderError(f"{path}: expected a JSON object, got {type(stored).__name__}")
+        names = [f.name for f in fields(cls)]
+        missing = ", ".join(repr(name) for name in names if name not in stored)
+        unknown = ", ".join(repr(name) for name in stored if name not in names)
+        if missing or unknown:
+            found = "; ".join(filter(None, [missing and f"it lacks the field(s) {missing}",
+                                            unknown and f"it has the unknown field(s) {unknown}"]))
+            raise RunFolderError(f"{path} was written by another version of restartbench: {found}. Plan and run it "
+                                 "again with this version (config-n-run.py), or read it with the version that wrote it")
+        return cls(**stored)

@@ -3,7 +3,7 @@
 Three roles, in order:
 
 - check and plan: ``plan_run`` checks every input before anything is written or launched and raises
-  ``StudyError`` with what was wrong and what to do; the result is a ``Plan`` (saved as plan.json);
+  ``StudyError`` with what was wrong and what to do; the result is a ``rundir.RunPlan`` (saved as plan.json);
 - render: ``restartbench.render`` fills the Jinja templates and parses the DeepSpeed JSON back;
 - execute: ``run_study`` writes the run folder, then ``execute`` launches each phase and marks the run
   ``complete`` or ``failed`` in ``metadata.json`` (here, or inside a batch job).
@@ -13,7 +13,6 @@ An emulated run (``restartbench.emulate``) goes through the same functions with 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
@@ -24,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -48,37 +47,13 @@ from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
 from restartbench.render import REPO_ROOT, Rendered, render
 from restartbench.results import failed_checkpoints, summarize_run, write_inventory
+from restartbench.rundir import RunPlan
 
 PHASES = ("train", "restore")
 GPUS_PER_NODE_DEFAULT = 8
 
 
-@dataclass
-class Plan:
-    """Everything derived from the config that the launch and the ranks need (saved as plan.json)."""
-
-    preset: dict[str, Any]
-    layout: dict[str, int]
-    layout_name: str
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-    device: str
-    backend: str
-    grad_accum: int
-    run_dir: str
-    checkpoint_dir: str
-    master_port: int
-    checkpoint_bytes_estimate: int
-    memory_per_rank_estimate: str
-    launcher: str
-    remote: dict[str, Any] | None = None
-    """For an object-store checkpoint_dir (s3://, gs://), how to reach it (storage.S3Settings or GCSSettings: the
-    scheme, client, endpoint, region, addressing, where the credentials come from — never their values); None for
-    a folder."""
-
-
-def plan_run(cfg: RunConfig) -> Plan:
+def plan_run(cfg: RunConfig) -> RunPlan:
     preset = _preset(cfg)
     device = choose_device(cfg.launch.device, preset.param_count())
     nnodes, nproc = _ranks(cfg)
@@ -101,7 +76,7 @@ def plan_run(cfg: RunConfig) -> Plan:
     run_dir = Path(cfg.paths.run_dir or rundir.new_run_folder(cfg.paths.logs, cfg.model.preset, layout.name,
                                                               cfg.engine.engine))
     checkpoint_dir, remote = _checkpoint_target(cfg, run_dir)
-    plan = Plan(
+    plan = RunPlan(
         preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
         nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
         grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, remote=remote,
@@ -126,7 +101,7 @@ def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, An
                          f"{location or 'the run folder'}: the --s3-* options and --object-client are for an s3:// "
                          "--checkpoint-dir, --gcs-endpoint for gs://; give such a --checkpoint-dir or drop them")
     if scheme is None:
-        return str((Path(location) if location else run_dir / "checkpoints").resolve()), None
+        return str((Path(location) if location else run_dir / rundir.CHECKPOINTS).resolve()), None
     try:
         where = storage.check_remote_location(location, options.object_client)
         engines.refuse_unless_object_store(cfg.engine.engine, location)
@@ -193,7 +168,7 @@ def _check_engine(name: str) -> None:
         raise StudyError("\n".join(missing))
 
 
-def _optional_engine_missing(cfg: RunConfig, plan: Plan) -> bool:
+def _optional_engine_missing(cfg: RunConfig, plan: RunPlan) -> bool:
     """An optional engine (datastates) whose package is absent: record the run as skipped, with the reason."""
     missing = engines.missing_requirements(cfg.engine.engine)
     if not missing:
@@ -224,7 +199,7 @@ def _check_train(cfg: RunConfig) -> None:
                          f"(got {cfg.storage.baseline_mib})")
 
 
-def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
+def _check_memory(preset: ModelPreset, plan: RunPlan, need: float) -> None:
     have, what = memory_per_rank_available(plan)
     if need > have:
         raise StudyError(
@@ -234,7 +209,7 @@ def _check_memory(preset: ModelPreset, plan: Plan, need: float) -> None:
         )
 
 
-def memory_per_rank_available(plan: Plan) -> tuple[float, str]:
+def memory_per_rank_available(plan: RunPlan) -> tuple[float, str]:
     if plan.device == "cuda":
         query = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                                capture_output=True, text=True) if shutil.which("nvidia-smi") else None
@@ -304,26 +279,26 @@ def execute(run_dir: Path) -> int:
     """Run the phases of a prepared run folder, each a fresh launch, and mark the run complete or failed."""
     run_dir = Path(run_dir)
     cfg = RunConfig.load(run_dir / rundir.CONFIG)
-    plan = rundir.read_json(run_dir / rundir.PLAN)
-    launcher = LAUNCHERS[plan["launcher"]]
+    plan = RunPlan.load(run_dir)
+    launcher = LAUNCHERS[plan.launcher]
     meta = rundir.read_json(run_dir / rundir.METADATA)
     meta.update(status="running", start=time.time(), host=socket.gethostname(),
                 job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or meta.get("job_id"))
     rundir.write_json(run_dir / rundir.METADATA, meta)
-    say(f"{cfg.model.preset} {plan['layout_name']} engine={cfg.engine.engine}: {plan['world_size']} ranks on "
-        f"{plan['nnodes']} node(s), {plan['device']}/{plan['backend']}, launcher {launcher.name}; "
+    say(f"{cfg.model.preset} {plan.layout_name} engine={cfg.engine.engine}: {plan.world_size} ranks on "
+        f"{plan.nnodes} node(s), {plan.device}/{plan.backend}, launcher {launcher.name}; "
         f"{cfg.train.iters} iterations, checkpoint every {cfg.train.save_interval}")
-    issue = engines.known_issue(cfg.engine.engine, plan["device"])
+    issue = engines.known_issue(cfg.engine.engine, plan.device)
     if issue:
         say(f"note: engine {cfg.engine.engine} {issue}")
         meta["engine_known_issue"] = issue
-    if cfg.storage.baseline_mib > 0 and plan.get("remote"):
-        storage.record_remote_baseline(run_dir, plan["checkpoint_dir"], plan["remote"], cfg.storage.baseline_mib)
+    if cfg.storage.baseline_mib > 0 and plan.remote:
+        storage.record_remote_baseline(run_dir, plan.checkpoint_dir, plan.remote, cfg.storage.baseline_mib)
     elif cfg.storage.baseline_mib > 0:
-        record_baseline(run_dir, Path(plan["checkpoint_dir"]), cfg.storage.baseline_mib)
+        record_baseline(run_dir, Path(plan.checkpoint_dir), cfg.storage.baseline_mib)
     status, error = "complete", None
     for phase in PHASES:
-        result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan["nnodes"]),
+        result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan.nnodes),
                            cfg.launch.phase_timeout_s)
         meta["phases"][phase] = result
         if result["exit_code"] != 0:
@@ -356,7 +331,7 @@ def hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rend
     return 0
 
 
-def prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
+def prepare_run_dir(cfg: RunConfig, plan: RunPlan, rendered: Rendered) -> Path:
     """Check the target folders, then create the run folder; nothing is left behind when a check fails."""
     run_dir = Path(plan.run_dir)
     if run_dir.exists():
@@ -372,7 +347,7 @@ def prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
                          "choose a writable --logs / --checkpoint-dir") from None
     cfg.paths.run_dir = str(run_dir)
     cfg.save(run_dir / rundir.CONFIG)
-    rundir.write_json(run_dir / rundir.PLAN, asdict(plan))
+    plan.save(run_dir)
     (run_dir / rundir.DS_CONFIG).write_text(rendered.ds_config_text)
     (run_dir / rundir.LAUNCH_SCRIPT).write_text(rendered.launch_script)
     (run_dir / rundir.LAUNCH_SCRIPT).chmod(0o755)
@@ -381,7 +356,7 @@ def prepare_run_dir(cfg: RunConfig, plan: Plan, rendered: Rendered) -> Path:
     return run_dir
 
 
-def _check_target(cfg: RunConfig, plan: Plan) -> None:
+def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
     """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint;
     an object-store location answers a lookup, a write, a read and a delete (missing bucket, refused credentials
     and an unreachable endpoint are each said in words, before anything is written or launched)."""
@@ -410,7 +385,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def run_metadata(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+def run_metadata(cfg: RunConfig, plan: RunPlan) -> dict[str, Any]:
     return {
         "status": "running",
         "error": None,
@@ -499,16 +474,16 @@ def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 
 
-def _nothing_committed(cfg: RunConfig, plan: dict[str, Any]) -> bool:
+def _nothing_committed(cfg: RunConfig, plan: RunPlan) -> bool:
     """Every save of phase 1 failed: there is nothing to restore (engine none saves nothing by design)."""
-    return cfg.engine.engine != "none" and not storage.open_store(plan["checkpoint_dir"], plan.get("remote")).exists("latest")
+    return cfg.engine.engine != "none" and not storage.open_store(plan.checkpoint_dir, plan.remote).exists("latest")
 
 
 def _finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None) -> str:
     """Record how the run ended (a failed checkpoint fails the run) and print its summary; return the status."""
     runtime = run_dir / rundir.RUNTIME
     if runtime.exists():
-        meta["runtime"] = json.loads(runtime.read_text())
+        meta["runtime"] = rundir.read_json(runtime)
     meta["failed_checkpoints"] = failed_checkpoints(run_dir, phase_failed=status != "complete")
     if meta["failed_checkpoints"]:
         grouped = by_message((c["tag"], c["error"]) for c in meta["failed_checkpoints"])

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from restartbench import rundir
 from restartbench.cli import run
 from restartbench.config import RunConfig, check_type, leaf_fields
 from restartbench.errors import StudyError
@@ -129,7 +130,7 @@ def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:
 
 def cell_state(run_dir: Path) -> str:
     """done, running (a batch job still queued or running), failed (or interrupted), or pending."""
-    path = run_dir / "metadata.json"
+    path = run_dir / rundir.METADATA
     if not path.exists():
         return PENDING if not run_dir.exists() else FAILED
     try:

@@ -12,14 +12,15 @@ DeepSpeed is one of the restart phases measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 PROCESS_START = time.time()
 
+from restartbench import rundir  # noqa: E402  (stdlib-only module)
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.events import Event, EventLog, rank_errors, read_events  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
     log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
     try:
-        rank_run = RankRun(RunConfig.load(args.run_dir / "config.json"), args.run_dir, rank, log)
+        rank_run = RankRun(RunConfig.load(args.run_dir / rundir.CONFIG), args.run_dir, rank, log)
         rank_run.start()
         if args.phase == "train":
             rank_run.train_phase()
@@ -59,11 +60,11 @@ class RankRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, rank: int, log: EventLog):
         self.cfg, self.run_dir, self.rank, self.log = cfg, run_dir, rank, log
         self.phase = log.phase
-        self.plan = json.loads((run_dir / "plan.json").read_text())
-        self.ckpt_dir = self.plan["checkpoint_dir"]
+        self.plan = rundir.RunPlan.load(run_dir)
+        self.ckpt_dir = self.plan.checkpoint_dir
         from restartbench.storage import open_store
 
-        self.store = open_store(self.ckpt_dir, self.plan.get("remote"))
+        self.store = open_store(self.ckpt_dir, self.plan.remote)
         """The checkpoint's own files (manifest, latest, hashes): a folder or an object-store prefix."""
 
     # -- start-up: each part is a restart phase -----------------------------------------
@@ -83,18 +84,18 @@ class RankRun:
             self._say(f"{self.phase}: {arch_note}")
         self.log.emit(Event.STARTUP_WORKAROUND, note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
         hang_before_init(self.log)
-        with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan["backend"]):
-            runtime.init_distributed(self.plan["backend"], self.cfg.launch.collective_timeout_s)
-        self._say(f"{self.phase}: {self.plan['world_size']} ranks up ({self.plan['backend']}); building the model")
+        with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
+            runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
+        self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend}); building the model")
         with self.log.span(Event.STARTUP_MODEL_BUILD):
             from restartbench.layout import Layout
             from restartbench.model import build_pipeline_module
 
-            layout = Layout(**self.plan["layout"])
+            layout = Layout(**self.plan.layout)
             module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
                                            activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
         with self.log.span(Event.STARTUP_DS_INITIALIZE):
-            ds_config = json.loads((self.run_dir / "ds_config.json").read_text())
+            ds_config = rundir.read_json(self.run_dir / rundir.DS_CONFIG)
             self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
         from restartbench.engines import create_engine, engine_for_target
 
@@ -107,7 +108,7 @@ class RankRun:
         self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
-            runtime.write_runtime_info(self.run_dir, self.plan)
+            runtime.write_runtime_info(self.run_dir, asdict(self.plan))  # it takes plan.json's keys
 
     # -- phase 1 -------------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class RankRun:
 
         if errors:
             free = self.store.free_bytes()  # before the partial files are removed; None for an object store
-            needed = self.plan["checkpoint_bytes_estimate"]
+            needed = self.plan.checkpoint_bytes_estimate
             if free is not None and free < needed:
                 errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
                                  f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on device)")

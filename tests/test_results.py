@@ -10,6 +10,7 @@ import pytest
 
 from restartbench import analysis, results
 from restartbench.events import EventLog, read_events
+from restartbench.rundir import RunPlan
 
 RANKS = (0, 1, 2, 3)
 NODES = ("a", "a", "b", "b")
@@ -188,7 +189,7 @@ def test_iteration_time_is_the_median_over_steps_of_the_slowest_rank(run):
 
 
 def test_the_study_prints_the_rules_figures(run):
-    (run / "plan.json").write_text(json.dumps({"checkpoint_dir": str(run / "checkpoints")}))
+    write_plan(run, run / "checkpoints")
     assert results.summarize_run(run) == [
         "iteration time without checkpoint: 0.250 s (median; max over ranks)",
         "checkpoint step2: 17.0 MB in 11 files from 4 ranks; training stalled 0.900 s (max over ranks); "
@@ -297,8 +298,12 @@ def back_to_back(launch: float, *spans: tuple[str, float, dict]) -> list[tuple[s
     return records
 
 
-def write_plan(run_dir: Path, checkpoint_dir: str | Path, **fields) -> None:
-    (run_dir / "plan.json").write_text(json.dumps({"checkpoint_dir": str(checkpoint_dir), **fields}))
+def write_plan(run_dir: Path, checkpoint_dir: str | Path, remote: dict | None = None) -> None:
+    """The plan.json of a one-node CPU run of this file's layout; its readers here use the checkpoint folder."""
+    RunPlan(preset={"name": "tiny"}, layout={"tp": 1, "pp": 2, "dp": 2}, layout_name="tp1pp2dp2", world_size=4,
+            nnodes=1, nproc_per_node=4, device="cpu", backend="gloo", grad_accum=2, run_dir=str(run_dir),
+            checkpoint_dir=str(checkpoint_dir), master_port=29500, checkpoint_bytes_estimate=17_000_000,
+            memory_per_rank_estimate="0.1 GiB", launcher="local", remote=remote).save(run_dir)
 
 
 def write_files(folder: Path, sizes: dict[str, int]) -> None:
@@ -532,5 +537,5 @@ def test_only_the_first_resumed_iteration_counts_in_the_restart(run):
 
 def test_the_summary_says_when_a_restore_is_not_exact(tmp_path):
     run_dir = write_run(tmp_path / "logs", inexact_rank=1)
-    (run_dir / "plan.json").write_text(json.dumps({"checkpoint_dir": str(run_dir / "checkpoints")}))
+    write_plan(run_dir, run_dir / "checkpoints")
     assert results.summarize_run(run_dir)[-1] == "RESTORE NOT EXACT"

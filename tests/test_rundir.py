@@ -1,15 +1,21 @@
-"""The run folder's contract (restartbench.rundir, restartbench.events): the event names spelled once, and the one
-event reader."""
+"""The run folder's contract (restartbench.rundir, restartbench.events): plan.json typed both ways and refused when
+another version wrote it, the event names spelled once, and the one event reader."""
 
 import ast
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+from test_results import write_run
+
+from restartbench import analysis, rundir
+from restartbench.config import config_from_args
 from restartbench.events import EVENT_NAMES, EventFileError, EventLog, events_file, read_events
+from restartbench.rundir import RunFolderError, RunPlan
+from restartbench.study import plan_run
 
 #: The sources whose event names are checked: the package, the benchmarks, the analysis entry point.
 SOURCES = sorted([*(ROOT / "restartbench").rglob("*.py"), *(ROOT / "bench").glob("*.py"),
@@ -32,6 +38,69 @@ def event_literals(text: str) -> list[str]:
 def literals_by_file() -> dict[str, list[str]]:
     found = {str(path.relative_to(ROOT)): event_literals(path.read_text()) for path in SOURCES}
     return {path: names for path, names in found.items() if names}
+
+
+# -- plan.json -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plan(tmp_path) -> RunPlan:
+    return plan_run(config_from_args(["tiny", "tp2pp2", "--logs", str(tmp_path / "logs"), "--dry-run"]))
+
+
+def test_a_plan_round_trips_through_plan_json(plan, tmp_path):
+    plan.save(tmp_path)
+    assert RunPlan.load(tmp_path) == plan
+    assert json.loads((tmp_path / rundir.PLAN).read_text()) == asdict(plan)  # the on-disk keys are the fields
+
+
+def test_an_object_store_plan_round_trips_with_its_settings(plan, tmp_path):
+    plan.checkpoint_dir, plan.remote = "s3://ckpt/run", {"scheme": "s3://", "client": "fsspec", "endpoint": None}
+    plan.save(tmp_path)
+    assert RunPlan.load(tmp_path) == plan
+
+
+def _write_plan_json(folder: Path, stored: dict) -> None:
+    (folder / rundir.PLAN).write_text(json.dumps(stored))
+
+
+def test_a_plan_json_lacking_a_field_is_refused_naming_it_and_the_file(plan, tmp_path):
+    stored = asdict(plan)
+    del stored["backend"]
+    _write_plan_json(tmp_path, stored)
+    refusal = (rf"{re.escape(str(tmp_path / 'plan.json'))} was written by another version of restartbench: "
+               r"it lacks the field\(s\) 'backend'\. .*config-n-run\.py")
+    with pytest.raises(RunFolderError, match=refusal):
+        RunPlan.load(tmp_path)
+
+
+def test_a_plan_json_with_an_unknown_field_is_refused_naming_it(plan, tmp_path):
+    _write_plan_json(tmp_path, {**asdict(plan), "nodes": 2})
+    with pytest.raises(RunFolderError, match=r"plan\.json was written by .*: it has the unknown field\(s\) 'nodes'"):
+        RunPlan.load(tmp_path)
+
+
+def test_a_plan_json_lacking_one_field_and_with_another_names_both(plan, tmp_path):
+    stored = asdict(plan)
+    stored["ranks"] = stored.pop("world_size")
+    _write_plan_json(tmp_path, stored)
+    with pytest.raises(RunFolderError, match=r"lacks the field\(s\) 'world_size'; it has the unknown field\(s\) "
+                                             r"'ranks'"):
+        RunPlan.load(tmp_path)
+
+
+def test_the_analysis_lists_a_run_whose_plan_another_version_wrote_as_unreadable(plan, tmp_path):
+    run_dir = write_run(tmp_path / "logs")
+    _write_plan_json(run_dir, {**asdict(plan), "nodes": 2})
+    excluded = analysis.collect(tmp_path / "logs").excluded
+    assert [(e.status, "unknown field(s) 'nodes'" in e.reason) for e in excluded] == [("unreadable", True)]
+
+
+@pytest.mark.parametrize("text, problem", [("{not json", "is not valid JSON"), ("[1, 2]", "expected a JSON object")])
+def test_a_plan_json_that_is_no_json_object_is_refused(tmp_path, text, problem):
+    (tmp_path / rundir.PLAN).write_text(text)
+    with pytest.raises(RunFolderError, match=problem):
+        RunPlan.load(tmp_path)
 
 
 def test_rundir_and_events_import_nothing_from_restartbench():
