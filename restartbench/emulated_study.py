@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from restartbench import emulate, rundir, study
+from restartbench import emulate, engines, rundir, study
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.launchers import LAUNCHERS
@@ -86,12 +86,15 @@ def _check_memory(probe: RunConfig, plan: rundir.RunPlan) -> None:
 
 
 def _check_engine(cfg: RunConfig) -> None:
-    """The run's engine is one --emulate goes through (``emulate.EMULATORS``), with options it can emulate."""
+    """The run's engine has an emulator (its registry entry names it), with options it can emulate."""
     engine = cfg.engine.engine
-    if engine not in emulate.EMULATORS:
-        raise StudyError(f"--emulate runs the checkpoint I/O of --engine {', '.join(emulate.EMULATORS)}; {engine} is "
-                         f"not emulated: choose one of those, or run {engine} for real without --emulate")
-    refusal = emulate.EMULATORS[engine].refusal(cfg)
+    try:
+        emulator = engines.emulator_class(engine)
+    except (engines.UnknownEngineError, engines.NotEmulatedError) as error:
+        raise StudyError(f"{error}; --emulate runs the checkpoint I/O of --engine "
+                         f"{', '.join(engines.emulated_engines())}: choose one of those, or run {engine} for real "
+                         "without --emulate") from None
+    refusal = emulator.refusal(cfg)
     if refusal:
         raise StudyError(refusal)
 
@@ -128,7 +131,7 @@ def emulation_metadata(cfg: RunConfig, plan: rundir.RunPlan) -> dict[str, Any]:
     full.emulation.emulate = False
     preset = scaled_preset(get_preset(cfg.model.preset), options.emulate_scale, plan.layout["tp"])
     return {"emulated": True, "what": emulate.WHAT_IS_EMULATED, "engine": cfg.engine.engine,
-            "engine_io": emulate.EMULATORS[cfg.engine.engine].how, "scale": options.emulate_scale,
+            "engine_io": engines.emulator_class(cfg.engine.engine).how, "scale": options.emulate_scale,
             "ranks_per_process": options.ranks_per_process, "processes": plan.nnodes * plan.nproc_per_node,
             "emulated_model": {k: getattr(preset, k) for k in ("hidden", "ffn_hidden", "vocab_size", "layers",
                                                                 "heads", "kv_heads")},

@@ -188,7 +188,7 @@ class RankRun:
                       threads=me.num_threads(), children=len(me.children(recursive=True)))
 
     def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
-        from restartbench.engines.deepspeed_engines import records_as_dicts
+        from restartbench.engines.base import records_as_dicts
 
         with self.log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
             durable_at = self.ckpt_engine.wait_until_durable()

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_study
+
 from restartbench import emulate, emulated_study, study
 from restartbench.config import RunConfig, config_from_args
-from restartbench.engines import lazy_engine as lazy
+from restartbench.engines.lazy import engine as lazy
+from restartbench.engines.lazy.emulate import LazyFiles
 from restartbench.plan import predict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
                             "--ranks-per-process", "4", "--iters", "1", "--logs", str(tmp_path / "logs")])
     plan = emulated_study.plan_emulation(cfg)
     run_dir = study.prepare_run_dir(cfg, plan, emulated_study.render(cfg, plan))
-    saver = emulate.LazyFiles(emulate.EmulatedRanks(run_dir, "train"))
+    saver = LazyFiles(emulate.EmulatedRanks(run_dir, "train"))
     for rank in range(4):
         saver.save(rank, saver.stage(rank, 1), "step1")
         saver.next_step(rank, "step1")
@@ -114,7 +115,7 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
     written = {Path(r.path).name: r.bytes for rank in range(4) for r in saver.written(rank)}
     assert written == {Path(f.path).name: f.bytes for f in predict(cfg, step=1, scale=0.02).files}
 
-    loader = emulate.LazyFiles(emulate.EmulatedRanks(run_dir, "restore"))
+    loader = LazyFiles(emulate.EmulatedRanks(run_dir, "restore"))
 
     def restore(rank: int) -> list[str]:
         held = loader.hold(rank, 1)
@@ -146,8 +147,9 @@ def test_dry_run_prints_the_emulation_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (("--ranks-per-process", "3"), "do not split into processes"),
     (("--emulate-scale", "0"), "--emulate-scale must be in (0, 1]"),
-    (("--engine", "torchsnapshot"), "--emulate runs the checkpoint I/O of --engine torch, lazy, dcp, dcp-async; "
-                                    "torchsnapshot is not emulated"),
+    (("--engine", "torchsnapshot"), "engine 'torchsnapshot' is not emulated: TorchSnapshot's save is not emulated "
+                                    "yet; run it for real without --emulate; --emulate runs the checkpoint I/O of "
+                                    "--engine torch, dcp, dcp-async, lazy"),
     (("--engine", "dcp-async", "--ranks-per-process", "2"), "needs --ranks-per-process 1"),
     (("--engine", "lazy", "--dp-read-once"), "--dp-read-once is not emulated"),
 ])

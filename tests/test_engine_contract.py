@@ -9,9 +9,9 @@ import pytest
 
 from restartbench import engines
 from restartbench.config import EngineConfig
-from restartbench.engines.base import CheckpointEngine, FileRecord
-from restartbench.engines.baseline import NoCheckpoint
-from restartbench.engines.deepspeed_engines import ObjectStoreTorchEngine, TorchEngine
+from restartbench.engines.base import CheckpointEngine
+from restartbench.engines.deepspeed.engine import ObjectStoreTorchEngine, TorchEngine
+from restartbench.engines.none.engine import NoCheckpoint
 from restartbench.storage import LocalStore, ObjectLocation, ObjectStore, S3Settings, StorageError
 
 PRESENT = [name for name in engines.engine_names() if not engines.missing_requirements(name)]
@@ -91,7 +91,8 @@ def test_the_optional_hooks_have_defaults_the_harness_can_call():
 @pytest.mark.parametrize("cls_name", ["NotAnEngine", "not_a_class"])
 def test_create_engine_refuses_a_class_outside_the_contract(monkeypatch, cls_name):
     monkeypatch.setitem(engines._REGISTRY, "impostor",
-                        engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine"))
+                        engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine",
+                                           not_predicted="a test double", not_emulated="a test double"))
     with pytest.raises(TypeError, match=rf"engine 'impostor' is registered with {__name__}\.{cls_name}, which is "
                                         r"not a subclass of restartbench\.engines\.base\.CheckpointEngine"):
         engines.create_engine(EngineConfig(engine="impostor"))
@@ -120,7 +121,15 @@ def test_engine_for_target_keeps_the_engine_for_a_folder_and_asks_it_for_an_obje
     assert type(to_store) is ObjectStoreTorchEngine and to_store.store.location == "s3://bucket/run"
 
 
-def test_file_record_keeps_its_old_import_path():
-    from restartbench.engines import deepspeed_engines
+@pytest.mark.parametrize("refs", [{}, {"predictor": "m:P", "not_predicted": "why", "not_emulated": "why"},
+                                  {"not_predicted": "why"}, {"not_predicted": "why", "emulator": "m:E",
+                                                             "not_emulated": "why"}])
+def test_a_registry_entry_names_its_predictor_and_emulator_or_says_why_not(refs):
+    with pytest.raises(ValueError, match="give either a (predictor|emulator) or, in not_(predicted|emulated), the reason"):
+        engines.EngineInfo("half", "m", "C", "an entry missing a predictor or an emulator, or with both", **refs)
 
-    assert deepspeed_engines.FileRecord is FileRecord
+
+def test_every_registered_engine_is_predicted_and_emulated_or_says_why_not():
+    for name in engines.engine_names():
+        info = engines.engine_info(name)
+        assert bool(info.predictor) != bool(info.not_predicted) and bool(info.emulator) != bool(info.not_emulated)

@@ -12,7 +12,7 @@ import torch
 from conftest import run_study
 
 from restartbench.config import EngineConfig
-from restartbench.engines import lazy_engine as lazy
+from restartbench.engines.lazy import engine as lazy
 from restartbench.events import read_events
 from restartbench.verify import training_state_digest
 

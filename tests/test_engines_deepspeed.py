@@ -6,11 +6,12 @@ import os
 import sys
 
 import pytest
-
 from conftest import run_study
+
 from restartbench import engines
 from restartbench.config import EngineConfig
-from restartbench.engines.deepspeed_engines import restore_deepspeed_name
+from restartbench.engines import deepspeed as deepspeed_folder
+from restartbench.engines.deepspeed.engine import restore_deepspeed_name
 from restartbench.events import read_events
 
 OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
@@ -80,8 +81,8 @@ def test_cuda_arch_list_is_made_one_deepspeeds_op_builder_parses(monkeypatch, va
 
 def test_missing_libaio_names_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no cached build there
-    monkeypatch.setattr(engines.os.path, "isfile", lambda path: False)
-    monkeypatch.setattr(engines.importlib.util, "find_spec", lambda name: None)  # no DeepSpeed with prebuilt ops
+    monkeypatch.setattr(deepspeed_folder.os.path, "isfile", lambda path: False)
+    monkeypatch.setattr(deepspeed_folder.importlib.util, "find_spec", lambda name: None)  # no prebuilt DeepSpeed ops
     problems = engines.missing_requirements("fastpersist")
     assert len(problems) == 1 and "libaio-dev" in problems[0]
 

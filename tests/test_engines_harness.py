@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import run_study
 
-from restartbench.engines import dcp_engine, harness_state
+from restartbench.engines import harness_state
+from restartbench.engines.dcp import engine as dcp_engine
 from restartbench.events import read_events
 
 # -- pure logic --------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class PlainStateful:
 
 def test_patch_makes_torchsnapshot_rank_local(monkeypatch):
     pytest.importorskip("torchsnapshot")
-    from restartbench.engines.torchsnapshot_engine import patched_torchsnapshot
+    from restartbench.engines.torchsnapshot.engine import patched_torchsnapshot
 
     patched_torchsnapshot()
     import torchsnapshot.scheduler as scheduler
@@ -168,7 +169,7 @@ def test_patch_makes_torchsnapshot_rank_local(monkeypatch):
 
 def test_torchsnapshot_round_trip_of_a_harness_shaped_state(tmp_path):
     pytest.importorskip("torchsnapshot")
-    from restartbench.engines.torchsnapshot_engine import patched_torchsnapshot, rank_folder
+    from restartbench.engines.torchsnapshot.engine import patched_torchsnapshot, rank_folder
 
     Snapshot = patched_torchsnapshot().Snapshot
     folder = rank_folder(str(tmp_path), "step4", 3)

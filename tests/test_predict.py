@@ -12,17 +12,31 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import STUDY_CASES, run_study
+
 from restartbench import engines
-from restartbench import plan as plan_module
 from restartbench.config import RunConfig
-from restartbench.plan import (NOT_PREDICTED, PLAN_CACHE, PREDICTORS, CheckpointPlan, PlannedFile, ZeroOptimizer,
-                               _adamw, _cached_bytes, _deepspeed_files, _fastpersist_writers, _snapshot_request_bytes,
-                               _snapshot_requests, _tensor_saved_size, checkpoint_bytes, materialize, payload_bytes,
-                               predict, random_names_as_placeholders, saved_size, scaled_preset, setup_for, shard_files,
-                               zero_partition)
+from restartbench.engines.dcp import predict as dcp_predict
+from restartbench.engines.dcp.predict import _tensor_saved_size
+from restartbench.engines.deepspeed.predict import deepspeed_files, fastpersist_writers
+from restartbench.engines.torchsnapshot.predict import (
+    _snapshot_request_bytes,
+    _snapshot_requests,
+    random_names_as_placeholders,
+)
+from restartbench.plan import (
+    NOT_PREDICTED,
+    PLAN_CACHE,
+    PREDICTORS,
+    CheckpointPlan,
+    _cached_bytes,
+    checkpoint_bytes,
+    predict,
+    setup_for,
+)
 from restartbench.presets import get_preset
+from restartbench.shards import ZeroOptimizer, _adamw, scaled_preset, shard_files, zero_partition
+from restartbench.sizes import PlannedFile, materialize, payload_bytes, saved_size
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -428,7 +442,7 @@ def test_a_torch_saved_files_size_depends_on_its_names_length(tmp_path):
     setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
     setup = replace(setup, preset=replace(setup.preset, layers=100))
     names = [f"step2/layer_{i}-model_00-model_states.pt" for i in (99, 100)]
-    planned = {f.path: f for f in _deepspeed_files(setup, str(tmp_path))}
+    planned = {f.path: f for f in deepspeed_files(setup, str(tmp_path))}
     shards = {f.path: f for f in shard_files(setup) if f.path in names}
     for name in names:
         torch.save(materialize(shards[name].state, lambda numel, dtype: torch.zeros(numel, dtype=dtype)),
@@ -439,7 +453,7 @@ def test_a_torch_saved_files_size_depends_on_its_names_length(tmp_path):
 
 
 def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypatch):
-    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})  # every entry measured here, none from an earlier test
+    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})  # every entry measured here, none from an earlier test
     n = tiny_numel()["all"]
     plan = predict(config("tiny", "tp1pp1dp1", "bf16", engine="dcp"))
     # bf16 module, then the fp32 partition (padded to 2 · dp) and Adam's two moments, and Adam's step (a 0-d fp32)
@@ -449,14 +463,14 @@ def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypa
 
 @pytest.mark.parametrize("name", [name for name in STORED_RUNS if name.startswith("dcp")])
 def test_stored_dcp_runs_files_as_predicted_with_every_tensor_entry_measured_afresh(name, monkeypatch):
-    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})
+    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
     _cached_bytes.cache_clear()
     assert_files_as_predicted(stored_run(name))
 
 
 def test_a_tensor_entry_is_measured_without_allocating_it(tmp_path, monkeypatch):
     """A 1 TiB tensor entry, on a machine with far less memory: meta tensors and a sparse file, no byte allocated."""
-    monkeypatch.setattr(plan_module, "_TENSOR_SIZES", {})
+    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
     assert 2**40 < _tensor_saved_size(torch.float32, (2**38,), str(tmp_path)) < 2**40 + 4096
 
 
@@ -540,7 +554,7 @@ FASTPERSIST_WRITERS = [
 @pytest.mark.parametrize(("layout", "nnodes", "per_node", "unit", "writers"), FASTPERSIST_WRITERS)
 def test_fastpersist_writers_on_machines_and_sockets_as_deepspeed_assigns_them(layout, nnodes, per_node, unit,
                                                                                writers):
-    assert _fastpersist_writers(setup_for(fastpersist_config(layout, nnodes, per_node, unit))) == writers
+    assert fastpersist_writers(setup_for(fastpersist_config(layout, nnodes, per_node, unit))) == writers
 
 
 def test_fastpersist_model_file_keeps_its_name_at_the_lowest_writer_and_a_suffix_elsewhere():

@@ -85,7 +85,7 @@ def test_dcp_fsspec_writer_round_trip(gcs_env):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from restartbench.engines.dcp_engine import METADATA, FsspecPrefix, files_of_rank
+    from restartbench.engines.dcp.engine import METADATA, FsspecPrefix, files_of_rank
 
     store = storage.open_store("gs://ckpt/dcp")
     target, folder = FsspecPrefix(store), store.url_of("step1")

@@ -15,7 +15,7 @@ from conftest import run_study
 from s3server import SeaweedS3, SeaweedUnavailable, free_ports
 
 from restartbench import engines, storage, study
-from restartbench.engines.deepspeed_engines import ObjectFileEngine, object_paths_from_listing
+from restartbench.engines.deepspeed.engine import ObjectFileEngine, object_paths_from_listing
 from restartbench.config import config_from_args
 from restartbench.events import read_events
 
@@ -207,7 +207,7 @@ def test_dcp_writer_and_reader_on_s3_round_trip_through_the_runs_client(s3_env, 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from restartbench.engines.dcp_engine import METADATA, OBJECT_PREFIXES, files_of_rank
+    from restartbench.engines.dcp.engine import METADATA, OBJECT_PREFIXES, files_of_rank
 
     store = s3_store(f"s3://ckpt/dcp-{client}", client)
     target, folder = OBJECT_PREFIXES[type(store).__name__](store), store.url_of("step1")

@@ -1,6 +1,8 @@
 """The contract between the harness (``restartbench.train``) and a checkpoint engine, as code.
 
-Every engine registered in ``restartbench.engines`` is a ``CheckpointEngine``: the harness creates it
+An engine is registered with an ``EngineInfo`` (the ``ENGINES`` of its folder, ``restartbench/engines/<folder>/``):
+its name, its class, what it adds to the DeepSpeed JSON and the environment, and where its predictor and its
+emulator are. Every engine registered in ``restartbench.engines`` is a ``CheckpointEngine``: the harness creates it
 once per launch on every rank (``create_engine``, which refuses any other class), gives it the store
 it writes to (``for_store``), lets it set up (``prepare``), then drives it through ``save`` →
 ``wait_until_durable`` → ``written`` while training and ``load`` → ``read`` on restore. After every
@@ -16,10 +18,62 @@ No torch here: the registry imports this module, and the launcher and ``--dry-ru
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import importlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from restartbench.durability import fsync_files
 from restartbench.storage import StorageError
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str
+    module: str
+    """Module that defines the engine class (imported only on the ranks)."""
+    cls: str
+    summary: str
+    ds_config: Callable[[Any], dict[str, Any]] = lambda options: {}
+    """Top-level sections this engine adds to the DeepSpeed JSON, built from the engine options (the run's
+    ``EngineConfig``)."""
+    launch_env: Callable[[str], dict[str, str]] = lambda device: {}
+    """Device ("cpu", "cuda") -> environment variables the engine needs in every rank (exported by the launch script)."""
+    requires: tuple[tuple[str, str], ...] = ()
+    """(importable module, how to install it) pairs the engine cannot run without."""
+    system_check: Callable[[], list[str]] = lambda: []
+    """Problems with non-Python components the engine needs (system libraries), each with how to fix it."""
+    skip_when_missing: bool = False
+    """A missing requirement marks the run skipped (the engine is optional to the study), not failed."""
+    known_issues: dict[str, str] = field(default_factory=dict)
+    """Device ("cpu", "cuda") -> how the engine as shipped is known to fail there. The run still goes
+    ahead (the study measures engines as they are, failures included); the note is printed and kept
+    in metadata.json so that a failure is read with its known cause."""
+    object_store: bool = False
+    """The engine can checkpoint to an object-store location (s3://, gs://): its class overrides
+    ``CheckpointEngine.for_store``; ``none`` writes nothing, so any location will do."""
+    predictor: str | None = None
+    """``module:attribute`` of the engine's ``restartbench.sizes.EnginePredictor`` (how ``restartbench.plan``
+    predicts its files), or None with ``not_predicted`` saying why."""
+    not_predicted: str = ""
+    emulator: str | None = None
+    """``module:Class`` of the engine's ``restartbench.emulator.Emulator`` (how ``--emulate`` goes through it), or
+    None with ``not_emulated`` saying why."""
+    not_emulated: str = ""
+
+    def __post_init__(self) -> None:
+        for ref, reason, why in (("predictor", "not_predicted", self.not_predicted),
+                                 ("emulator", "not_emulated", self.not_emulated)):
+            if (getattr(self, ref) is None) == (not why):
+                raise ValueError(f"engine {self.name!r}: give either a {ref} or, in {reason}, the reason it has "
+                                 "none (not both, not neither)")
+
+
+def load(ref: str) -> Any:
+    """The attribute named by ``module:attribute`` (a registry entry's predictor or emulator), imported."""
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 @dataclass
@@ -28,6 +82,18 @@ class FileRecord:
     bytes: int
     seconds: float
     """Time inside the engine's save (serialize + write) or load (read + deserialize) of this file."""
+
+
+def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any]]:
+    """File records with paths relative to the checkpoint root (as the run folder stores them)."""
+    return [{**asdict(r), "path": os.path.relpath(r.path, root)} for r in records]
+
+
+def durable_now(records: list[Any]) -> float:
+    """fsync the files of these records (anything with a ``path``) and their folders; return the
+    ``time.perf_counter()`` at which they were durable (what ``wait_until_durable`` returns)."""
+    fsync_files([record.path for record in records])
+    return time.perf_counter()
 
 
 class CheckpointEngine(abc.ABC):

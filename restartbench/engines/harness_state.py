@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from restartbench.engines.deepspeed_engines import FileRecord
+from restartbench.engines.base import FileRecord
 
 COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 TENSOR_SLOT = "__tensor__"

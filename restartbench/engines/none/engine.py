@@ -11,6 +11,8 @@ from typing import Any
 
 from restartbench.config import EngineConfig
 from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.shards import ShardSetup
+from restartbench.sizes import EnginePredictor, PlannedFile
 
 
 class NoCheckpoint(CheckpointEngine):
@@ -37,3 +39,10 @@ class NoCheckpoint(CheckpointEngine):
     def for_store(self, store: Any) -> NoCheckpoint:
         """Itself: it writes nothing, so any location will do."""
         return self
+
+
+def no_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
+    return []
+
+
+PREDICTOR = EnginePredictor(no_files, 0, note="engine none writes no checkpoint files")

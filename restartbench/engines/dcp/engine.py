@@ -34,9 +34,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from restartbench.config import EngineConfig
-from restartbench.engines import durable_now
 from restartbench.engines import harness_state
-from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
 
 METADATA = ".metadata"
 SKELETON = "skeleton"

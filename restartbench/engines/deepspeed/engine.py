@@ -16,13 +16,11 @@ import os
 import posixpath
 import re
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
 from restartbench.config import EngineConfig
-from restartbench.engines import durable_now
-from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
 from restartbench.storage import ObjectStore
 
 
@@ -137,11 +135,6 @@ def restore_deepspeed_name(plain: str, actual: str) -> str:
     except FileNotFoundError:
         raise clash from None
     return plain
-
-
-def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any]]:
-    """File records with paths relative to the checkpoint root (as the run folder stores them)."""
-    return [{**asdict(r), "path": os.path.relpath(r.path, root)} for r in records]
 
 
 def use_deepspeed_utils_op() -> str | None:

@@ -22,11 +22,10 @@ from typing import Any
 import torch.distributed as dist
 
 from restartbench.config import EngineConfig
-from restartbench.engines import durable_now
 from restartbench.engines import harness_state
-from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
 
-PATCH = Path(__file__).resolve().parents[2] / "third_party" / "torchsnapshot" / "rank_local.py"
+PATCH = Path(__file__).resolve().parents[3] / "third_party" / "torchsnapshot" / "rank_local.py"
 PATCH_MODULE = "restartbench_torchsnapshot_rank_local"
 APP_KEY = "harness"
 

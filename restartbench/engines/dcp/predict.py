@@ -1,0 +1,105 @@
+"""The files of PyTorch DCP (dcp, dcp-async), predicted: ``dcp_engine``'s flat state, planned by DCP's own planners,
+laid out as FileSystemWriter does.
+
+torch and the engine are imported inside the functions: the launcher and ``--dry-run`` read this module without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+from dataclasses import replace
+from typing import Any
+
+from restartbench.shards import ShardSetup, training_states
+from restartbench.sizes import EnginePredictor, PlannedFile, saved_size
+
+DCP_TOLERANCE_BYTES = 0
+"""dcp, dcp-async: exact. Each ``.distcp`` entry is a torch.save zip of a CPU copy (FileSystemWriter moves every
+tensor to the CPU before saving it, so the device changes nothing), and the plan's entries are the run's own pickles.
+``.metadata`` pickles the checkpoint folder's path (DCP's checkpoint_id): the run's own folder is exact; before the
+run (plan.json's estimate) the run folder's time stamp is a placeholder of the same length, a few bytes off only when
+the folder gets a ``-N`` suffix (two runs in the same second). For an object-store prefix the writer is
+s3torchconnector's or fsspec's, whose checkpoint_id is not checked against real runs."""
+
+
+def dcp_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
+    """PyTorch DCP as ``dcp_engine`` calls it, step by step as ``dcp.save`` does: each rank's planner
+    (``dcp_engine.save_planner``) plans its flat harness state, the coordinator's planner makes the global plan (DCP's
+    deduplication puts each module tensor shared by data-parallel replicas in one rank's file), and
+    FileSystemWriter's layout follows: one ``__<rank>_0.distcp`` per rank holding its byte entries then its tensors,
+    each entry a torch.save into the file; rank 0 pickles the Metadata, offsets and the folder's path included."""
+    from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter
+
+    from restartbench.engines import harness_state
+    from restartbench.engines.dcp import engine as dcp_engine
+
+
+    writer = FileSystemWriter(os.path.join(setup.folder, setup.tag))  # never writes: gives .metadata its path and id
+    planners = []
+    for rank, coord, state in training_states(setup):
+        planner = dcp_engine.save_planner()
+        planner.set_up_planner(state_dict=dcp_engine.flat_state(harness_state.capture(state), coord.pipe,
+                                                                 coord.model, coord.data),
+                               storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
+        planners.append(planner)
+    local = [_sent(planner.create_local_plan()) for planner in planners]  # gathered on the coordinator
+    plans, metadata = planners[0].create_global_plan(local)
+    plans = [planner.finish_plan(_sent(plan)) for planner, plan in zip(planners, writer.prepare_global_plan(plans))]
+    files, results = [], []
+    for rank, (planner, plan) in enumerate(zip(planners, plans)):
+        file, written = _dcp_rank_file(setup, planner, plan, scratch)
+        files.append(replace(file, rank=rank))
+        results.extend(_sent(written))  # gathered on the coordinator
+    metadata.version = CURRENT_DCP_VERSION  # what FileSystemWriter.finish sets before pickling it
+    metadata.storage_data = {result.index: result.storage_data for result in results}
+    metadata.storage_meta = writer.storage_meta()
+    return files + [PlannedFile(f"{setup.tag}/{dcp_engine.METADATA}", 0, "metadata", 0,
+                                len(pickle.dumps(metadata)))]
+
+
+def _sent(obj: Any) -> Any:
+    """``obj`` as another rank receives it from torch.distributed's object collectives (pickled and unpickled):
+    objects that were one before are then distinct, and pickle writes each again in ``.metadata``."""
+    return pickle.loads(pickle.dumps(obj))
+
+
+def _dcp_rank_file(setup: ShardSetup, planner: Any, plan: Any, scratch: str) -> tuple[PlannedFile, list[Any]]:
+    """One rank's ``.distcp`` file and DCP's WriteResults for it (FileSystemWriter.write_data, one thread)."""
+    from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+    ordered = ([item for item in plan.items if item.type == WriteItemType.BYTE_IO]
+               + [item for item in plan.items if item.type != WriteItemType.BYTE_IO])
+    offset, payload, results = 0, 0, []
+    for item in ordered:
+        if item.type == WriteItemType.BYTE_IO:
+            length = planner.resolve_data(item).getbuffer().nbytes  # the object, torch.save'd by the planner
+        else:
+            data = item.tensor_data
+            length = _tensor_saved_size(data.properties.dtype, tuple(data.size), scratch)
+            payload += math.prod(data.size) * data.properties.dtype.itemsize
+        results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                   storage_data=_StorageInfo(name, offset, length)))
+        offset += length
+    return PlannedFile(f"{setup.tag}/{name}", -1, "data", payload, offset), results
+
+
+_TENSOR_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}
+
+
+def _tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
+    """Bytes of torch.save of one contiguous CPU tensor into a file object (how DCP writes each tensor entry);
+    measured once per dtype and shape."""
+    import torch
+
+    if (dtype, shape) not in _TENSOR_SIZES:
+        meta = torch.empty(shape, dtype=dtype, device="meta")
+        _TENSOR_SIZES[dtype, shape] = saved_size(meta, "tensor", scratch, stream=True)
+    return _TENSOR_SIZES[dtype, shape]
+
+
+PREDICTOR = EnginePredictor(dcp_files, DCP_TOLERANCE_BYTES, needs_folder=True)

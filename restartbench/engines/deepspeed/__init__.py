@@ -1,0 +1,94 @@
+"""DeepSpeed's own checkpoint engines, driven through ``DeepSpeedEngine.save_checkpoint``/``load_checkpoint``: its
+default engine (torch.save of every file), FastPersist, the decoupled writer and DataStates-LLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from restartbench.config import EngineConfig
+from restartbench.engines.base import EngineInfo
+
+
+def _writer_block(decoupled: bool) -> Callable[[EngineConfig], dict[str, Any]]:
+    def block(options: EngineConfig) -> dict[str, Any]:
+        return {"checkpoint": {"writer": {"type": "fast", "decoupled": decoupled,
+                                          "io_buffer_size": options.io_buffer_mb * 2**20,
+                                          "io_buffer_double": True, "show_statistics": False,
+                                          "data_parallel": options.writer_data_parallel}}}
+    return block
+
+
+def _torch_extensions_dir() -> str:
+    """Where torch caches JIT-built ops (DeepSpeed's async_io, pin_memory, utils): the user's choice, else
+    inside the virtual environment, so the first run's build (minutes on a small CPU) is reused."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    if sys.prefix != sys.base_prefix:
+        return os.path.join(sys.prefix, "torch_extensions")
+    return os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+
+
+def _libaio_missing() -> list[str]:
+    """DeepSpeed's async_io op (FastPersist's writer) is JIT-built against libaio: its header must be
+    there, unless the op is already built (cached JIT build or DeepSpeed installed with its ops)."""
+    include_dirs = ["/usr/include", "/usr/local/include"] + [
+        d for var in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH") for d in os.environ.get(var, "").split(":") if d]
+    if any(os.path.isfile(os.path.join(d, "libaio.h")) for d in include_dirs):
+        return []
+    built = list(Path(_torch_extensions_dir()).glob("async_io/async_io*.so"))
+    spec = importlib.util.find_spec("deepspeed")
+    if spec and spec.origin:
+        built += list((Path(spec.origin).parent / "ops" / "aio").glob("async_io_op*.so"))
+    if built:
+        return []
+    return ["DeepSpeed's async_io op needs libaio, which is not installed (no libaio.h): install the system package "
+            "'libaio-dev' (apt-get install libaio-dev; 'libaio-devel' with dnf/yum); scripts/setup-env.sh does it "
+            "when run as root"]
+
+
+def _writer_env(device: str) -> dict[str, str]:
+    """What DeepSpeed's writer engines need in each rank. Their CROSS_RANK/CROSS_SIZE (which DeepSpeed's own
+    launcher exports) launch.sh exports for every run: the node's rank, the nodes. FastPersist page-locks its
+    I/O buffer; on a CPU-only machine only DeepSpeed's native pinning backend (its pin_memory op, mlock) can, as
+    torch's pin_memory() needs an accelerator. On a GPU the engine is left as shipped: torch's pinning."""
+    native_pinning = {"DS_PIN_MEMORY_BACKEND": "native"} if device == "cpu" else {}
+    return {**native_pinning, "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
+
+
+_DS = "restartbench.engines.deepspeed.engine"
+_PREDICT, _EMULATE = "restartbench.engines.deepspeed.predict", "restartbench.engines.deepspeed.emulate"
+_DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
+              "refuse the non-leaf fp32 partitions ('Cowardly refusing to serialize non-leaf tensor'), so every save "
+              "is recorded as failed and nothing is committed.")
+_NOT_EMULATED = ("its writer is not emulated: --emulate goes through DeepSpeed's default engine's files only (--engine "
+                 "torch), whose names and state dicts the others write too")
+
+ENGINES = (
+    EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous",
+               object_store=True, predictor=f"{_PREDICT}:TORCH", emulator=f"{_EMULATE}:TorchFiles"),
+    EngineInfo("fastpersist", _DS, "FastPersistEngine", "DeepSpeed FastPersist writer: aligned buffers, libaio",
+               ds_config=_writer_block(False), launch_env=_writer_env, system_check=_libaio_missing,
+               predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED),
+    EngineInfo("decoupled", _DS, "DecoupledEngine", "DeepSpeed decoupled writer: background writer processes",
+               ds_config=_writer_block(True), launch_env=_writer_env, system_check=_libaio_missing,
+               known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED},
+               not_predicted="DeepSpeed's decoupled writer fails as shipped with ZeRO-1 in a PipelineEngine (its "
+                             "writer processes refuse the non-leaf fp32 partitions: 'Cowardly refusing to serialize "
+                             "non-leaf tensor'), so no checkpoint of it exists to hold a prediction to; were it fixed, "
+                             "it would write DeepSpeed's files (see --engine torch)",
+               not_emulated=_NOT_EMULATED),
+    EngineInfo("datastates", _DS, "DataStatesEngine",
+               "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
+               ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
+               requires=(("datastates", "build it from https://github.com/DataStates/datastates-llm "
+                                        "(not on PyPI; needs CMake, nanobind and CUDA)"),),
+               skip_when_missing=True,
+               not_predicted="DeepSpeed's DataStates-LLM engine needs the datastates package, which is not on PyPI "
+                             "and is not installed here (built from https://github.com/DataStates/datastates-llm with "
+                             "CMake, nanobind and CUDA); its files are not predicted",
+               not_emulated=_NOT_EMULATED),
+)

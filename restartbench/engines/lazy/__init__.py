@@ -1,0 +1,11 @@
+"""restartbench's lazy engine: a reused host buffer, copies overlapped with the next forward and backward pass, a
+streamed and fsync'd flush (format: docs/lazy-format.md)."""
+
+from restartbench.engines.base import EngineInfo
+
+ENGINES = (
+    EngineInfo("lazy", "restartbench.engines.lazy.engine", "LazyEngine",
+               "restartbench's lazy engine: reused host buffer, copies overlapped with the next fwd/bwd, "
+               "streamed fsync'd flush", predictor="restartbench.engines.lazy.predict:PREDICTOR",
+               emulator="restartbench.engines.lazy.emulate:LazyFiles"),
+)

@@ -1,0 +1,11 @@
+"""TorchSnapshot 0.1.0 with the study's patch: every rank saves its own distinct state."""
+
+from restartbench.engines.base import EngineInfo
+
+ENGINES = (
+    EngineInfo("torchsnapshot", "restartbench.engines.torchsnapshot.engine", "TorchSnapshotEngine",
+               "TorchSnapshot 0.1.0 with the study's patch (every rank saves its own distinct state)",
+               requires=(("torchsnapshot", "pip install torchsnapshot==0.1.0"),),
+               predictor="restartbench.engines.torchsnapshot.predict:PREDICTOR",
+               not_emulated="TorchSnapshot's save is not emulated yet; run it for real without --emulate"),
+)
