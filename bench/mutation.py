@@ -3,11 +3,11 @@
 
     python bench/mutation.py [--targets verify,integrity,...]
 
-Each target is one module (optionally only some of its functions: the predictors' size arithmetic) and the
+Each target is one module or a few (optionally only some of their functions: the predictors' size arithmetic) and the
 fast tests that guard it. For each, mutmut (pinned in the ``bench`` extra) mutates a scratch copy of the
 working tree, runs the guarding tests against every mutant, and reports killed, survived, timed-out and
 untested mutants. A survivor is a change to the code that no test notices: either a missing test, or an
-equivalent mutant (the program's behaviour does not change), which ``bench/mutation_accepted/<module>.yaml``
+equivalent mutant (the program's behaviour does not change), which ``bench/mutation_accepted/<target>.yaml``
 lists with the reason, keyed by the mutated line so that a changed line must be looked at again.
 
 Target: no surviving mutant in verify.py and integrity.py; at least 90 % killed elsewhere; every survivor
@@ -37,7 +37,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from results_io import add_output_arguments, machine_line, run_meta, write_results  # noqa: E402
 
 MUTMUT = Path(sys.executable).parent / "mutmut"
-# The predictors' size arithmetic: every function of plan.py that computes a file's bytes or sums them.
+# The predictors' size arithmetic: every function that computes a file's bytes or sums them (the plan's totals, each
+# rank's state in shards.py, the sizes in sizes.py, each engine's predictor).
+PREDICTOR_MODULES = ("restartbench/plan.py", "restartbench/shards.py", "restartbench/sizes.py",
+                     *(f"restartbench/engines/{folder}/predict.py"
+                       for folder in ("deepspeed", "lazy", "dcp", "torchsnapshot")))
 PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*", "*saved_size*",
                        "*_tensor_saved_size*", "*_deepspeed_files*", "*_fastpersist_files*", "*_fastpersist_writers*",
                        "*_lazy_files*", "*_dcp_files*", "*_dcp_rank_file*", "*_torchsnapshot_files*",
@@ -47,27 +51,32 @@ PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*"
 @dataclass(frozen=True)
 class Target:
     name: str
-    module: str  # path of the mutated module, relative to the repository root
+    modules: tuple[str, ...]  # paths of the mutated modules, relative to the repository root
     tests: tuple[str, ...]  # the fast tests that guard it
     required_score: float  # killed / (killed + survived + timeout + untested), after accepted survivors
-    functions: tuple[str, ...] = ()  # mutmut name globs to restrict the mutants to; empty: the whole module
+    functions: tuple[str, ...] = ()  # mutmut name globs to restrict the mutants to; empty: the whole modules
+
+    @property
+    def slug(self) -> str:
+        """The target's name as a file name (its accepted equivalents: bench/mutation_accepted/<slug>.yaml)."""
+        return self.name.replace(" ", "-")
 
 
 TARGETS = (
-    Target("verify", "restartbench/verify.py", ("tests/test_verify.py",), 1.0),
-    Target("integrity", "restartbench/integrity.py", ("tests/test_integrity.py",), 1.0),
-    Target("pagecache", "restartbench/pagecache.py", ("tests/test_pagecache.py",), 0.9),
-    Target("layout", "restartbench/layout.py", ("tests/test_layout.py", "tests/test_properties.py"), 0.9),
-    Target("results", "restartbench/results.py", ("tests/test_results.py",), 0.9),
-    Target("predictor sizes", "restartbench/plan.py", ("tests/test_predict.py",), 0.9, PLAN_SIZE_FUNCTIONS),
+    Target("verify", ("restartbench/verify.py",), ("tests/test_verify.py",), 1.0),
+    Target("integrity", ("restartbench/integrity.py",), ("tests/test_integrity.py",), 1.0),
+    Target("pagecache", ("restartbench/pagecache.py",), ("tests/test_pagecache.py",), 0.9),
+    Target("layout", ("restartbench/layout.py",), ("tests/test_layout.py", "tests/test_properties.py"), 0.9),
+    Target("results", ("restartbench/results.py",), ("tests/test_results.py",), 0.9),
+    Target("predictor sizes", PREDICTOR_MODULES, ("tests/test_predict.py",), 0.9, PLAN_SIZE_FUNCTIONS),
 )
 
-ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <module stem>.yaml: survivors judged equivalent, and why
+ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why
 
 
-def accepted(module: str) -> dict[str, str]:
-    """{mutated line: why it is equivalent} for one module, from bench/mutation_accepted/<stem>.yaml."""
-    path = ACCEPTED_DIR / f"{Path(module).stem}.yaml"
+def accepted(target: Target) -> dict[str, str]:
+    """{mutated line: why it is equivalent} for one target, from bench/mutation_accepted/<slug>.yaml."""
+    path = ACCEPTED_DIR / f"{target.slug}.yaml"
     return {entry["line"]: entry["why"] for entry in yaml.safe_load(path.read_text()) or []} if path.exists() else {}
 
 
@@ -78,14 +87,14 @@ STATUS_LINE = re.compile(r"^\s*(\S+): (.+)$")
 
 
 def scratch_copy(target: Target, into: Path) -> None:
-    """The working tree's tracked files, plus a [tool.mutmut] section naming the module and its tests."""
+    """The working tree's tracked files, plus a [tool.mutmut] section naming the modules and their tests."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
         source = ROOT / name
         if source.is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
-    settings = {"source_paths": ["restartbench"], "only_mutate": [target.module],
+    settings = {"source_paths": ["restartbench"], "only_mutate": list(target.modules),
                 "pytest_add_cli_args_test_selection": list(target.tests), "also_copy": list(ALSO_COPY),
                 "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "-m", "not multirank"]}
     with open(into / "pyproject.toml", "a") as handle:  # a JSON list of strings is a TOML array
@@ -117,7 +126,7 @@ def run_target(target: Target, workdir: Path) -> dict:
     counts: dict[str, int] = {}
     for status in statuses.values():
         counts[status] = counts.get(status, 0) + 1
-    survivors, equivalents = [], accepted(target.module)
+    survivors, equivalents = [], accepted(target)
     for name, status in sorted(statuses.items()):
         if status == "killed":
             continue
@@ -127,7 +136,7 @@ def run_target(target: Target, workdir: Path) -> dict:
     counted = len(statuses) - sum(1 for s in survivors if s["accepted"])
     killed = counts.get("killed", 0)
     score = killed / counted if counted else 1.0
-    return {"target": target.name, "module": target.module, "tests": list(target.tests),
+    return {"target": target.name, "modules": list(target.modules), "tests": list(target.tests),
             "functions": list(target.functions), "mutants": len(statuses), "counts": counts, "score": score,
             "required_score": target.required_score, "meets_target": score >= target.required_score,
             "survivors": survivors}
@@ -143,7 +152,8 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         other = sum(v for k, v in r["counts"].items() if k not in ("killed", "survived"))
-        lines.append(f"| `{r['module']}` | {'size arithmetic' if r['functions'] else 'all'} | "
+        modules = ", ".join(f"`{m}`" for m in r["modules"])
+        lines.append(f"| {modules} | {'size arithmetic' if r['functions'] else 'all'} | "
                      f"{', '.join(r['tests'])} | {r['mutants']} | {r['counts'].get('killed', 0)} | "
                      f"{r['counts'].get('survived', 0)} | {other} | {r['score']:.1%} | "
                      f"{r['required_score']:.0%} | {'yes' if r['meets_target'] else '**no**'} |")
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = args.targets.split(",")
     rows = []
     for target in (t for t in TARGETS if t.name in wanted):
-        print(f"[mutation] {target.name}: mutating {target.module} against {', '.join(target.tests)}", flush=True)
+        print(f"[mutation] {target.name}: mutating {', '.join(target.modules)} against {', '.join(target.tests)}",
+              flush=True)
         with tempfile.TemporaryDirectory(prefix="restartbench-mutation-") as workdir:
             row = run_target(target, Path(workdir))
         print(f"[mutation] {target.name}: {row['counts']} score {row['score']:.1%}", flush=True)

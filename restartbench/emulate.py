@@ -8,14 +8,14 @@ This module is the program every emulating process runs (``python -m restartbenc
 
 What is real and what is emulated (also written into the run's ``metadata.json`` under ``emulation``):
 
-- real: the files and the engine's own I/O code. Every emulated rank holds the state its rank would hold at the
-  save (``restartbench.plan``'s per-rank training state, which the tests hold to real runs file by file: the same
-  tensors with the same shapes and dtypes, the same plain values), with random data, and saves it through the
-  chosen engine (its folder's ``emulate.py``, named in the registry): DeepSpeed's default engine's files with ``torch.save`` (what its
-  TorchCheckpointEngine calls), then fsync; the lazy engine's own save (file plan, headers, host buffer, copies,
-  streamed flush, fsync); DCP's ``save``/``async_save`` of the engine's flat state. Then the harness's manifest and
-  atomic ``latest``; a cold (evicted) page cache before the restore; the engine's own read of the files; the
-  restored tensors and values compared with what was saved; the event records (same schema as
+- real: the files and the engine's own I/O code. Every emulated rank holds the state its rank would hold at the save
+  (``restartbench.shards``' per-rank training state, which the tests hold to real runs file by file: the same tensors
+  with the same shapes and dtypes, the same plain values), with random data, and saves it through the chosen engine
+  (its folder's ``emulate.py``, named in its registry entry): DeepSpeed's default engine's files with ``torch.save``
+  (what its TorchCheckpointEngine calls), then fsync; the lazy engine's own save (file plan, headers, host buffer,
+  copies, streamed flush, fsync); DCP's ``save``/``async_save`` of the engine's flat state. Then the harness's
+  manifest and atomic ``latest``; a cold (evicted) page cache before the restore; the engine's own read of the files;
+  the restored tensors and values compared with what was saved; the event records (same schema as
   ``restartbench.train``), so the analysis reads the run folder like any other.
 - emulated: there is no model, optimizer or training step (no ``train.iteration``, so no iteration time and no
   restart total); the state is built from random numbers just before each rank's save, outside the timed span, as
@@ -34,7 +34,6 @@ What is real and what is emulated (also written into the run's ``metadata.json``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -44,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 PROCESS_START = time.time()
 
+from restartbench import rundir  # noqa: E402
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: imports are a measured phase)
-from restartbench.events import EventLog  # noqa: E402
+from restartbench.events import Event, EventLog  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 
@@ -64,9 +64,9 @@ class EmulatedRanks:
 
     def __init__(self, run_dir: Path, phase: str):
         self.run_dir, self.phase = run_dir, phase
-        self.cfg = RunConfig.load(run_dir / "config.json")
-        self.plan = json.loads((run_dir / "plan.json").read_text())
-        self.ckpt_dir = self.plan["checkpoint_dir"]
+        self.cfg = RunConfig.load(run_dir / rundir.CONFIG)
+        self.plan = rundir.RunPlan.load(run_dir)
+        self.ckpt_dir = self.plan.checkpoint_dir
         self.engine = self.cfg.engine.engine
         self.process = int(os.environ.get("RANK", "0"))
         k = self.cfg.emulation.ranks_per_process
@@ -88,22 +88,22 @@ class EmulatedRanks:
         """Process start-up, as restartbench.train records it; returns the engine's emulator, set up."""
         launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
         for log in self.logs.values():
-            log.emit("process.start", start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement(),
+            log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement(),
                      emulated=True)
-        with self.span_all("startup.imports"):
+        with self.span_all(Event.STARTUP_IMPORTS):
             import torch  # noqa: F401
 
             from restartbench import plan, runtime  # noqa: F401  (plan: the states' shapes and DeepSpeed's names)
         note = runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s)  # dcp-async's own gloo group too
         for log in self.logs.values():
-            log.emit("startup.workaround", note=note)
-        with self.span_all("startup.dist_init", backend="gloo"):
+            log.emit(Event.STARTUP_WORKAROUND, note=note)
+        with self.span_all(Event.STARTUP_DIST_INIT, backend="gloo"):
             import datetime
 
             import torch.distributed as dist
 
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.cfg.launch.collective_timeout_s))
-        with self.span_all("startup.engine", engine=self.engine):  # imports, process groups
+        with self.span_all(Event.STARTUP_ENGINE, engine=self.engine):  # imports, process groups
             from restartbench import engines
 
             return engines.emulator_class(self.engine)(self)
@@ -131,7 +131,7 @@ class EmulatedRanks:
 
         dist.barrier()
         for log in self.logs.values():
-            log.emit("phase.end")
+            log.emit(Event.PHASE_END)
             log.close()
         dist.destroy_process_group()
 
@@ -170,7 +170,7 @@ def _checkpoint(ranks: EmulatedRanks, emulator: Emulator, step: int) -> None:
     if 0 in ranks.ranks:
         write_manifest(ranks.ckpt_dir, tag, [f for share in everyone for f in share])
         LocalStore(ranks.ckpt_dir).write_durably("latest", tag)
-        ranks.logs[0].emit("checkpoint.commit", step=step, tag=tag,
+        ranks.logs[0].emit(Event.CHECKPOINT_COMMIT, step=step, tag=tag,
                            since_save_start_s=time.perf_counter() - commit_start)
     _record_resources(ranks, tag)
     dist.barrier()
@@ -181,9 +181,9 @@ def _save_rank(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, t
     """The rank's save (the stall) and, for an engine that leaves its copies running, the next step's wait."""
     staged = emulator.stage(rank, step)  # what training left in memory
     log = ranks.logs[rank]
-    log.emit("checkpoint.begin", step=step, tag=tag, engine=ranks.engine, emulated=True)
+    log.emit(Event.CHECKPOINT_BEGIN, step=step, tag=tag, engine=ranks.engine, emulated=True)
     save_start = time.perf_counter()
-    with log.span("checkpoint.save", step=step, tag=tag, engine=ranks.engine, emulated=True):
+    with log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=ranks.engine, emulated=True):
         emulator.save(rank, staged, tag)
     emulator.next_step(rank, tag)
     return save_start
@@ -195,12 +195,12 @@ def _make_durable(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int
     from restartbench.integrity import sha256_of
 
     log = ranks.logs[rank]
-    with log.span("checkpoint.wait_durable", step=step, tag=tag):
+    with log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
         durable_at = emulator.wait_until_durable(rank)
     files = records_as_dicts(emulator.written(rank), ranks.ckpt_dir)
-    log.emit("checkpoint.durable", step=step, tag=tag, since_save_start_s=durable_at - save_start, files=files,
+    log.emit(Event.CHECKPOINT_DURABLE, step=step, tag=tag, since_save_start_s=durable_at - save_start, files=files,
              bytes=sum(f["bytes"] for f in files), n_files=len(files))
-    with log.span("checkpoint.checksum", step=step, tag=tag):
+    with log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
         return [{**f, "rank": rank, "sha256": sha256_of(os.path.join(ranks.ckpt_dir, f["path"]))} for f in files]
 
 
@@ -209,7 +209,7 @@ def _record_resources(ranks: EmulatedRanks, tag: str) -> None:
 
     me = psutil.Process()
     for log in ranks.logs.values():
-        log.emit("rank.resources", tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
+        log.emit(Event.RANK_RESOURCES, tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
                  threads=me.num_threads(), children=len(me.children(recursive=True)), per_process=True)
 
 
@@ -228,12 +228,12 @@ def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
     problems_seen = []
     for rank in ranks.ranks:
         held = emulator.hold(rank, step)  # what the fresh process holds before its load
-        with ranks.logs[rank].span("restore.load", tag=tag, engine=ranks.engine, emulated=True, **cache) as extra:
+        with ranks.logs[rank].span(Event.RESTORE_LOAD, tag=tag, engine=ranks.engine, emulated=True, **cache) as extra:
             read, restored = emulator.load(rank, tag, held)
             extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
                          read_deserialize_s=sum(r.seconds for r in read))
         problems = emulator.compare(rank, step, held, restored)
-        ranks.logs[rank].emit("restore.result", tag=tag, exact=not problems, verified=True, problems=problems,
+        ranks.logs[rank].emit(Event.RESTORE_RESULT, tag=tag, exact=not problems, verified=True, problems=problems,
                               loss=None, emulated=True)
         problems_seen += problems
     if problems_seen:
@@ -248,7 +248,7 @@ def _check_files(ranks: EmulatedRanks, tag: str) -> None:
 
     if not ranks.cfg.launch.check_files:
         return
-    with ranks.span_all("restore.check_files", tag=tag) as extra:
+    with ranks.span_all(Event.RESTORE_CHECK_FILES, tag=tag) as extra:
         mine = check_share(ranks.ckpt_dir, tag, dist.get_rank(), dist.get_world_size())
         shares: list = [None] * dist.get_world_size()
         dist.all_gather_object(shares, mine)
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks.finish()
     except BaseException as error:
         for log in ranks.logs.values():
-            log.emit("phase.error", error=f"{type(error).__name__}: {error}")
+            log.emit(Event.PHASE_ERROR, error=f"{type(error).__name__}: {error}")
         raise
     return 0
 

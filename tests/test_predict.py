@@ -644,3 +644,13 @@ def test_lazy_headers_hold_the_checkpoints_tag(tmp_path):
     short = PREDICTORS["lazy"].files(setup, str(tmp_path))
     long = PREDICTORS["lazy"].files(replace(setup, tag="step2" + "x" * 4096), str(tmp_path))
     assert [(f.rank, f.kind, f.bytes + 4096) for f in short] == [(f.rank, f.kind, f.bytes) for f in long]
+
+
+def test_clip_grad_without_gradient_clipping_in_the_config_is_deepspeeds_default():
+    """DeepSpeed reads a config without ``gradient_clipping`` as its default (1.0), and ZeRO saves that value."""
+    from deepspeed.runtime.config import get_gradient_clipping
+
+    setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
+    setup = replace(setup, ds_config={k: v for k, v in setup.ds_config.items() if k != "gradient_clipping"})
+    params = OrderedDict(weight=torch.empty((5,), dtype=torch.bfloat16, device="meta"))
+    assert ZeroOptimizer(setup, params, dp_rank=0).state_dict()["clip_grad"] == get_gradient_clipping({}) == 1.0

@@ -22,9 +22,6 @@ SOURCES = sorted([*(ROOT / "restartbench").rglob("*.py"), *(ROOT / "bench").glob
                   *(ROOT / "analysis").glob("*.py")])
 #: Where an event name may be spelled as a string: the one place that defines them.
 DEFINED_IN = "restartbench/events.py"
-#: PENDING, not a rule (issue 16): emulate.py is being changed by another engineer and still spells its event names
-#: as strings; once it uses restartbench.events.Event, remove it from here (the last test below says when).
-PENDING_LITERALS = {"restartbench/emulate.py"}
 
 _GROUPS = "|".join(sorted({name.split(".")[0] for name in EVENT_NAMES}))
 EVENT_LITERAL = re.compile(rf"""(["'])((?:{_GROUPS})\.[a-z_]+)\1""")
@@ -127,11 +124,7 @@ def test_every_event_name_spelled_in_the_sources_is_a_known_event():
 
 def test_event_names_are_spelled_only_where_they_are_defined():
     """Writers and readers use restartbench.events.Event; a new string literal of an event name fails here."""
-    assert set(literals_by_file()) - {DEFINED_IN} - PENDING_LITERALS == set()
-
-
-def test_every_pending_exception_still_applies():
-    assert PENDING_LITERALS - set(literals_by_file()) == set(), "no literal left: remove it from PENDING_LITERALS"
+    assert set(literals_by_file()) - {DEFINED_IN} == set()
 
 
 def test_every_event_is_documented_in_the_readme():

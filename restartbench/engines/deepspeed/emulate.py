@@ -23,7 +23,7 @@ class TorchFiles(Emulator):
     def files(self, step: int) -> dict[int, list[Any]]:
         """rank -> the ShardFiles it writes at ``step`` (every rank of the layout)."""
         if step not in self._files:
-            files: dict[int, list[Any]] = {rank: [] for rank in range(self.ranks.plan["world_size"])}
+            files: dict[int, list[Any]] = {rank: [] for rank in range(self.ranks.plan.world_size)}
             for shard in shard_files(self.ranks.setup(step)):
                 files[shard.rank].append(shard)
             self._files = {step: files}
@@ -58,7 +58,7 @@ class TorchFiles(Emulator):
         stage and tensor rank) and its own optimizer file."""
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-        layout, files = self.ranks.plan["layout"], self.files(step)
+        layout, files = self.ranks.plan.layout, self.files(step)
         topology = PipeModelDataParallelTopology(num_pp=layout["pp"], num_mp=layout["tp"], num_dp=layout["dp"])
         coord = topology.get_coord(rank)
         writer = topology.get_rank(pipe=coord.pipe, data=0, model=coord.model)

@@ -10,6 +10,7 @@ from restartbench.config import RunConfig
 from restartbench.emulator import Emulator, differences, random_tensor
 from restartbench.engines import create_engine
 from restartbench.engines.lazy.predict import lazy_capture
+from restartbench.events import Event
 
 
 class LazyFiles(Emulator):
@@ -26,7 +27,7 @@ class LazyFiles(Emulator):
         self.engines = {rank: create_engine(ranks.cfg.engine) for rank in ranks.ranks}
         for rank, engine in self.engines.items():
             engine.on_copy_wait = lambda tag, seconds, log=ranks.logs[rank]: log.emit(
-                "checkpoint.copy_wait", tag=tag, step=int(tag.removeprefix("step")), duration_s=seconds,
+                Event.CHECKPOINT_COPY_WAIT, tag=tag, step=int(tag.removeprefix("step")), duration_s=seconds,
                 emulated=True)
 
     @staticmethod
