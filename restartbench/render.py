@@ -11,7 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import jinja2
 
@@ -19,27 +19,12 @@ from restartbench import engines
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.launchers import LAUNCHERS
+from restartbench.rundir import RunPlan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "templates"
 TRAIN_ENTRY = "restartbench.train"
 """The module every rank of a real run executes (``python -m``)."""
-
-
-class LaunchPlan(Protocol):
-    """What rendering needs from a run's plan (``study.Plan``)."""
-
-    layout: dict[str, int]
-    layout_name: str
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-    device: str
-    backend: str
-    grad_accum: int
-    run_dir: str
-    master_port: int
-    launcher: str
 
 
 @dataclass
@@ -71,7 +56,7 @@ def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]
         raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
 
 
-def render(cfg: RunConfig, plan: LaunchPlan, label: str | None = None, entry: str = TRAIN_ENTRY) -> Rendered:
+def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str = TRAIN_ENTRY) -> Rendered:
     """The DeepSpeed JSON, launch script and job script of a run. ``label``: what the scripts call its engine (the
     job name, the header), default the engine itself; ``entry``: the module every rank runs."""
     env = template_environment()
