@@ -105,9 +105,9 @@ def _rich(frame: pd.DataFrame, title: str, formats: dict[str, object]) -> Table:
 def _checkpoint_table(table: pd.DataFrame) -> Table:
     summary = analysis.checkpoint_summary(table)
     return _rich(summary, "Checkpoints: stall = max over ranks of the time save blocked training; durable = max over "
-                          "ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians over checkpoints "
-                          "and runs; rank spread = slowest - fastest rank; write pct of storage = write throughput / the storage's write "
-                          "bandwidth in baseline.json)",
+                          "ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians over "
+                          "checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
+                          "throughput / the storage's write bandwidth in baseline.json)",
                  {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
                   "stall_s": fmt_s, "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
                   "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share, "stall_overhead_pct": "{:.1f}%"})
@@ -120,9 +120,10 @@ def _restart_table(table: pd.DataFrame) -> Table:
     formats = {"runs": "{}", "total": fmt_s, **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
                "bytes_read": fmt_bytes, "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "cache": None,
                "exact": None}
-    view = _rich(summary, "Restarts: launch -> end of first resumed iteration, max over ranks; each part max over ranks "
-                          "(engine none: nothing restored, the start-up floor); read = bytes read / ckpt load; read pct of storage = "
-                          "read / the storage's read bandwidth in baseline.json (above 100% only from a warm cache)",
+    view = _rich(summary, "Restarts: launch -> end of first resumed iteration, max over ranks; each part max over "
+                          "ranks (engine none: nothing restored, the start-up floor); read = bytes read / ckpt load; "
+                          "read pct of storage = read / the storage's read bandwidth in baseline.json (above 100% only "
+                          "from a warm cache)",
                  formats)
     return view
 

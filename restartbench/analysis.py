@@ -36,9 +36,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -81,8 +82,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "restartbench": "restartbench version",
     "iters": "phase-1 iterations", "save_interval": "checkpoint every N iterations",
     "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
-    "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts the run's engine's files for its config (engines "
-                       "without a prediction: DeepSpeed's default engine's)",
+    "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts the run's engine's files for its config "
+                       "(engines without a prediction: DeepSpeed's default engine's)",
     "baseline_write_MBps": "storage write bandwidth from baseline.json (10^6 B/s)",
     "baseline_read_MBps": "storage read bandwidth from baseline.json (10^6 B/s)",
     "baseline_tool": "tool that measured the baseline",
@@ -101,7 +102,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "durable_rank": "rank durable last",
     "committed_s": "save start -> rank 0 wrote latest (after every rank was durable)",
     "bytes": "bytes of the checkpoint, all ranks", "files": "files of the checkpoint, all ranks",
-    "bytes_per_rank_max": "largest bytes written by one rank", "bytes_per_rank_min": "smallest bytes written by one rank",
+    "bytes_per_rank_max": "largest bytes written by one rank",
+    "bytes_per_rank_min": "smallest bytes written by one rank",
     "files_per_rank_max": "most files written by one rank", "files_per_rank_min": "fewest files written by one rank",
     "write_MBps": "bytes / durable_rank_max_s (10^6 B/s)",
     "write_pct_of_storage": "write_MBps as a share of the storage's write bandwidth (baseline.json: fio for a folder, "
@@ -220,7 +222,7 @@ def collect(root: Path | str) -> Collected:
     return collected
 
 
-def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: "_BaselineFinder") -> None:
+def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _BaselineFinder) -> None:
     meta = _read_json(run_dir / rundir.METADATA, dict)
     status = meta.get("status")
     ident = (meta.get("preset"), meta.get("layout"), meta.get("engine"))
@@ -423,8 +425,9 @@ def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, An
     if path.exists():
         entries = _read_json(path, list)
         try:
-            return [{"tag": e["tag"], "path": e["path"], "bytes": e["bytes"], "kind": e.get("kind") or file_kind(e["path"]),
-                     "rank": e.get("rank")} for e in entries if e.get("tag") is not None]
+            return [{"tag": e["tag"], "path": e["path"], "bytes": e["bytes"],
+                     "kind": e.get("kind") or file_kind(e["path"]), "rank": e.get("rank")}
+                    for e in entries if e.get("tag") is not None]
         except (KeyError, TypeError) as error:
             raise RunFolderError(f"{path}: an entry lacks {error} (expected tag, path, bytes, kind, rank)") from None
     return [{"tag": e["tag"], "path": f["path"], "bytes": f["bytes"], "kind": file_kind(f["path"]), "rank": e["rank"]}
@@ -590,7 +593,8 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per preset, layout (, varying setup) and engine: medians over runs of the restart and each part (max over ranks)."""
+    """Per preset, layout (, varying setup) and engine: medians over runs of the restart and each part (max over
+    ranks)."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
     restarts = table[table["kind"] == "restart"] if not table.empty else table
     if restarts.empty:
@@ -794,8 +798,8 @@ def size_check(table: pd.DataFrame, files: pd.DataFrame | None = None) -> pd.Dat
         lambda d: weight_bytes(d) if isinstance(d, str) else math.nan)
     summary["predicted_optimizer_bytes"] = summary["params"] * OPTIMIZER_BYTES_PER_PARAM
     if files is not None and not files.empty:
-        data = files[files["tag"].notna()].assign(
-            part=lambda f: f["kind"].map({"layer": "weights", "model": "weights", "optimizer": "optimizer"}).fillna("other"))
+        parts = {"layer": "weights", "model": "weights", "optimizer": "optimizer"}
+        data = files[files["tag"].notna()].assign(part=lambda f: f["kind"].map(parts).fillna("other"))
         per_ckpt = data.groupby(["run_id", "tag", "part"])["bytes"].sum().unstack("part", fill_value=0)
         per_ckpt = per_ckpt.reindex(columns=["weights", "optimizer", "other"], fill_value=0).reset_index()
         meta = ckpt[["run_id", "tag", *keys]].drop_duplicates()

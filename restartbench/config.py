@@ -87,7 +87,8 @@ class StorageConfig:
         None, "The client s3:// checkpoints go through: s3torchconnector (AWS's CRT client; DCP's S3StorageWriter) "
         "or fsspec (s3fs; DCP's FsspecWriter), the route seed 002 compares a connector with; default: "
         "s3torchconnector. gs:// always goes through fsspec.", choices=("s3torchconnector", "fsspec"))
-    s3_endpoint: str | None = opt(None, "S3 endpoint URL (MinIO, SeaweedFS, Ceph...); default: AWS_ENDPOINT_URL, else AWS.")
+    s3_endpoint: str | None = opt(
+        None, "S3 endpoint URL (MinIO, SeaweedFS, Ceph...); default: AWS_ENDPOINT_URL, else AWS.")
     s3_region: str | None = opt(None, "S3 region; default: AWS_REGION, else us-east-1.")
     s3_path_style: bool | None = opt(
         None, "S3 path-style addressing (bucket in the path, not the host name); default: on with a custom endpoint.")
@@ -111,12 +112,15 @@ class LaunchConfig:
         choices=("auto", "local", "slurm", "pbs"),
     )
     submit: bool = opt(False, "slurm/pbs: submit the rendered job script (sbatch/qsub) and print the job id.")
-    gpus_per_node: int | None = opt(None, "GPUs per node of the cluster (default 8 for cuda); checked against the layout.")
+    gpus_per_node: int | None = opt(
+        None, "GPUs per node of the cluster (default 8 for cuda); checked against the layout.")
     account: str | None = opt(None, "slurm/pbs: account (project) to charge.")
     partition: str | None = opt(None, "slurm partition or pbs queue.")
     walltime: str = opt("01:00:00", "slurm/pbs: wall-clock limit of the job, HH:MM:SS.")
-    setup: str | None = opt(None, "slurm/pbs: shell lines run at the start of the job (modules, env), separated by ';'.")
-    device: str = opt("auto", "cpu (gloo), cuda (NCCL), or auto: cuda when a GPU is visible.", choices=("auto", "cpu", "cuda"))
+    setup: str | None = opt(
+        None, "slurm/pbs: shell lines run at the start of the job (modules, env), separated by ';'.")
+    device: str = opt(
+        "auto", "cpu (gloo), cuda (NCCL), or auto: cuda when a GPU is visible.", choices=("auto", "cpu", "cuda"))
     master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.")
     verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")
     memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
@@ -125,7 +129,8 @@ class LaunchConfig:
         600, "Fail a rank whose distributed init or collective waits longer than this (a dead or missing peer)."
     )
     check_files: bool = opt(
-        True, "Before a restore, check every file against the checkpoint's manifest (size, SHA-256); not timed as restart."
+        True,
+        "Before a restore, check every file against the checkpoint's manifest (size, SHA-256); not timed as restart.",
     )
     on_corrupt: str = opt(
         "refuse", "A checkpoint that fails its manifest check: refuse to restore, or fall back to the newest good one.",
@@ -172,7 +177,7 @@ class RunConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         """Build from a (possibly partial) nested dict; unknown keys are an error naming them."""
         sections = {}
         for section in dataclasses.fields(cls):
@@ -190,7 +195,7 @@ class RunConfig:
         return cls(**sections)
 
     @classmethod
-    def load(cls, path: Path) -> "RunConfig":
+    def load(cls, path: Path) -> RunConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
@@ -217,7 +222,8 @@ def check_type(section: str, leaf: dataclasses.Field, value: Any) -> None:
     types = allowed_types(section, leaf)
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-        raise ValueError(f"{section}.{leaf.name} ({leaf.name!r}) must be {names}, got {value!r} ({type(value).__name__})")
+        raise ValueError(f"{section}.{leaf.name} ({leaf.name!r}) must be {names}, "
+                         f"got {value!r} ({type(value).__name__})")
 
 
 @functools.cache

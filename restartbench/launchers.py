@@ -66,7 +66,7 @@ def resolve_launcher(choice: str) -> Launcher:
     """``auto``: the batch system whose allocation we are inside, else local."""
     if choice != "auto":
         return LAUNCHERS[choice]
-    return next((l for l in LAUNCHERS.values() if l.inside_allocation()), LAUNCHERS["local"])
+    return next((launcher for launcher in LAUNCHERS.values() if launcher.inside_allocation()), LAUNCHERS["local"])
 
 
 def allocation_gpus(launcher: Launcher) -> int | None:

@@ -32,7 +32,8 @@ MAX_ROWS = 60
 KIND_COLORS = {"layer": "#4C72B0", "model": "#8172B3", "optimizer": "#DD8452", "other": "#999999"}
 PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out
     "launch": "#c6dbef", "imports": "#9ecae1", "dist init": "#6baed6", "model build": "#4292c6",
-    "ds init": "#2171b5", "engine setup": "#08519c", "ckpt load": "#e6550d", "verify": "#bdbdbd", "gaps": "#e0e0e0", "1st iter": "#31a354",
+    "ds init": "#2171b5", "engine setup": "#08519c", "ckpt load": "#e6550d", "verify": "#bdbdbd", "gaps": "#e0e0e0",
+    "1st iter": "#31a354",
 }
 _DARK_PARTS = ("model build", "ds init", "engine setup", "ckpt load", "1st iter")
 _TAB = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
@@ -197,7 +198,8 @@ def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = 
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     legend = [Patch(facecolor="#777777", label="training stall: save blocked training (max over ranks)"),
-              Patch(facecolor="#777777", alpha=0.45, hatch="///", label="durable: save start → files fsync'd (max over ranks)"),
+              Patch(facecolor="#777777", alpha=0.45, hatch="///",
+                    label="durable: save start → files fsync'd (max over ranks)"),
               plt.Line2D([], [], marker="o", ls="", color="black", markersize=3, label="one rank")]
     more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
     _header(fig, "Checkpoint cost per engine: how long training waits, and until the files are safe",
@@ -386,8 +388,7 @@ def plot_size_check(size: pd.DataFrame) -> Figure:
     has_parts = {"measured_weights_bytes", "measured_optimizer_bytes"} <= set(size.columns)
     if has_parts:
         bottom = np.zeros(len(size))
-        for column, color, label in (("predicted_weights_bytes", "#4C72B0", "weights"),
-                                     ("predicted_optimizer_bytes", "#DD8452", "optimizer")):
+        for column, color in (("predicted_weights_bytes", "#4C72B0"), ("predicted_optimizer_bytes", "#DD8452")):
             values = size[column].to_numpy(float) / MB
             ax.bar(x - 0.2, values, 0.38, bottom=bottom, color=color, alpha=0.4, hatch="///", edgecolor=color)
             bottom += np.nan_to_num(values)
@@ -420,29 +421,30 @@ def plot_size_check(size: pd.DataFrame) -> Figure:
                Patch(facecolor="#999999", label="other files"),
                Patch(facecolor="white", edgecolor="black", hatch="///", label="hatched: predicted")]
     _header(fig, "Predicted checkpoint size against measured",
-            "predicted: P·(weight bytes + 12); measured: all ranks' files of one checkpoint; ×: measured / predicted", handles, 4, 8)
+            "predicted: P·(weight bytes + 12); measured: all ranks' files of one checkpoint; ×: measured / predicted",
+            handles, 4, 8)
     return fig
 
 
 FIGURES: dict[str, tuple[str, str]] = {
     "checkpoint_cost": ("Checkpoint stall and durable time per engine",
-                        "For each preset and layout, two bars per engine. <b>Stall</b> (solid) is what training actually "
-                        "waited: the time the engine's <code>save</code> blocked the training loop, taken as the "
-                        "<b>max over ranks</b> (the slowest rank holds everyone up at the next collective). "
+                        "For each preset and layout, two bars per engine. <b>Stall</b> (solid) is what training "
+                        "actually waited: the time the engine's <code>save</code> blocked the training loop, taken as "
+                        "the <b>max over ranks</b> (the slowest rank holds everyone up at the next collective). "
                         "<b>Durable</b> (hatched) runs from the start of the save until the rank's files were fsync'd "
                         "to stable storage (for an asynchronous engine: its background write finished), again the max "
                         "over ranks. Bars are medians over checkpoints and runs, whiskers the min–max; each dot is "
                         "one rank of one checkpoint, so the per-rank spread stays visible."),
     "restart_phases": ("Restart time as stacked phases",
                        "From the relaunch of the job to the end of the first resumed iteration. The bars follow the "
-                       "<b>critical path</b>: the parts of the last rank ready to train (every rank waits for it in the "
-                       "first iteration, a collective), so they add up to the total (diamond: the max over ranks of "
-                       "launch → end of first iteration); medians over runs. The table below gives each part's max "
+                       "<b>critical path</b>: the parts of the last rank ready to train (every rank waits for it in "
+                       "the first iteration, a collective), so they add up to the total (diamond: the max over ranks "
+                       "of launch → end of first iteration); medians over runs. The table below gives each part's max "
                        "over ranks instead. Only the orange part (ckpt load: read, deserialize, copy into model and "
                        "optimizer) depends on the checkpoint; the blue parts are start-up any relaunch pays; "
-                       "<i>verify</i> is the harness's exactness check and <i>gaps</i> the time between measured spans. "
-                       "Engine <code>none</code> restores nothing: its bar is the <b>start-up floor</b> (dashed line). "
-                       "Each label gives the restore's page-cache state (<code>cache</code> field of the "
+                       "<i>verify</i> is the harness's exactness check and <i>gaps</i> the time between measured "
+                       "spans. Engine <code>none</code> restores nothing: its bar is the <b>start-up floor</b> (dashed "
+                       "line). Each label gives the restore's page-cache state (<code>cache</code> field of the "
                        "<code>restore.load</code> event): <i>warm</i> means the files may have come from memory."),
     "files_per_rank": ("Files and bytes per rank",
                        "Bytes each rank wrote for one checkpoint (the last of the latest run), split by file kind, "
@@ -529,7 +531,8 @@ def findings(table: pd.DataFrame) -> list[str]:
             caches = ", ".join(sorted({str(x) for x in restoring["cache"].dropna()})) or "unknown"
             text = f"Restart takes {totals} from relaunch to the end of the first resumed iteration."
             if not loads.empty:
-                span = fmt_s(loads.min()) if loads.min() == loads.max() else f"{fmt_s(loads.min())}–{fmt_s(loads.max())}"
+                span = (fmt_s(loads.min()) if loads.min() == loads.max()
+                        else f"{fmt_s(loads.min())}–{fmt_s(loads.max())}")
                 text += (f" Reading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; "
                          f"{caches} page cache)")
             path = [(label, restoring[column].median()) for column, label in analysis.PATH_COLUMNS
@@ -610,7 +613,8 @@ def _write(frame: pd.DataFrame, path: Path) -> Path:
 def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
     """Object columns holding mixed Python types (None/bool, str/float) as Arrow can store them."""
     frame = frame.copy()
-    for column in frame.columns[frame.dtypes == object]:
+    # E721 does not apply: element-wise over the columns' dtypes (a boolean mask), not a type comparison
+    for column in frame.columns[frame.dtypes == object]:  # noqa: E721
         values = frame[column].dropna()
         kinds = {type(v) for v in values}
         if kinds <= {bool}:
@@ -697,7 +701,8 @@ also its max over ranks in the tables. The figure stacks the parts of the critic
 which add up to the total.</dd>
 <dt>Page cache</dt><dd>The <code>cache</code> field of the restore, measured (<code>mincore</code>) on every node
 just before the load: <i>cold</i> means no byte of the checkpoint was in memory, so every read came from the storage;
-<i>warm</i> means some bytes were (<code>resident_fraction</code> says how much): either <code>--restore-cache warm</code>
+<i>warm</i> means some bytes were (<code>resident_fraction</code> says how much): either \
+<code>--restore-cache warm</code>
 was asked for, or the storage keeps files in memory (tmpfs, /dev/shm) and eviction could not take them out.</dd>
 <dt>Throughput</dt><dd>All ranks' bytes of a checkpoint over its durable time (write), bytes read over the load time
 (restore); MB = 10<sup>6</sup> bytes.</dd>
@@ -831,7 +836,8 @@ def _html_table(frame: pd.DataFrame) -> str:
 
 def _is_text(series: pd.Series) -> bool:
     values = series.dropna()
-    return not values.empty and isinstance(values.iloc[0], str) and not any(ch.isdigit() for ch in str(values.iloc[0])[:1])
+    return (not values.empty and isinstance(values.iloc[0], str)
+            and not any(ch.isdigit() for ch in str(values.iloc[0])[:1]))
 
 
 def _cell(value: Any) -> str:

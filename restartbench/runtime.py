@@ -63,7 +63,8 @@ def time_out_new_groups(timeout_s: int) -> str:
     would hold the others that long (seen: --collective-timeout-s 5 did not end a stall in a training step)."""
     from torch.distributed import distributed_c10d
 
-    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = datetime.timedelta(seconds=timeout_s)
+    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = datetime.timedelta(
+        seconds=timeout_s)
     return (f"torch's default process-group timeout set to {timeout_s} s (--collective-timeout-s): DeepSpeed creates "
             "its data-, pipeline- and tensor-parallel groups without a timeout of their own")
 
@@ -94,4 +95,5 @@ def runtime_info() -> dict[str, Any]:
 
 
 def write_runtime_info(run_dir: Path, plan: dict[str, Any]) -> None:
-    (Path(run_dir) / "runtime.json").write_text(json.dumps({**runtime_info(), "world_size": plan["world_size"]}, indent=2))
+    (Path(run_dir) / "runtime.json").write_text(
+        json.dumps({**runtime_info(), "world_size": plan["world_size"]}, indent=2))

@@ -80,7 +80,7 @@ class ObjectLocation:
     """Key prefix without leading or trailing '/' (may be empty: the bucket's root)."""
 
     @classmethod
-    def parse(cls, url: str) -> "ObjectLocation":
+    def parse(cls, url: str) -> ObjectLocation:
         scheme = next((s for s in OBJECT_SCHEMES if str(url).startswith(s)), None)
         bucket, _, prefix = str(url)[len(scheme or ""):].partition("/")
         if scheme is None or not bucket or "//" in prefix:
@@ -125,7 +125,7 @@ class S3Settings:
 
     @classmethod
     def resolve(cls, endpoint: str | None = None, region: str | None = None, path_style: bool | None = None,
-                environ: dict[str, str] | None = None, client: str | None = None) -> "S3Settings":
+                environ: dict[str, str] | None = None, client: str | None = None) -> S3Settings:
         """Options first, then the AWS variables; path-style addressing by default for a custom endpoint
         (MinIO, SeaweedFS, Ceph: buckets are not DNS names there), virtual-hosted on AWS itself."""
         env = os.environ if environ is None else environ
@@ -154,7 +154,7 @@ class S3Settings:
         return {"endpoint_url": self.endpoint, "client_kwargs": {"region_name": self.region},
                 "config_kwargs": config, "default_block_size": PART_SIZE}
 
-    def with_client(self, client: str) -> "S3Settings":
+    def with_client(self, client: str) -> S3Settings:
         return S3Settings(self.endpoint, self.region, self.force_path_style, self.credentials, client)
 
 
@@ -170,7 +170,7 @@ class GCSSettings:
     scheme: ClassVar[str] = GS_SCHEME
 
     @classmethod
-    def resolve(cls, endpoint: str | None = None, environ: dict[str, str] | None = None) -> "GCSSettings":
+    def resolve(cls, endpoint: str | None = None, environ: dict[str, str] | None = None) -> GCSSettings:
         env = os.environ if environ is None else environ
         endpoint = endpoint or env.get("STORAGE_EMULATOR_HOST") or None
         anonymous = endpoint is not None and not env.get("GOOGLE_APPLICATION_CREDENTIALS")
@@ -199,7 +199,7 @@ def settings_from_plan(recorded: dict[str, Any]) -> S3Settings | GCSSettings:
     return SETTINGS[recorded.get("scheme", S3_SCHEME)](**fields)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def s3_client(settings: S3Settings) -> Any:
     """One s3torchconnector client per settings and process (its CRT client is costly to create)."""
     return new_s3_client(settings)
@@ -386,7 +386,7 @@ class S3Store(ObjectStore):
 
         return (S3Exception,)
 
-    def for_probe(self) -> "S3Store":
+    def for_probe(self) -> S3Store:
         """The same store with a client that retries little, so that a dead endpoint is reported in seconds."""
         return S3Store(self.where, self.settings, new_s3_client(self.settings, max_attempts=PROBE_ATTEMPTS))
 
@@ -495,7 +495,7 @@ class FsspecStore(ObjectStore):
     def client_errors(self) -> tuple[type[BaseException], ...]:
         return _fsspec_errors()
 
-    def for_probe(self) -> "FsspecStore":
+    def for_probe(self) -> FsspecStore:
         return FsspecStore(self.where, self.settings, attempts=PROBE_ATTEMPTS)
 
     def list_some(self) -> None:
@@ -616,7 +616,8 @@ def check_remote_location(location: str, client: str | None) -> ObjectLocation:
     """The parsed location, if this installation and ``client`` can reach it; else StorageError."""
     where = ObjectLocation.parse(location)
     if where.scheme == GS_SCHEME and client not in (None, "fsspec"):
-        raise StorageError(f"gs:// checkpoints go through fsspec (gcsfs); --object-client {client} applies to s3:// only")
+        raise StorageError(f"gs:// checkpoints go through fsspec (gcsfs); --object-client {client} applies to "
+                           "s3:// only")
     if where.scheme == S3_SCHEME and client in (None, "s3torchconnector"):
         package, install = "s3torchconnector", "pip install -c constraints.txt -e '.[s3]'"
     else:

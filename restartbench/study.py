@@ -218,7 +218,8 @@ def memory_per_rank_available(plan: RunPlan) -> tuple[float, str]:
                              "run on a GPU node, use --device cpu with a CPU preset, or add --dry-run to only render")
         return float(query.stdout.split()[0]) * 1024**2, "this node's GPU"
     available = _meminfo_available()
-    return available / plan.nproc_per_node, f"this machine's {available / GiB:.1f} GiB available memory over {plan.nproc_per_node} ranks"
+    return (available / plan.nproc_per_node,
+            f"this machine's {available / GiB:.1f} GiB available memory over {plan.nproc_per_node} ranks")
 
 
 def _meminfo_available() -> float:
@@ -368,14 +369,15 @@ def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
         return
     target = _nearest_existing(Path(plan.checkpoint_dir))
     if not target.is_dir() or not os.access(target, os.W_OK):
-        raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable folder); "
-                         "choose a writable --checkpoint-dir / --logs")
+        raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable "
+                         "folder); choose a writable --checkpoint-dir / --logs")
     saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
     need = saves * plan.checkpoint_bytes_estimate
     free = shutil.disk_usage(target).free
     if cfg.launch.disk_check and need > free:
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} has {free / GiB:.2f} GiB free, but {saves} "
-                         f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need {need / GiB:.2f} GiB; "
+                         f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need "
+                         f"{need / GiB:.2f} GiB; "
                          "free space, point --checkpoint-dir elsewhere, or raise --save-interval")
 
 

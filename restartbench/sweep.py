@@ -85,7 +85,9 @@ def load_sweep(path: Path) -> Sweep:
     if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
         raise SweepError(f"{path}: 'repetitions' must be a whole number ≥ 1, got {repetitions!r}")
     options = _options(path, data.get("options") or {})
-    cells = [Cell(p, l, e, r) for p, l, e in itertools.product(*lists.values()) for r in range(1, repetitions + 1)]
+    cells = [Cell(preset, layout, engine, repetition)
+             for preset, layout, engine in itertools.product(*lists.values())
+             for repetition in range(1, repetitions + 1)]
     return Sweep(cells, options, Path(data.get("logs") or Path("logs") / Path(path).stem))
 
 

@@ -206,7 +206,8 @@ class RankRun:
             needed = self.plan.checkpoint_bytes_estimate
             if free is not None and free < needed:
                 errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
-                                 f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on device)")
+                                 f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on "
+                                 "device)")
             self.store.remove_tree(tag)
             self.log.emit(Event.CHECKPOINT_FAILED, step=step, tag=tag, errors=errors, target=self.ckpt_dir,
                           free_bytes=free, needed_bytes_estimate=needed)
@@ -234,7 +235,8 @@ class RankRun:
         tag = self._checked_tag(_latest_tag(self.store))
         step = int(tag.removeprefix("step"))
         cache = self._page_cache_before_load(tag)
-        self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page cache)")
+        self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
+                  "cache)")
         kill_in_load(self.log)
         with self.log.span(Event.RESTORE_LOAD, tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
             self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
@@ -311,7 +313,8 @@ class RankRun:
         from restartbench.verify import compare, digest_path, module_digest, read_digest
 
         reference = self._reference_loss(step)
-        problems = [] if loss == reference else [f"loss of iteration {step}: {loss!r} resumed vs {reference!r} uninterrupted"]
+        problems = [] if loss == reference else [
+            f"loss of iteration {step}: {loss!r} resumed vs {reference!r} uninterrupted"]
         name = f"after-step{step}"
         if digest_path(self.run_dir, name, self.rank).exists():
             problems += compare(read_digest(self.run_dir, name, self.rank), module_digest(self.engine))
@@ -333,7 +336,8 @@ class RankRun:
         hang_before_iteration(self.log, step)
         preset = preset_for(self.cfg)
         batches = micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len,
-                                micro_batch=self.cfg.train.micro_batch, grad_accum=self.engine.gradient_accumulation_steps(),
+                                micro_batch=self.cfg.train.micro_batch,
+                                grad_accum=self.engine.gradient_accumulation_steps(),
                                 step=step, dp_rank=self.dp_rank, seed=self.cfg.train.seed)
         with self.log.span(Event.TRAIN_ITERATION, step=step, **flags) as extra:
             loss = float(self.engine.train_batch(data_iter=iter(batches)))

@@ -267,7 +267,8 @@ def test_baseline_from_the_run_folder_or_a_parent(mixed_logs):
     table = collected.table()
     with_baseline = table[table["baseline_tool"].notna()]
     assert set(with_baseline["layout"]) == {with_baseline["layout"].iloc[0]}  # only the layout folder that has one
-    assert (with_baseline["baseline_write_MBps"] == 321.0).all() and (with_baseline["baseline_read_MBps"] == 654.0).all()
+    assert (with_baseline["baseline_write_MBps"] == 321.0).all()
+    assert (with_baseline["baseline_read_MBps"] == 654.0).all()
     assert table["baseline_tool"].isna().any()
     ckpt, rest = with_baseline[with_baseline["kind"] == "checkpoint"], with_baseline[with_baseline["kind"] == "restart"]
     assert (ckpt["write_pct_of_storage"] - 100 * ckpt["write_MBps"] / 321.0).abs().max() < 1e-9

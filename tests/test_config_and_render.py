@@ -80,7 +80,8 @@ def test_paths_with_spaces_are_quoted(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["175B", "tp2"], "unknown model preset '175B'; known presets"),
-    (["tiny", "tp2pp2", "--engine", "nebula"], "unknown checkpoint engine 'nebula'; known engines: none, torch, fastpersist"),
+    (["tiny", "tp2pp2", "--engine", "nebula"],
+     "unknown checkpoint engine 'nebula'; known engines: none, torch, fastpersist"),
     (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
     (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
     (["tiny", "tp2pp2", "--iters", "0"], "--iters must be at least 1"),
@@ -113,8 +114,8 @@ def test_config_n_run_dry_run_prints_json_and_script():
 
 
 def test_dry_run_creates_nothing(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp2pp2", "--dry-run", "--logs", str(tmp_path)],
-                   capture_output=True, text=True, check=True)
+    subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp2pp2", "--dry-run",
+                    "--logs", str(tmp_path)], capture_output=True, text=True, check=True)
     assert not any(tmp_path.iterdir())
 
 

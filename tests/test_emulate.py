@@ -136,8 +136,8 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
 
 
 def test_dry_run_prints_the_emulation_and_writes_nothing(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "70B", "tp8pp8", "--emulate", "--emulate-scale",
-                          SCALE, "--ranks-per-process", "16", "--dry-run", "--logs", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "70B", "tp8pp8", "--emulate",
+                          "--emulate-scale", SCALE, "--ranks-per-process", "16", "--dry-run", "--logs", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "64 ranks in 4 processes" in out.stdout and "-m restartbench.emulate " in out.stdout

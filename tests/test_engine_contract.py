@@ -125,7 +125,8 @@ def test_engine_for_target_keeps_the_engine_for_a_folder_and_asks_it_for_an_obje
                                   {"not_predicted": "why"}, {"not_predicted": "why", "emulator": "m:E",
                                                              "not_emulated": "why"}])
 def test_a_registry_entry_names_its_predictor_and_emulator_or_says_why_not(refs):
-    with pytest.raises(ValueError, match="give either a (predictor|emulator) or, in not_(predicted|emulated), the reason"):
+    with pytest.raises(ValueError,
+                       match="give either a (predictor|emulator) or, in not_(predicted|emulated), the reason"):
         engines.EngineInfo("half", "m", "C", "an entry missing a predictor or an emulator, or with both", **refs)
 
 

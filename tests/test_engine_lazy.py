@@ -191,7 +191,7 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
     seen = []
     saver.on_copy_wait = lambda tag, seconds: seen.append((tag, seconds))
     saver.save(engine, str(tmp_path), "step1")
-    assert getattr(engine.optimizer.step, "_lazy_guard") is saver
+    assert engine.optimizer.step._lazy_guard is saver
     engine.optimizer.step()  # at once: it must not change what is still being copied
     saver.wait_until_durable()
     assert [w["tag"] for w in saver.copy_waits] == [tag for tag, _ in seen] == ["step1"]
@@ -241,7 +241,8 @@ def test_two_data_parallel_ranks_restore_exactly(tmp_path):
     # optimizer state DeepSpeed creates at initialisation is already there): no save allocates it.
     setups = {(e["phase"], e["rank"]): e for e in read_events(run_dir) if e["event"] == "startup.engine"}
     assert set(setups) == {(phase, rank) for phase in ("train", "restore") for rank in (0, 1)}
-    durable = {e["rank"]: e["bytes"] for e in read_events(run_dir) if e["event"] == "checkpoint.durable" and e["tag"] == "step4"}
+    durable = {e["rank"]: e["bytes"] for e in read_events(run_dir)
+               if e["event"] == "checkpoint.durable" and e["tag"] == "step4"}
     for rank, written in durable.items():
         assert 0.9 * written <= setups["train", rank]["host_buffer_bytes"] <= written
         assert setups["train", rank]["host_buffer_pinned"] is False  # CPU

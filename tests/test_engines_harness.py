@@ -23,7 +23,8 @@ from restartbench.events import read_events
 def nested_state():
     """The shapes a harness state has: an OrderedDict module, int-keyed optimizer state, tuples, None."""
     return {
-        "module": OrderedDict([("0.weight", torch.arange(6.0).reshape(2, 3)), ("1.norm", torch.ones(3, dtype=torch.bfloat16))]),
+        "module": OrderedDict([("0.weight", torch.arange(6.0).reshape(2, 3)),
+                               ("1.norm", torch.ones(3, dtype=torch.bfloat16))]),
         "optimizer": {"fp32_partitions": [torch.full((4,), 0.5)],
                       "base": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0)}},
                                "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "foreach": None, "params": [0]}]},
@@ -55,7 +56,8 @@ def test_split_and_join_round_trip_keeps_types_and_shares_tensors():
     assert set(tensors) == {"module/0.weight", "module/1.norm", "optimizer/fp32_partitions/0",
                             "optimizer/base/state/0/step", "optimizer/base/state/0/exp_avg"}
     assert tensors["module/0.weight"] is state["module"]["0.weight"], "split copies nothing"
-    assert skeleton["optimizer"]["base"]["state"][0]["exp_avg"] == {harness_state.TENSOR_SLOT: "optimizer/base/state/0/exp_avg"}
+    assert skeleton["optimizer"]["base"]["state"][0]["exp_avg"] == {
+        harness_state.TENSOR_SLOT: "optimizer/base/state/0/exp_avg"}
     assert_same(harness_state.join(skeleton, tensors), state)
 
 

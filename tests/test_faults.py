@@ -42,12 +42,14 @@ def last_restore(run_dir):
 
 
 def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE, env={"RESTARTBENCH_FAULT": "kill-in-save:tag=step4:rank=1"})
+    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE,
+                              env={"RESTARTBENCH_FAULT": "kill-in-save:tag=step4:rank=1"})
     assert proc.returncode == 1
     meta = metadata(run_dir)
     assert meta["status"] == "failed"
-    assert meta["failed_checkpoints"] == [{"tag": "step4", "error": "begun, never committed: the phase died during the save",
-                                          "latest_kept": "step2"}]
+    assert meta["failed_checkpoints"] == [{"tag": "step4",
+                                           "error": "begun, never committed: the phase died during the save",
+                                           "latest_kept": "step2"}]
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
     assert restore_again(run_dir).returncode == 0
@@ -60,7 +62,8 @@ def small_tmpfs(tmp_path):
     """A 7 MiB tmpfs: room for one tiny fp32 checkpoint (about 5.1 MB), not two."""
     mount_point = tmp_path / "small disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     yield mount_point
@@ -68,7 +71,8 @@ def small_tmpfs(tmp_path):
 
 
 def test_full_disk_fails_the_save_cleanly_and_keeps_training_state(tmp_path, small_tmpfs):
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"), "--no-disk-check")
+    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"),
+                              "--no-disk-check")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     meta = metadata(run_dir)
     assert meta["status"] == "failed" and "is full" in meta["error"] and "no space left on device" in meta["error"]

@@ -32,8 +32,10 @@ def hf_model_with_our_weights(preset, ours):
         hf.model.embed_tokens.weight.copy_(embedding.weight)
         for ours_layer, hf_layer in zip(decoders, hf.model.layers):
             for ours_name, hf_param in (("attn_norm", hf_layer.input_layernorm.weight),
-                                        ("q", hf_layer.self_attn.q_proj.weight), ("k", hf_layer.self_attn.k_proj.weight),
-                                        ("v", hf_layer.self_attn.v_proj.weight), ("o", hf_layer.self_attn.o_proj.weight),
+                                        ("q", hf_layer.self_attn.q_proj.weight),
+                                        ("k", hf_layer.self_attn.k_proj.weight),
+                                        ("v", hf_layer.self_attn.v_proj.weight),
+                                        ("o", hf_layer.self_attn.o_proj.weight),
                                         ("mlp_norm", hf_layer.post_attention_layernorm.weight),
                                         ("gate", hf_layer.mlp.gate_proj.weight), ("up", hf_layer.mlp.up_proj.weight),
                                         ("down", hf_layer.mlp.down_proj.weight)):
@@ -54,7 +56,8 @@ def test_logits_and_loss_match_transformers_llama():
     torch.testing.assert_close(our_logits, hf_logits, atol=1e-5, rtol=1e-5)
     labels = tokens.roll(-1, dims=1)
     assert cross_entropy(our_logits, labels).item() == pytest.approx(
-        torch.nn.functional.cross_entropy(hf_logits.reshape(-1, preset.vocab_size), labels.reshape(-1)).item(), rel=1e-6)
+        torch.nn.functional.cross_entropy(hf_logits.reshape(-1, preset.vocab_size), labels.reshape(-1)).item(),
+        rel=1e-6)
 
 
 def test_rope_caches_stay_out_of_checkpoints():

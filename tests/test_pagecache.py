@@ -119,7 +119,8 @@ def test_pages_are_counted_whole_and_a_never_read_page_is_not_resident(tmp_path)
 
 
 def test_a_failed_measurement_is_an_error_naming_the_file_never_a_label(tmp_path, monkeypatch):
-    """Nothing is known of residency when mincore fails: read as 'nothing resident', it would label a warm restore cold."""
+    """Nothing is known of residency when mincore fails: read as 'nothing resident', it would label a warm restore
+    cold."""
     class FailingLibc:
         @staticmethod
         def mincore(*_):

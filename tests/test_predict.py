@@ -205,7 +205,8 @@ def test_names_follow_deepspeeds_rules():
     plan = predict(config("tiny", "tp2pp2dp2", "bf16"))
     names = {f.path.split("/")[1] for f in plan.files}
     layer_writers = {f.rank for f in plan.files if f.kind == "layer"}
-    assert layer_writers == {0, 1, 4, 5}  # data-parallel rank 0 of each stage and tensor rank (ranks pipe·4 + dp·2 + tp)
+    # data-parallel rank 0 of each stage and tensor rank (ranks pipe·4 + dp·2 + tp)
+    assert layer_writers == {0, 1, 4, 5}
     assert {f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(7) for t in range(2)} <= names
     assert {f"mp_rank_{m:02d}_model_states.pt" for m in range(4)} <= names
     assert {f"bf16_zero_pp_rank_{d}_mp_rank_{m:02d}_optim_states.pt" for d in range(2) for m in range(4)} <= names
@@ -611,7 +612,8 @@ def _structure(item: Any) -> Any:
         return type(item).__name__, [(key, _structure(value)) for key, value in item.items()]
     if isinstance(item, (list, tuple)):
         return type(item).__name__, [_structure(value) for value in item]
-    if type(item).__eq__ is object.__eq__ and hasattr(item, "__dict__"):  # compared by identity: DeepSpeed's loss scaler
+    # compared by identity: DeepSpeed's loss scaler
+    if type(item).__eq__ is object.__eq__ and hasattr(item, "__dict__"):
         return type(item).__name__, _structure(vars(item))
     return type(item).__name__, item
 

@@ -22,8 +22,8 @@ def _section_keys(section):
 
 
 config_dicts = st.one_of(
-    st.fixed_dictionaries({}, optional={section: st.dictionaries(st.sampled_from(_section_keys(section)), values, max_size=4)
-                                        for section in SECTIONS}),
+    st.fixed_dictionaries({}, optional={
+        section: st.dictionaries(st.sampled_from(_section_keys(section)), values, max_size=4) for section in SECTIONS}),
     st.fixed_dictionaries({"bogus": st.just({})}),
 )
 
@@ -111,5 +111,6 @@ def test_ranks_label_names_exactly_the_ranks(ranks):
 
 def test_rank_errors_one_line_per_distinct_message():
     outcomes = [{"rank": r, "error": "RuntimeError: boom"} for r in range(4)]
-    outcomes += [{"rank": 4, "error": None}, {"rank": 5, "error": "OSError: disk"}, {"rank": 7, "error": "RuntimeError: boom"}]
+    outcomes += [{"rank": 4, "error": None}, {"rank": 5, "error": "OSError: disk"},
+                 {"rank": 7, "error": "RuntimeError: boom"}]
     assert rank_errors(outcomes) == ["ranks 0–3, 7: RuntimeError: boom", "rank 5: OSError: disk"]

@@ -13,7 +13,8 @@ from conftest import ROOT
 
 from restartbench import emulated_study
 from restartbench.config import config_from_args
-from restartbench.study import StudyError, plan_run, render, run_study as run_study_in_process
+from restartbench.study import StudyError, plan_run, render
+from restartbench.study import run_study as run_study_in_process
 
 SLURM_LOCAL = ROOT / "scripts" / "slurm-local.sh"
 NODES = ("node1", "node2")
@@ -87,7 +88,8 @@ def test_emulated_checkpoint_io_spans_two_slurm_nodes(slurm, tmp_path):
     assert wait_for_status(run_dir, slurm, job_id) == "complete", (run_dir / f"slurm-{job_id}.out").read_text()[-3000:]
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["job_id"] == job_id and meta["emulation"]["processes"] == 2
-    events = [json.loads(line) for path in (run_dir / "events").glob("*.jsonl") for line in path.read_text().splitlines()]
+    events = [json.loads(line) for path in (run_dir / "events").glob("*.jsonl")
+              for line in path.read_text().splitlines()]
     for phase in ("train", "restore"):
         starts = {e["rank"]: (e["node"], e["node_rank"]) for e in events
                   if e["event"] == "process.start" and e["phase"] == phase}

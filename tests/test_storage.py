@@ -1,4 +1,5 @@
-"""Storage baseline: fio's JSON report parsed, baseline.json written and picked up by the analysis (object stores: tests/test_storage_s3.py)."""
+"""Storage baseline: fio's JSON report parsed, baseline.json written and picked up by the analysis (object stores:
+tests/test_storage_s3.py)."""
 
 import json
 import shutil

@@ -15,8 +15,8 @@ from conftest import run_study
 from s3server import SeaweedS3, SeaweedUnavailable, free_ports
 
 from restartbench import engines, storage, study
-from restartbench.engines.deepspeed.engine import ObjectFileEngine, object_paths_from_listing
 from restartbench.config import config_from_args
+from restartbench.engines.deepspeed.engine import ObjectFileEngine, object_paths_from_listing
 from restartbench.events import read_events
 
 TINY = ("tiny", "tp1pp1dp2", "--dtype", "fp32")
@@ -303,7 +303,8 @@ def test_async_dcp_run_to_s3_restores_exactly(server, tmp_path, client):
     assert [e["exact"] for e in events if e["event"] == "restore.result"] == [True, True]
     assert {e["cache"] for e in events if e["event"] == "restore.load"} == {"remote"}
     keys = _keys(server, prefix=f"run-dcp-{client}/")
-    manifest = json.loads(server.client().get_object(Bucket="ckpt", Key=f"run-dcp-{client}/step4/manifest.json")["Body"].read())
+    manifest = json.loads(
+        server.client().get_object(Bucket="ckpt", Key=f"run-dcp-{client}/step4/manifest.json")["Body"].read())
     names = sorted(f["path"] for f in manifest["files"])
     assert names == ["step4/.metadata", "step4/__0_0.distcp", "step4/__1_0.distcp"]
     assert all(keys[f"run-dcp-{client}/{f['path']}"]["Size"] == f["bytes"] for f in manifest["files"])

@@ -82,8 +82,9 @@ def test_parallel_run_computes_the_single_process_loss(study_runs, layout):
     with torch.no_grad():
         losses = [cross_entropy(model(tokens), labels).item()
                   for dp_rank in range(dp)
-                  for tokens, labels in micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len, micro_batch=1,
-                                                      grad_accum=grad_accum, step=1, dp_rank=dp_rank, seed=1234)]
+                  for tokens, labels in micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len,
+                                                      micro_batch=1, grad_accum=grad_accum, step=1, dp_rank=dp_rank,
+                                                      seed=1234)]
     measured = [e["loss"] for e in read_events(run_dir) if e["event"] == "train.iteration" and e["step"] == 1]
     assert measured and all(loss == pytest.approx(sum(losses) / len(losses), abs=1e-5) for loss in measured)
 
@@ -92,7 +93,8 @@ def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
-    result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode != 0
     errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
     assert errors and "no complete checkpoint" in errors[0]["error"]
@@ -106,6 +108,6 @@ def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_
     assert proc.returncode == 1
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "failed" and "timed out after 4 s" in meta["error"]
-    leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
-                 if p.pid not in before and str(run_dir.resolve()) in " ".join(p.info["cmdline"] or [])]  # this run's ranks
+    leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])  # this run's ranks
+                 if p.pid not in before and str(run_dir.resolve()) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers, leftovers

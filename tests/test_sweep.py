@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,16 +28,21 @@ def test_cells_are_the_cross_product(tmp_path):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"presets": "tiny", "layouts": ["tp2"], "engines": ["torch"], "repetitions": "2"}, "'repetitions' must be a whole number"),
+    ({"presets": "tiny", "layouts": ["tp2"], "engines": ["torch"], "repetitions": "2"},
+     "'repetitions' must be a whole number"),
     ({"presets": [], "layouts": ["tp2"], "engines": ["torch"]}, "'presets' must be a non-empty list"),
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "colour": 1}, "unknown key(s) ['colour']"),
-    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"iters": "four"}}, "'iters') must be int, got 'four'"),
-    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}}, "'verify') must be bool, got 1"),
-    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}}, "cannot be set in a sweep"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"iters": "four"}},
+     "'iters') must be int, got 'four'"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}},
+     "'verify') must be bool, got 1"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}},
+     "cannot be set in a sweep"),
     ([1, 2], "expected a mapping"),
 ])
 def test_bad_sweep_files_get_clear_errors(tmp_path, data, message):
-    with pytest.raises(SweepError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    escaped = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(SweepError, match=escaped):
         load_sweep(write(tmp_path, data))
 
 
@@ -58,7 +62,8 @@ def test_interrupted_sweep_resumes_only_missing_cells(tmp_path):
     path = write(tmp_path, {"presets": ["tiny"], "layouts": ["tp1pp1dp2"], "engines": ["none", "torch"],
                             "options": {"dtype": "fp32", "iters": 2}, "logs": str(logs)})
     command = [str(ROOT / "submit-job.sh"), "--sweep", str(path)]
-    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
     first = logs / "tiny" / "tp1pp1dp2" / "none" / "rep1"
     second = logs / "tiny" / "tp1pp1dp2" / "torch" / "rep1"
     deadline = time.time() + 300

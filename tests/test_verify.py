@@ -32,7 +32,8 @@ from restartbench.verify import (
 DS_CONFIG = {
     "train_batch_size": 2,
     "zero_optimization": {"stage": 1},
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1, "torch_adam": True}},
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1, "torch_adam": True}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 2}},
 }
 FIRST_LAYER = "module.0.weight"

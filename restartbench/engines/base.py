@@ -21,8 +21,9 @@ import abc
 import importlib
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from restartbench.durability import fsync_files
 from restartbench.storage import StorageError
@@ -39,7 +40,8 @@ class EngineInfo:
     """Top-level sections this engine adds to the DeepSpeed JSON, built from the engine options (the run's
     ``EngineConfig``)."""
     launch_env: Callable[[str], dict[str, str]] = lambda device: {}
-    """Device ("cpu", "cuda") -> environment variables the engine needs in every rank (exported by the launch script)."""
+    """Device ("cpu", "cuda") -> environment variables the engine needs in every rank (exported by the launch
+    script)."""
     requires: tuple[tuple[str, str], ...] = ()
     """(importable module, how to install it) pairs the engine cannot run without."""
     system_check: Callable[[], list[str]] = lambda: []

@@ -90,7 +90,8 @@ def copy_tensors(live: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], 
         source = saved[name]
         if source.shape != target.shape or source.dtype != target.dtype:
             raise ValueError(f"{what} {name}: checkpoint has {source.dtype}{tuple(source.shape)}, the model "
-                             f"{target.dtype}{tuple(target.shape)}; restore with the preset, layout and dtype it was saved with")
+                             f"{target.dtype}{tuple(target.shape)}; restore with the preset, layout and dtype it was "
+                             "saved with")
         if not _same_view(source, target):
             target.copy_(source)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # tests/: conftest and test_predict
 
-from conftest import run_study
-from test_predict import REAL_RUN_CASES, real_run_name, stored_parts
+from conftest import run_study  # noqa: E402  (after the sys.path insert that makes tests/ importable)
+from test_predict import REAL_RUN_CASES, real_run_name, stored_parts  # noqa: E402
 
-from restartbench.plan import PLAN_CACHE
+from restartbench.plan import PLAN_CACHE  # noqa: E402
 
 
 def store(run: Path, folder: Path) -> None:
