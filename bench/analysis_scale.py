@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+
 from restartbench import analysis
 
 NOT_COPIED = ("checkpoints", "digests")

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
 
 DEMO_SWEEP = ROOT / "sweeps" / "demo.yaml"

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from results_io import ROOT, add_output_arguments, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
@@ -102,7 +101,7 @@ def storage_bandwidth(target: Path, nbytes: int, block: int = 64 << 20) -> dict:
     return {"tool": "plain write+fsync / read after posix_fadvise(DONTNEED) (bench/engines.py)",
             "write_MBps": total / MB / write_s, "read_MBps": total / MB / read_s, "target": str(target),
             "block_size": f"{block >> 20}M", "jobs": 1, "direct": False, "probe_bytes": total,
-            "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
 def storage_baseline(logs: Path, target: Path, nbytes: int) -> dict:

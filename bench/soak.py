@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import psutil
-
 from results_io import add_output_arguments, machine_line, run_meta, write_results
+
 from restartbench.config import RunConfig, config_from_args
 from restartbench.events import Event, read_events
 from restartbench.study import run_study

@@ -37,9 +37,10 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 PROCESS_START = time.time()
 
@@ -84,7 +85,7 @@ class EmulatedRanks:
         for log in self.logs.values():
             log.emit(event, start=start_wall, duration_s=time.perf_counter() - start, **fields, **extra)
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         """Process start-up, as restartbench.train records it; returns the engine's emulator, set up."""
         launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
         for log in self.logs.values():

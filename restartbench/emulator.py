@@ -9,7 +9,8 @@ without it.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from restartbench.config import RunConfig
 from restartbench.data import stable_seed

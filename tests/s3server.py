@@ -70,7 +70,7 @@ class SeaweedS3:
     def log_path(self) -> Path:
         return self.workdir / "weed.log"
 
-    def __enter__(self) -> "SeaweedS3":
+    def __enter__(self) -> SeaweedS3:
         weed = weed_binary()
         if weed is None:
             raise SeaweedUnavailable("SeaweedFS's weed binary is not installed "

@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import posixpath
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -200,7 +201,7 @@ class DCPEngine(CheckpointEngine):
         self._write_done = 0.0
         self._read: list[FileRecord] = []
 
-    def for_store(self, store: Any) -> "DCPEngine":
+    def for_store(self, store: Any) -> DCPEngine:
         """For an object store: this engine with the DCP writer and reader of the store's client."""
         self.target = OBJECT_PREFIXES[type(store).__name__](store)
         return self

@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from restartbench.config import EngineConfig
 from restartbench.engines.base import EngineInfo

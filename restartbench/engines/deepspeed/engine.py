@@ -16,8 +16,9 @@ import os
 import posixpath
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from restartbench.config import EngineConfig
 from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
