@@ -62,7 +62,7 @@ def run_meta(benchmark: str, argv: list[str], machine: str | None = None) -> dic
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     runtime = runtime_versions()
     return {"benchmark": benchmark, "date": datetime.date.today().isoformat(),
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": argv, "command": shlex.join(["python", str(shown), *argv]),
             "machine": machine or machine_name(runtime), "cpus": os.cpu_count(),
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),

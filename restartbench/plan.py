@@ -33,11 +33,12 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from restartbench import engines, rundir, storage
 from restartbench.config import RunConfig, build_parser
@@ -123,8 +124,8 @@ def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Sh
     grad_accum = cfg.train.grad_accum or layout.pp
     return ShardSetup(preset=scaled_preset(base, scale, layout.tp), layout=layout, dtype=cfg.model.dtype,
                       ds_config=render_ds_config(cfg, grad_accum, layout.dp), step=step, tag=f"step{step}",
-                      device=choose_device(cfg.launch.device, base.param_count()), folder=checkpoint_folder(cfg, base.name, layout.name),
-                      nnodes=cfg.layout.nnodes)
+                      device=choose_device(cfg.launch.device, base.param_count()),
+                      folder=checkpoint_folder(cfg, base.name, layout.name), nnodes=cfg.layout.nnodes)
 
 
 def checkpoint_folder(cfg: RunConfig, preset: str, layout: str) -> str:
@@ -412,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(prog="python -m restartbench.plan")
     parser.description = ("Print the files one checkpoint of a preset and layout writes, rank by rank, with their "
                           "sizes, without running anything.")
-    parser.add_argument("--step", type=int, default=None, help="Iteration of the checkpoint (default: --save-interval).")
+    parser.add_argument("--step", type=int, default=None,
+                        help="Iteration of the checkpoint (default: --save-interval).")
     parser.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     parser.add_argument("--all-presets", action="store_true",
                         help="Markdown for every preset x --layouts (docs/plan.md); preset and layout are ignored.")

@@ -34,9 +34,10 @@ import re
 import tempfile
 import types
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 from restartbench.layout import Layout
 from restartbench.presets import ModelPreset
@@ -280,7 +281,7 @@ def _stage_params(weights: list[tuple[int, OrderedDict]]) -> OrderedDict:
     return OrderedDict((f"{index}.{name}", tensor) for index, state in weights for name, tensor in state.items())
 
 
-def _model_states(setup: ShardSetup, state: "TrainingState") -> dict[str, Any]:
+def _model_states(setup: ShardSetup, state: TrainingState) -> dict[str, Any]:
     """``mp_rank_XX_model_states.pt``: DeepSpeedEngine._common_checkpoint_state of a PipelineEngine under ZeRO-1."""
     from deepspeed.git_version_info import version
     from deepspeed.runtime.engine import _checkpoint_parallel_metadata
@@ -295,7 +296,7 @@ def _model_states(setup: ShardSetup, state: "TrainingState") -> dict[str, Any]:
                 **_checkpoint_parallel_metadata(_Grid(setup.layout)), ds_config=setup.ds_config, ds_version=version)
 
 
-def _optimizer_states(setup: ShardSetup, state: "TrainingState") -> dict[str, Any]:
+def _optimizer_states(setup: ShardSetup, state: TrainingState) -> dict[str, Any]:
     """``[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt``: DeepSpeedZeroOptimizer.state_dict() under ZeRO-1."""
     from deepspeed.git_version_info import version
 
@@ -335,10 +336,12 @@ def _adamw(setup: ShardSetup, param: Any) -> tuple[Any, Any]:
     import torch
     from deepspeed.runtime import lr_schedules
 
-    options = {k: v for k, v in setup.ds_config["optimizer"]["params"].items() if k not in ("torch_adam", "adam_w_mode")}
+    params = setup.ds_config["optimizer"]["params"]
+    options = {k: v for k, v in params.items() if k not in ("torch_adam", "adam_w_mode")}
     adam = torch.optim.AdamW([param], **options)
-    adam.state[param] = {"step": meta_tensor((), torch.float32), "exp_avg": meta_tensor(tuple(param.shape), torch.float32),
-                         "exp_avg_sq": meta_tensor(tuple(param.shape), torch.float32)}
+    moment = tuple(param.shape)
+    adam.state[param] = {"step": meta_tensor((), torch.float32), "exp_avg": meta_tensor(moment, torch.float32),
+                         "exp_avg_sq": meta_tensor(moment, torch.float32)}
     schedule = setup.ds_config.get("scheduler")
     scheduler = getattr(lr_schedules, schedule["type"])(adam, **schedule["params"]) if schedule else None
     for _ in range(setup.step if scheduler else 0):

@@ -70,3 +70,9 @@ def test_planning_and_rendering_import_no_torch():
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_ruff_finds_nothing():
+    """The rules chosen in pyproject.toml ([tool.ruff]), over the whole repository."""
+    proc = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -656,3 +656,10 @@ def test_clip_grad_without_gradient_clipping_in_the_config_is_deepspeeds_default
     setup = replace(setup, ds_config={k: v for k, v in setup.ds_config.items() if k != "gradient_clipping"})
     params = OrderedDict(weight=torch.empty((5,), dtype=torch.bfloat16, device="meta"))
     assert ZeroOptimizer(setup, params, dp_rank=0).state_dict()["clip_grad"] == get_gradient_clipping({}) == 1.0
+
+
+def test_clip_grad_is_the_configs_gradient_clipping():
+    setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
+    setup = replace(setup, ds_config={**setup.ds_config, "gradient_clipping": 0.25})
+    params = OrderedDict(weight=torch.empty((5,), dtype=torch.bfloat16, device="meta"))
+    assert ZeroOptimizer(setup, params, dp_rank=0).state_dict()["clip_grad"] == 0.25
