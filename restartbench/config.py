@@ -1,8 +1,10 @@
 """The run configuration: one typed tree, saved as ``config.json`` in every run folder.
 
-Each leaf field carries its documentation in ``metadata["doc"]``; the command line
-of ``config-n-run.py`` is generated from the tree (``--save-interval`` sets
-``train.save_interval``), so a field added here is an option there, with its help.
+Each leaf field carries its documentation in ``metadata["doc"]`` and the values it accepts (``Allowed``: a
+numeric range, a pattern); the command line of ``config-n-run.py`` is generated from the tree
+(``--save-interval`` sets ``train.save_interval``), so a field added here is an option there, with its help.
+Every value is checked here, once, whether it comes from the command line, a sweep file or a ``config.json``:
+the message names the option and what it accepts.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,9 +22,47 @@ from pathlib import Path
 from typing import Any
 
 
-def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None) -> Any:
-    """A config field with its documentation (and how it appears on the command line)."""
-    return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices})
+@dataclass(frozen=True)
+class Allowed:
+    """The values an option accepts besides its type (None, for an optional field, is always accepted; a float must
+    be finite): at least ``low`` (above it when ``low_open``), at most ``high``, matching ``pattern``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    pattern: str | None = None
+    """A regular expression the whole value must match."""
+    says: str = ""
+    """How to say what matches ``pattern``, for a person: 'HH:MM:SS'."""
+
+    def describe(self) -> str:
+        if self.pattern:
+            return self.says
+        low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
+        if self.high is None:
+            return low
+        return f"between {self.low:g} and {self.high:g}" if not self.low_open else f"{low} and at most {self.high:g}"
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if self.pattern:
+            return re.fullmatch(self.pattern, value) is not None
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above_low = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above_low and (self.high is None or value <= self.high)
+
+
+AT_LEAST_1 = Allowed(low=1)
+AT_LEAST_0 = Allowed(low=0)
+
+
+def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None,
+        allowed: Allowed | None = None) -> Any:
+    """A config field with its documentation, how it appears on the command line, and the values it accepts."""
+    return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices,
+                                            "allowed": allowed})
 
 
 @dataclass
@@ -31,9 +73,9 @@ class ModelConfig:
         "Training precision. bf16 is the study's setting; fp32 is much faster on CPUs without bf16 units.",
         choices=("bf16", "fp32"),
     )
-    seq_len: int | None = opt(None, "Sequence length; default: the preset's.")
+    seq_len: int | None = opt(None, "Sequence length; default: the preset's.", allowed=AT_LEAST_1)
     activation_checkpoint_interval: int = opt(
-        0, "Recompute activations every N decoder layers (0 = off); needed for the big presets."
+        0, "Recompute activations every N decoder layers (0 = off); needed for the big presets.", allowed=AT_LEAST_0
     )
 
 
@@ -43,18 +85,20 @@ class LayoutConfig:
         "tp2pp2", "Parallel layout such as tp2pp4, tp2pp4dp2, dp4; dp is inferred from --nproc-per-node x --nnodes.",
         positional=True,
     )
-    nproc_per_node: int | None = opt(None, "Ranks per node; default: the layout's tp·pp·dp on one node.")
-    nnodes: int = opt(1, "Number of nodes.")
+    nproc_per_node: int | None = opt(None, "Ranks per node; default: the layout's tp·pp·dp on one node.",
+                                     allowed=AT_LEAST_1)
+    nnodes: int = opt(1, "Number of nodes.", allowed=AT_LEAST_1)
 
 
 @dataclass
 class TrainConfig:
-    iters: int = opt(4, "Iterations of phase 1 (train and checkpoint) before the restart.")
-    save_interval: int = opt(2, "Checkpoint every N iterations (and always after the last one).")
-    micro_batch: int = opt(1, "Micro-batch size per rank.")
-    grad_accum: int | None = opt(None, "Micro-batches per iteration; default: pp (each pipeline stage busy).")
-    seed: int = opt(1234, "Seed of the weights and of the synthetic token stream.")
-    lr: float = opt(1e-3, "Peak learning rate of AdamW (reached after a 2-iteration warm-up).")
+    iters: int = opt(4, "Iterations of phase 1 (train and checkpoint) before the restart.", allowed=AT_LEAST_1)
+    save_interval: int = opt(2, "Checkpoint every N iterations (and always after the last one).", allowed=AT_LEAST_1)
+    micro_batch: int = opt(1, "Micro-batch size per rank.", allowed=AT_LEAST_1)
+    grad_accum: int | None = opt(None, "Micro-batches per iteration; default: pp (each pipeline stage busy).",
+                                 allowed=AT_LEAST_1)
+    seed: int = opt(1234, "Seed of the weights and of the synthetic token stream.", allowed=AT_LEAST_0)
+    lr: float = opt(1e-3, "Peak learning rate of AdamW (reached after a 2-iteration warm-up).", allowed=AT_LEAST_0)
 
 
 @dataclass
@@ -63,18 +107,20 @@ class EngineConfig:
         "torch", "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async, "
         "lazy."
     )
-    io_buffer_mb: int = opt(64, "fastpersist/decoupled: size of each aligned I/O buffer, MiB.")
+    io_buffer_mb: int = opt(64, "fastpersist/decoupled: size of each aligned I/O buffer, MiB.", allowed=AT_LEAST_1)
     writer_data_parallel: str = opt(
         "replica", "fastpersist/decoupled: which data-parallel ranks write (DeepSpeed's writer.data_parallel).",
         choices=("replica", "socket", "machine"),
     )
-    host_cache_gb: float = opt(4.0, "datastates: pinned host cache per rank, GB.")
+    host_cache_gb: float = opt(4.0, "datastates: pinned host cache per rank, GB.",
+                               allowed=Allowed(low=0, low_open=True))
     dp_read_once: bool = opt(
         False, "lazy: on restore, data-parallel rank 0 reads the replicated module weights and broadcasts them "
         "to its replicas, instead of every replica reading the same file.",
     )
-    lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.")
-    lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.")
+    lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.", allowed=AT_LEAST_1)
+    lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
+                               allowed=AT_LEAST_1)
 
 
 @dataclass
@@ -96,12 +142,14 @@ class StorageConfig:
         None, "GCS endpoint URL (an emulator, a private endpoint); default: STORAGE_EMULATOR_HOST, else Google.")
     baseline_mib: int = opt(
         64, "Before phase 1, measure the checkpoint folder's raw write (with fsync) and read bandwidth with fio "
-        "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.")
+        "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.",
+        allowed=AT_LEAST_0)
 
 
 @dataclass
 class PathsConfig:
-    logs: str = opt("logs", "Root of the run folders: <logs>/<preset>/<layout>/<engine>/<timestamp>/.")
+    logs: str = opt("logs", "Root of the run folders: <logs>/<preset>/<layout>/<engine>/<timestamp>/.",
+                    allowed=Allowed(pattern=r".*\S.*", says="a folder, not empty"))
     run_dir: str | None = opt(None, "This run's folder; default: made under --logs.")
 
 
@@ -113,20 +161,25 @@ class LaunchConfig:
     )
     submit: bool = opt(False, "slurm/pbs: submit the rendered job script (sbatch/qsub) and print the job id.")
     gpus_per_node: int | None = opt(
-        None, "GPUs per node of the cluster (default 8 for cuda); checked against the layout.")
+        None, "GPUs per node of the cluster (default 8 for cuda); checked against the layout.", allowed=AT_LEAST_1)
     account: str | None = opt(None, "slurm/pbs: account (project) to charge.")
     partition: str | None = opt(None, "slurm partition or pbs queue.")
-    walltime: str = opt("01:00:00", "slurm/pbs: wall-clock limit of the job, HH:MM:SS.")
+    walltime: str = opt("01:00:00", "slurm/pbs: wall-clock limit of the job, HH:MM:SS.",
+                        allowed=Allowed(pattern=r"\d+:[0-5]\d:[0-5]\d",
+                                        says="HH:MM:SS, such as 02:30:00 (hours may pass 24)"))
     setup: str | None = opt(
         None, "slurm/pbs: shell lines run at the start of the job (modules, env), separated by ';'.")
     device: str = opt(
         "auto", "cpu (gloo), cuda (NCCL), or auto: cuda when a GPU is visible.", choices=("auto", "cpu", "cuda"))
-    master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.")
+    master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.",
+                           allowed=Allowed(low=0, high=65535))
     verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")
     memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
-    phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.")
+    phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.",
+                               allowed=AT_LEAST_1)
     collective_timeout_s: int = opt(
-        600, "Fail a rank whose distributed init or collective waits longer than this (a dead or missing peer)."
+        600, "Fail a rank whose distributed init or collective waits longer than this (a dead or missing peer).",
+        allowed=AT_LEAST_1,
     )
     check_files: bool = opt(
         True,
@@ -154,9 +207,10 @@ class EmulationConfig:
     emulate_scale: float = opt(
         1.0, "--emulate: multiply the model's hidden, ffn and vocabulary widths by this (0 < s <= 1; layers, heads "
         "and files unchanged, bytes about s² times), so a wide layout fits a small machine.",
+        allowed=Allowed(low=0, low_open=True, high=1),
     )
     ranks_per_process: int = opt(1, "--emulate: ranks each process emulates, one after another (world size / K "
-                                    "processes).")
+                                    "processes).", allowed=AT_LEAST_1)
 
 
 @dataclass
@@ -188,6 +242,7 @@ class RunConfig:
                 raise ValueError(f"unknown key(s) in config section {section.name!r}: {sorted(unknown)}")
             for name, value in values.items():
                 check_type(section.name, known[name], value)
+                check_allowed(known[name], value)
             sections[section.name] = section.default_factory(**values)
         unknown_sections = set(data) - set(sections)
         if unknown_sections:
@@ -224,6 +279,14 @@ def check_type(section: str, leaf: dataclasses.Field, value: Any) -> None:
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ValueError(f"{section}.{leaf.name} ({leaf.name!r}) must be {names}, "
                          f"got {value!r} ({type(value).__name__})")
+
+
+def check_allowed(leaf: dataclasses.Field, value: Any) -> None:
+    """Raise ValueError naming the option, what it accepts and the value, when the value is out of its range."""
+    allowed = leaf.metadata.get("allowed")
+    if allowed is not None and not allowed.accepts(value):
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise ValueError(f"--{leaf.name.replace('_', '-')} must be {finite}{allowed.describe()} (got {value!r})")
 
 
 @functools.cache
@@ -265,9 +328,15 @@ def build_parser(prog: str = "config-n-run.py") -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str] | None = None) -> RunConfig:
-    args = vars(build_parser().parse_args(argv))
+    """The run configuration from the command line; a value out of range ends the program as argparse does (the
+    usage, the message, exit code 2)."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
     nested: dict[str, dict[str, Any]] = {}
     for dest, value in args.items():
         section, name = dest.split(".")
         nested.setdefault(section, {})[name] = value
-    return RunConfig.from_dict(nested)
+    try:
+        return RunConfig.from_dict(nested)
+    except ValueError as error:
+        parser.error(str(error))

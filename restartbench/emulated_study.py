@@ -48,10 +48,6 @@ def run_emulation(cfg: RunConfig) -> int:
 def plan_emulation(cfg: RunConfig) -> rundir.RunPlan:
     """study.plan_run for gloo processes on CPU: K ranks per process, memory checked against the emulated shards."""
     options = cfg.emulation
-    if options.ranks_per_process < 1:
-        raise StudyError(f"--ranks-per-process must be at least 1 (got {options.ranks_per_process})")
-    if not 0 < options.emulate_scale <= 1:
-        raise StudyError(f"--emulate-scale must be in (0, 1] (got {options.emulate_scale})")
     _check_engine(cfg)
     cfg.launch.device = "cpu"  # whatever the preset: these are gloo processes on CPUs
     probe = RunConfig.from_dict(cfg.to_dict())

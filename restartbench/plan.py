@@ -131,7 +131,7 @@ def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Sh
 def checkpoint_folder(cfg: RunConfig, preset: str, layout: str) -> str:
     """Where a run of ``cfg`` puts its checkpoints, as ``study.plan_run`` resolves it: ``--checkpoint-dir``, else
     ``<run folder>/checkpoints``; a run folder not made yet is ``<logs>/<preset>/<layout>/<engine>/<time>`` with
-    ``rundir.PLACEHOLDER_STAMP`` for the time (a path of the same length, unless the run needs a ``-N`` suffix)."""
+    ``rundir.PLACEHOLDER_STAMP`` for the time and its suffix (a path of the same length)."""
     if cfg.storage.checkpoint_dir:
         where = cfg.storage.checkpoint_dir
         return where if storage.is_remote(where) else str(Path(where).resolve())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -30,7 +31,9 @@ RUNTIME = "runtime.json"
 INVENTORY = "inventory.json"
 CHECKPOINTS = "checkpoints"
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
-PLACEHOLDER_STAMP = "00000000-000000"
+STAMP_SUFFIX_BYTES = 3
+"""Random bytes after the time in a run folder's name (6 hex digits): launches in the same second differ."""
+PLACEHOLDER_STAMP = "00000000-000000-000000"
 """The stamp of a run folder that does not exist yet (as long as a real one): what the predictor names it."""
 
 
@@ -40,14 +43,18 @@ def run_folder(logs: str | Path, preset: str, layout: str, engine: str, stamp: s
 
 
 def new_run_folder(logs: str | Path, preset: str, layout: str, engine: str) -> Path:
-    """A run folder named after the time now, with ``-N`` appended while the name is taken."""
-    stamp = time.strftime(STAMP_FORMAT)
-    base = run_folder(logs, preset, layout, engine, stamp)
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{stamp}-{n}")
-    return candidate
+    """A run folder's path, named after the time now and a random suffix: unique however many launches start in the
+    same second on however many nodes, with no look at what exists (``create_run_folder`` makes it, or refuses)."""
+    stamp = f"{time.strftime(STAMP_FORMAT)}-{secrets.token_hex(STAMP_SUFFIX_BYTES)}"
+    return run_folder(logs, preset, layout, engine, stamp)
+
+
+def create_run_folder(path: str | Path) -> None:
+    """Create the run folder itself, atomically: its parents may exist (other launches make them too), the folder
+    may not (FileExistsError: another launch owns it, and nothing of it is touched)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir()
 
 
 def phase_log(run_dir: str | Path, phase: str, stream: str) -> Path:

@@ -332,7 +332,7 @@ class _Module:
 
 def _adamw(setup: ShardSetup, param: Any) -> tuple[Any, Any]:
     """(torch.optim.AdamW over ``param`` as DeepSpeed builds it from the config (``torch_adam``) with Adam's state
-    after a step, the run's lr scheduler, DeepSpeed's own class, stepped once per iteration up to ``setup.step``)."""
+    after a step, the run's lr scheduler, DeepSpeed's own class, set to iteration ``setup.step``)."""
     import torch
     from deepspeed.runtime import lr_schedules
 
@@ -344,8 +344,8 @@ def _adamw(setup: ShardSetup, param: Any) -> tuple[Any, Any]:
                          "exp_avg_sq": meta_tensor(moment, torch.float32)}
     schedule = setup.ds_config.get("scheduler")
     scheduler = getattr(lr_schedules, schedule["type"])(adam, **schedule["params"]) if schedule else None
-    for _ in range(setup.step if scheduler else 0):
-        scheduler.step()
+    if scheduler is not None and setup.step:
+        scheduler.step(setup.step - 1)  # where setup.step calls of step() leave it, set at once (any iteration count)
     return adam, scheduler
 
 

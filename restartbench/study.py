@@ -56,7 +56,7 @@ GPUS_PER_NODE_DEFAULT = 8
 def plan_run(cfg: RunConfig) -> RunPlan:
     preset = _preset(cfg)
     device = choose_device(cfg.launch.device, preset.param_count())
-    nnodes, nproc = _ranks(cfg)
+    nnodes, nproc = cfg.layout.nnodes, cfg.layout.nproc_per_node
     try:
         layout = validate_layout(cfg.layout.layout, preset, nnodes * nproc if nproc else None)
     except LayoutError as error:
@@ -68,7 +68,6 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     if device == "cuda":
         _check_gpus(layout.world_size, nnodes, nproc, gpus_per_node, launcher)
     _check_engine(cfg.engine.engine)
-    _check_train(cfg)
     grad_accum = cfg.train.grad_accum or layout.pp
     memory = memory_per_rank(preset, layout, dtype=cfg.model.dtype, micro_batch=cfg.train.micro_batch,
                              grad_accum=grad_accum, device=device,
@@ -125,12 +124,6 @@ def _preset(cfg: RunConfig) -> ModelPreset:
     return preset
 
 
-def _ranks(cfg: RunConfig) -> tuple[int, int | None]:
-    if cfg.layout.nnodes < 1 or (cfg.layout.nproc_per_node is not None and cfg.layout.nproc_per_node < 1):
-        raise StudyError("--nnodes and --nproc-per-node must be at least 1")
-    return cfg.layout.nnodes, cfg.layout.nproc_per_node
-
-
 def _default_nodes(world_size: int, device: str, nnodes: int, gpus_per_node: int) -> tuple[int, int]:
     """Ranks per node when not given: all on one node on CPU; on GPUs one rank per GPU."""
     if nnodes > 1:
@@ -174,7 +167,7 @@ def _optional_engine_missing(cfg: RunConfig, plan: RunPlan) -> bool:
     if not missing:
         return False
     run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True)
+    rundir.create_run_folder(run_dir)
     cfg.paths.run_dir = str(run_dir)
     cfg.save(run_dir / rundir.CONFIG)
     reason = "; ".join(missing)
@@ -183,20 +176,6 @@ def _optional_engine_missing(cfg: RunConfig, plan: RunPlan) -> bool:
     say(f"SKIPPED: {reason}")
     say(f"run marked skipped: {run_dir}")
     return True
-
-
-def _check_train(cfg: RunConfig) -> None:
-    train = cfg.train
-    for name in ("iters", "save_interval", "micro_batch"):
-        if getattr(train, name) < 1:
-            raise StudyError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(train, name)})")
-    if train.grad_accum is not None and train.grad_accum < 1:
-        raise StudyError(f"--grad-accum must be at least 1 (got {train.grad_accum})")
-    if cfg.model.seq_len is not None and cfg.model.seq_len < 1:
-        raise StudyError(f"--seq-len must be at least 1 token, or left out for the preset's (got {cfg.model.seq_len})")
-    if cfg.storage.baseline_mib < 0:
-        raise StudyError(f"--baseline-mib must be 0 (no storage baseline) or a size in MiB "
-                         f"(got {cfg.storage.baseline_mib})")
 
 
 def _check_memory(preset: ModelPreset, plan: RunPlan, need: float) -> None:
@@ -333,19 +312,24 @@ def hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rend
 
 
 def prepare_run_dir(cfg: RunConfig, plan: RunPlan, rendered: Rendered) -> Path:
-    """Check the target folders, then create the run folder; nothing is left behind when a check fails."""
+    """Check the target folders, then create the run folder; nothing is left behind when a check fails, and a folder
+    another launch created is never touched."""
     run_dir = Path(plan.run_dir)
     if run_dir.exists():
-        raise StudyError(f"run folder {run_dir} already exists; choose another --run-dir or leave it out")
+        raise StudyError(_run_folder_exists(cfg, run_dir))
     _check_target(cfg, plan)
     try:
-        run_dir.mkdir(parents=True)
+        rundir.create_run_folder(run_dir)
+    except FileExistsError:
+        raise StudyError(_run_folder_exists(cfg, run_dir)) from None
+    except OSError as error:
+        raise StudyError(f"cannot create the run folder {run_dir}: {error}; choose a writable --logs") from None
+    try:
         if not plan.remote:  # an object-store prefix needs no creating
             Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise StudyError(f"cannot create the run folder or checkpoint folder: {error}; "
-                         "choose a writable --logs / --checkpoint-dir") from None
+        shutil.rmtree(run_dir, ignore_errors=True)  # created just above, by this launch
+        raise StudyError(f"cannot create the checkpoint folder: {error}; choose a writable --checkpoint-dir") from None
     cfg.paths.run_dir = str(run_dir)
     cfg.save(run_dir / rundir.CONFIG)
     plan.save(run_dir)
@@ -371,7 +355,7 @@ def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
     if not target.is_dir() or not os.access(target, os.W_OK):
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable "
                          "folder); choose a writable --checkpoint-dir / --logs")
-    saves = len([s for s in range(1, cfg.train.iters + 1) if s % cfg.train.save_interval == 0 or s == cfg.train.iters])
+    saves = checkpoints_saved(cfg.train.iters, cfg.train.save_interval)
     need = saves * plan.checkpoint_bytes_estimate
     free = shutil.disk_usage(target).free
     if cfg.launch.disk_check and need > free:
@@ -379,6 +363,18 @@ def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
                          f"checkpoint(s) of about {plan.checkpoint_bytes_estimate / GiB:.2f} GiB need "
                          f"{need / GiB:.2f} GiB; "
                          "free space, point --checkpoint-dir elsewhere, or raise --save-interval")
+
+
+def _run_folder_exists(cfg: RunConfig, run_dir: Path) -> str:
+    if cfg.paths.run_dir:
+        return f"run folder {run_dir} already exists; choose another --run-dir or leave it out"
+    return (f"run folder {run_dir} was created by another launch (its random suffix is the same as this one's); "
+            "launch again")
+
+
+def checkpoints_saved(iters: int, save_interval: int) -> int:
+    """Checkpoints phase 1 saves: after every ``save_interval`` iterations, and after the last one."""
+    return iters // save_interval + (1 if iters % save_interval else 0)
 
 
 def _nearest_existing(path: Path) -> Path:

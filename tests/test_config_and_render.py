@@ -84,8 +84,6 @@ def test_paths_with_spaces_are_quoted(tmp_path):
      "unknown checkpoint engine 'nebula'; known engines: none, torch, fastpersist"),
     (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
     (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
-    (["tiny", "tp2pp2", "--iters", "0"], "--iters must be at least 1"),
-    (["tiny", "tp2pp2", "--seq-len", "0"], "--seq-len must be at least 1 token"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(argv, message, tmp_path):
     cfg = config_from_args([*argv, "--logs", str(tmp_path)])

@@ -146,7 +146,7 @@ def test_dry_run_prints_the_emulation_and_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (("--ranks-per-process", "3"), "do not split into processes"),
-    (("--emulate-scale", "0"), "--emulate-scale must be in (0, 1]"),
+    (("--emulate-scale", "0"), "--emulate-scale must be above 0 and at most 1 (got 0.0)"),
     (("--engine", "torchsnapshot"), "engine 'torchsnapshot' is not emulated: TorchSnapshot's save is not emulated "
                                     "yet; run it for real without --emulate; --emulate runs the checkpoint I/O of "
                                     "--engine torch, dcp, dcp-async, lazy"),

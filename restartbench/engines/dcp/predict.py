@@ -19,8 +19,8 @@ DCP_TOLERANCE_BYTES = 0
 """dcp, dcp-async: exact. Each ``.distcp`` entry is a torch.save zip of a CPU copy (FileSystemWriter moves every
 tensor to the CPU before saving it, so the device changes nothing), and the plan's entries are the run's own pickles.
 ``.metadata`` pickles the checkpoint folder's path (DCP's checkpoint_id): the run's own folder is exact; before the
-run (plan.json's estimate) the run folder's time stamp is a placeholder of the same length, a few bytes off only when
-the folder gets a ``-N`` suffix (two runs in the same second). For an object-store prefix the writer is
+run (plan.json's estimate) the run folder's time stamp and random suffix are a placeholder of the same length, so the
+path is as long as the run's. For an object-store prefix the writer is
 s3torchconnector's or fsspec's, whose checkpoint_id is not checked against real runs."""
 
 
