@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/] {args.logs} is not a folder")
         return 2
     out = args.out or args.logs / "summary"
+    try:  # before reading any run: a place that cannot hold the results is said at once
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        console.print(f"[red]error:[/] the results cannot go to {out} ({error.strerror or error}); "
+                      "choose a writable folder with --out")
+        return 2
     start = time.perf_counter()
     collected = collect(args.logs)
     elapsed = time.perf_counter() - start
@@ -62,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             console.print(f"- {line}", soft_wrap=False)
     if args.no_plots:
-        out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "study.csv", index=False)
         collected.rank_table().to_csv(out / "ranks.csv", index=False)
         console.print(f"tables in {out}")

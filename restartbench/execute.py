@@ -9,9 +9,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from restartbench.rundir import RunFolderError
 from restartbench.study import execute
 
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m restartbench.execute RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    try:
+        return execute(run_dir)
+    except (OSError, ValueError, RunFolderError) as error:
+        print(f"error: {run_dir} is not a prepared run folder this version can run: {error}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m restartbench.execute RUN_DIR")
-    sys.exit(execute(Path(sys.argv[1])))
+    sys.exit(main(sys.argv[1:]))

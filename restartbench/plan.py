@@ -432,7 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     for dest, value in args.items():
         section, name = dest.split(".")
         nested.setdefault(section, {})[name] = value
-    cfg = RunConfig.from_dict(nested)
+    try:
+        cfg = RunConfig.from_dict(nested)
+    except ValueError as error:
+        parser.error(str(error))
+    if step is not None and step < 1:
+        parser.error(f"--step must be at least 1 (got {step})")
     try:
         plan = predict(cfg, step=step)
     except NotPredictedError:  # the plan's answer, not a mistake: said on stdout

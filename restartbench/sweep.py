@@ -88,7 +88,10 @@ def load_sweep(path: Path) -> Sweep:
     cells = [Cell(preset, layout, engine, repetition)
              for preset, layout, engine in itertools.product(*lists.values())
              for repetition in range(1, repetitions + 1)]
-    return Sweep(cells, options, Path(data.get("logs") or Path("logs") / Path(path).stem))
+    logs = data.get("logs")
+    if logs is not None and (not isinstance(logs, str) or not logs.strip()):
+        raise SweepError(f"{path}: 'logs' must be a folder name, got {logs!r}")
+    return Sweep(cells, options, Path(logs or Path("logs") / Path(path).stem))
 
 
 def _string_list(path: Path, key: str, value: Any) -> list[str]:

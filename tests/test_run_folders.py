@@ -87,3 +87,19 @@ def test_many_launches_into_one_logs_folder_at_once_all_succeed(tmp_path):
         assert json.loads((folder / "metadata.json").read_text())["status"] == "prepared"
         assert RunConfig.load(folder / "config.json").paths.run_dir == str(folder)
         assert json.loads((folder / "plan.json").read_text())["run_dir"] == str(folder.resolve())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-m", "restartbench.plan", "tiny", "tp2pp2", "--step", "0"], "--step must be at least 1 (got 0)"),
+    (["-m", "restartbench.plan", "tiny", "tp2pp2", "--lr", "nan"], "--lr must be a finite number at least 0"),
+    (["-m", "restartbench.execute", "/nonexistent/run"], "error: /nonexistent/run is not a prepared run folder"),
+    ([str(ROOT / "analysis" / "summarize.py"), "{tmp}", "--out", "{tmp}/a-file"], "the results cannot go to"),
+    (["-m", "restartbench.sweep", "{tmp}/sweep.yaml"], "'logs' must be a folder name, got 5"),
+])
+def test_a_user_mistake_is_said_in_one_line_never_a_traceback(tmp_path, argv, message):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "sweep.yaml").write_text("presets: [tiny]\nlayouts: [tp2pp2]\nengines: [torch]\nlogs: 5\n")
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
