@@ -49,10 +49,11 @@ def read_manifest(ckpt_dir: str | Path | Store, tag: str) -> list[dict[str, Any]
 def committed_tags(ckpt_dir: str | Path | Store) -> list[str]:
     """Tags with a manifest, newest step first."""
     tags = [path.split("/")[0] for path in _store(ckpt_dir).glob(f"*/{MANIFEST}")]
-    return sorted(tags, key=_step, reverse=True)
+    return sorted(tags, key=tag_step, reverse=True)
 
 
-def _step(tag: str) -> int:
+def tag_step(tag: str) -> int:
+    """The iteration in a tag's name (``step4`` -> 4); -1 for a name without digits, which sorts before every step."""
     digits = "".join(ch for ch in tag if ch.isdigit())
     return int(digits) if digits else -1
 

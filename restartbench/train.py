@@ -232,8 +232,8 @@ class RankRun:
             return self._restart_without_checkpoint()
         from restartbench.faults import kill_in_load
 
-        tag = self._checked_tag(_latest_tag(self.store))
-        step = int(tag.removeprefix("step"))
+        tag = self._checked_tag(self._wanted_tag())
+        step = _step_of(tag)
         cache = self._page_cache_before_load(tag)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
                   "cache)")
@@ -272,7 +272,9 @@ class RankRun:
 
         if not self.cfg.launch.check_files:
             return tag
-        candidates = [tag] + [t for t in committed_tags(self.store) if _step_of(t) < _step_of(tag)]
+        committed = committed_tags(self.store)
+        candidates = [tag] + [t for t in committed if _step_of(t) < _step_of(tag)]
+        damaged: list[str] = []
         for candidate in candidates:
             with self.log.span(Event.RESTORE_CHECK_FILES, tag=candidate) as extra:
                 try:
@@ -286,13 +288,34 @@ class RankRun:
             if not problems:
                 if candidate != tag:
                     self.log.emit(Event.RESTORE_FALLBACK, wanted=tag, restored=candidate)
-                    self._say(f"restore: {tag} is damaged; falling back to {candidate}")
+                    self._say(f"restore: {tag} is damaged ({damaged[0]}); falling back to {candidate}")
                 return candidate
+            damaged += problems
             if self.cfg.launch.on_corrupt == "refuse":
                 raise CorruptCheckpoint(f"checkpoint {candidate} in {self.ckpt_dir} fails its manifest check:\n  "
-                                        + "\n  ".join(problems) + "\nrerun with --on-corrupt fallback to restore "
-                                        "the newest earlier checkpoint that checks out")
-        raise CorruptCheckpoint(f"no committed checkpoint in {self.ckpt_dir} passes its manifest check")
+                                        + "\n  ".join(problems) + f"\n{_committed_here(committed)}; rerun "
+                                        "with --on-corrupt fallback to restore the newest earlier checkpoint that "
+                                        "checks out")
+        raise CorruptCheckpoint(f"no committed checkpoint in {self.ckpt_dir} passes its manifest check "
+                                f"({_committed_here(committed)})")
+
+    def _wanted_tag(self) -> str:
+        """The checkpoint ``latest`` names. ``latest`` is a pointer, not the only truth: without it, the newest
+        committed checkpoint (a tag with its manifest) under ``--on-corrupt fallback``; else a refusal naming them."""
+        from restartbench.integrity import committed_tags
+
+        if self.store.exists("latest"):
+            return self.store.read_text("latest").strip()
+        committed = committed_tags(self.store)
+        if not committed:
+            raise FileNotFoundError(f"no complete checkpoint in {self.store.location}: 'latest' is missing and no "
+                                    "checkpoint has its manifest (phase 1 never committed one); rerun phase 1 or "
+                                    "point --checkpoint-dir elsewhere")
+        if self.cfg.launch.on_corrupt != "fallback":
+            raise CorruptCheckpoint(f"'latest' is missing in {self.store.location}, but {_committed_here(committed)}; "
+                                    "rerun with --on-corrupt fallback to restore the newest that checks out")
+        self._say(f"restore: 'latest' is missing; trying the newest committed checkpoint, {committed[0]}")
+        return committed[0]
 
     def _restart_without_checkpoint(self) -> None:
         """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
@@ -373,14 +396,14 @@ def _error_text(error: BaseException) -> str:
 
 
 def _step_of(tag: str) -> int:
-    return int(tag.removeprefix("step"))
+    from restartbench.integrity import tag_step
+
+    return tag_step(tag)
 
 
-def _latest_tag(store) -> str:
-    if not store.exists("latest"):
-        raise FileNotFoundError(f"no complete checkpoint in {store.location}: 'latest' is missing "
-                                "(phase 1 never committed one); rerun phase 1 or point --checkpoint-dir elsewhere")
-    return store.read_text("latest").strip()
+def _committed_here(committed: list[str]) -> str:
+    return (f"the committed checkpoints here are {', '.join(committed)}" if committed
+            else "no checkpoint here has a manifest")
 
 
 if __name__ == "__main__":

@@ -93,11 +93,36 @@ def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
+    (run_dir / "checkpoints" / "step1" / "manifest.json").unlink()
     result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode != 0
     errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
     assert errors and "no complete checkpoint" in errors[0]["error"]
+
+
+def test_latest_is_a_pointer_not_the_only_truth(tmp_path):
+    """Without 'latest', the restore names the committed checkpoints it found, and restores the newest under
+    --on-corrupt fallback."""
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4",
+                              "--save-interval", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    (run_dir / "checkpoints" / "latest").unlink()
+
+    def relaunch() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
+                              timeout=300)
+
+    assert relaunch().returncode != 0
+    errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
+    assert errors and "the committed checkpoints here are step4, step2" in errors[0]["error"]
+    config = json.loads((run_dir / "config.json").read_text())
+    config["launch"]["on_corrupt"] = "fallback"
+    (run_dir / "config.json").write_text(json.dumps(config))
+    result = relaunch()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    restored = [e for e in read_events(run_dir) if e["event"] == "restore.result"][-2:]
+    assert [(e["tag"], e["exact"]) for e in restored] == [("step4", True), ("step4", True)]
 
 
 def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_path):
