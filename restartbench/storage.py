@@ -233,6 +233,14 @@ def condense(message: str) -> str:
     return f"{code[1]}: {text[1] if text else ''}" + (f" (HTTP {status[1]})" if status else "")
 
 
+UNREACHABLE = ("the endpoint cannot be reached: check --s3-endpoint / AWS_ENDPOINT_URL (or --gcs-endpoint / "
+               "STORAGE_EMULATOR_HOST) and that the service is running and reachable from here")
+#: What a refused credential looks like in a client's message; HTTP 401 and 403 as whole numbers only (a port such as
+#: 40113 in "cannot connect to 127.0.0.1:40113" is not a refusal).
+REFUSED = re.compile(r"forbidden|signature|access key|accessdenied|access denied|credentials|invalidaccesskeyid"
+                     r"|\b40[13]\b")
+
+
 def explain_error(error: BaseException, location: ObjectLocation, settings: S3Settings | GCSSettings,
                   doing: str) -> StorageError:
     """A StorageError naming the target, what failed, the likely cause and what to do."""
@@ -243,15 +251,14 @@ def explain_error(error: BaseException, location: ObjectLocation, settings: S3Se
         cause = (f"bucket {location.bucket!r} does not exist there; create it (e.g. aws s3 mb "
                  f"s3://{location.bucket}, gcloud storage buckets create gs://{location.bucket}) or name an existing "
                  "bucket in --checkpoint-dir")
-    elif isinstance(error, PermissionError) or any(word in lowered for word in (
-            "forbidden", "signature", "access key", "accessdenied", "access denied", "credentials",
-            "invalidaccesskeyid", "403", "401")):
+    elif isinstance(error, (ConnectionError, TimeoutError)):
+        cause = UNREACHABLE
+    elif isinstance(error, PermissionError) or REFUSED.search(lowered):
         cause = ("the credentials were refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
                  "or GOOGLE_APPLICATION_CREDENTIALS, and that they may list, write and read this bucket")
     elif any(word in lowered for word in ("crt error", "connection", "connect", "dns", "resolve", "timed out",
                                           "timeout", "socket")):
-        cause = ("the endpoint cannot be reached: check --s3-endpoint / AWS_ENDPOINT_URL (or --gcs-endpoint / "
-                 "STORAGE_EMULATOR_HOST) and that the service is running and reachable from here")
+        cause = UNREACHABLE
     else:
         cause = "the storage service refused the request"
     return StorageError(f"{where}: {doing} failed: {cause} ({type(error).__name__}: {raw})")

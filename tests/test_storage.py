@@ -133,3 +133,18 @@ def test_a_report_missing_a_jobs_bytes_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(baseline, "parse_fio", lambda output, rw: real_parse(output, rw) | {"io_bytes": 4 * MiB})
     with pytest.raises(BaselineError, match=r"covers 4194304 bytes, not the 2 × 4194304"):
         baseline.measure(tmp_path, 4, jobs=2)
+
+
+@pytest.mark.parametrize("error, cause", [
+    (ConnectionError("cannot connect to 127.0.0.1:40113: [Errno 111] Connection refused"), "cannot be reached"),
+    (OSError("cannot connect to 127.0.0.1:40313: [Errno 111] Connection refused"), "cannot be reached"),
+    (OSError("HTTP 403: Forbidden"), "credentials were refused"),
+    (OSError("response_status: 401"), "credentials were refused"),
+])
+def test_an_object_store_error_is_explained_by_its_cause_not_by_digits_in_a_port(error, cause):
+    """A port such as 40113 holds '401': it must not read as a refused credential."""
+    from restartbench import storage
+
+    where = storage.ObjectLocation.parse("gs://ckpt/run")
+    settings = storage.GCSSettings.resolve(endpoint="http://127.0.0.1:40113")
+    assert cause in str(storage.explain_error(error, where, settings, "looking up the bucket"))
