@@ -136,7 +136,8 @@ def run_engine(name: str, args: argparse.Namespace, logs: Path) -> dict:
             "--iters", str(args.iters), "--save-interval", str(args.save_interval), "--engine", name,
             "--logs", str(logs), *args.extra]
     if args.checkpoint_dir:
-        argv += ["--checkpoint-dir", str(Path(args.checkpoint_dir) / name)]
+        # the benchmark's own scratch target, one folder per engine: a rerun writes over its previous checkpoints
+        argv += ["--checkpoint-dir", str(Path(args.checkpoint_dir) / name), "--reuse-checkpoint-dir"]
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]

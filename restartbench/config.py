@@ -140,6 +140,9 @@ class StorageConfig:
         None, "S3 path-style addressing (bucket in the path, not the host name); default: on with a custom endpoint.")
     gcs_endpoint: str | None = opt(
         None, "GCS endpoint URL (an emulator, a private endpoint); default: STORAGE_EMULATOR_HOST, else Google.")
+    reuse_checkpoint_dir: bool = opt(
+        False, "Write into a --checkpoint-dir that already holds another run's committed checkpoints (refused "
+        "otherwise): the new run's tags and 'latest' replace those of the same names, the others stay.")
     baseline_mib: int = opt(
         64, "Before phase 1, measure the checkpoint folder's raw write (with fsync) and read bandwidth with fio "
         "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.",

@@ -31,10 +31,7 @@ def run_emulation(cfg: RunConfig) -> int:
         if rendered.job_script:
             print(f"# --- {LAUNCHERS[plan.launcher].job_file} ---\n{rendered.job_script}", end="")
         return 0
-    launcher = LAUNCHERS[plan.launcher]
-    missing = launcher.missing_submit_command(cfg.launch.submit)
-    if missing:
-        raise StudyError(missing)
+    launcher = study.check_launcher(cfg, plan)
     run_dir = study.prepare_run_dir(cfg, plan, rendered)
     meta = study.run_metadata(cfg, plan) | {"engine": engine_label(cfg.engine.engine),
                                             "emulation": emulation_metadata(cfg, plan)}

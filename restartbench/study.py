@@ -34,6 +34,7 @@ from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
 from restartbench.events import Event, by_message, read_events
+from restartbench.integrity import committed_tags
 from restartbench.launchers import (
     LAUNCHERS,
     Launcher,
@@ -239,10 +240,7 @@ def run_study(cfg: RunConfig) -> int:
     if cfg.launch.dry_run:
         return dry_run(cfg)
     plan = plan_run(cfg)
-    launcher = LAUNCHERS[plan.launcher]
-    missing = launcher.missing_submit_command(cfg.launch.submit)
-    if missing:
-        raise StudyError(missing)
+    launcher = check_launcher(cfg, plan)
     if _optional_engine_missing(cfg, plan):
         return 0
     rendered = render(cfg, plan)
@@ -253,6 +251,21 @@ def run_study(cfg: RunConfig) -> int:
     if launcher.job_template and not launcher.inside_allocation():
         return hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
     return execute(run_dir)
+
+
+def check_launcher(cfg: RunConfig, plan: RunPlan) -> Launcher:
+    """The run's launcher, once it is known to start every node of the run: a batch launcher starts them all; the
+    local launcher starts this machine's ranks only, so a run over several nodes is refused (it would wait for the
+    others until its rendezvous timed out)."""
+    launcher = LAUNCHERS[plan.launcher]
+    missing = launcher.missing_submit_command(cfg.launch.submit)
+    if missing:
+        raise StudyError(missing)
+    if plan.nnodes > 1 and not launcher.job_template:
+        raise StudyError(f"--nnodes {plan.nnodes} with the local launcher would start this machine's ranks only and "
+                         "wait for the other nodes; use --launcher slurm or pbs (add --submit), or --dry-run and run "
+                         "the printed launch.sh on every node with NODE_RANK and MASTER_ADDR set")
+    return launcher
 
 
 def execute(run_dir: Path) -> int:
@@ -344,13 +357,17 @@ def prepare_run_dir(cfg: RunConfig, plan: RunPlan, rendered: Rendered) -> Path:
 def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
     """The checkpoint folder can be made, and (unless --no-disk-check) holds every planned checkpoint;
     an object-store location answers a lookup, a write, a read and a delete (missing bucket, refused credentials
-    and an unreachable endpoint are each said in words, before anything is written or launched)."""
+    and an unreachable endpoint are each said in words, before anything is written or launched); neither holds
+    another run's committed checkpoints unless --reuse-checkpoint-dir."""
     if plan.remote:
         try:
-            storage.probe(storage.open_store(plan.checkpoint_dir, plan.remote))
+            store = storage.open_store(plan.checkpoint_dir, plan.remote)
+            storage.probe(store)
         except storage.StorageError as error:
             raise StudyError(str(error)) from None
-        return
+        return _check_not_another_runs(cfg, store)
+    if Path(plan.checkpoint_dir).is_dir():
+        _check_not_another_runs(cfg, storage.LocalStore(plan.checkpoint_dir))
     target = _nearest_existing(Path(plan.checkpoint_dir))
     if not target.is_dir() or not os.access(target, os.W_OK):
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable "
@@ -375,6 +392,17 @@ def _run_folder_exists(cfg: RunConfig, run_dir: Path) -> str:
 def checkpoints_saved(iters: int, save_interval: int) -> int:
     """Checkpoints phase 1 saves: after every ``save_interval`` iterations, and after the last one."""
     return iters // save_interval + (1 if iters % save_interval else 0)
+
+
+def _check_not_another_runs(cfg: RunConfig, store: storage.LocalStore | storage.ObjectStore) -> None:
+    """A checkpoint location holding committed checkpoints (``latest``, or tags with their manifests) is another
+    run's: writing there would mix the two runs' tags and ``latest``."""
+    committed = committed_tags(store)
+    if (committed or store.exists("latest")) and not cfg.storage.reuse_checkpoint_dir:
+        found = f"committed checkpoints ({', '.join(committed)})" if committed else "a 'latest'"
+        raise StudyError(f"--checkpoint-dir {store.location} already holds {found} of another run; choose an empty "
+                         "location, or add --reuse-checkpoint-dir to write there anyway (tags of the same names and "
+                         "'latest' are replaced)")
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -103,3 +103,29 @@ def test_a_user_mistake_is_said_in_one_line_never_a_traceback(tmp_path, argv, me
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_several_nodes_with_the_local_launcher_are_refused_not_waited_for(tmp_path):
+    command = [sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp2pp2", "--nnodes", "2", "--launcher", "local",
+               "--logs", str(tmp_path / "logs")]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert "--nnodes 2 with the local launcher would start this machine's ranks only" in refused.stdout
+    assert not (tmp_path / "logs").exists()
+    printed = subprocess.run([*command, "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0 and "--nnodes 2 --nproc-per-node 2" in printed.stdout
+
+
+def test_a_checkpoint_dir_with_another_runs_checkpoints_is_refused_unless_reused(tmp_path):
+    other = tmp_path / "shared-ckpt"
+    (other / "step2").mkdir(parents=True)
+    (other / "step2" / "manifest.json").write_text(json.dumps({"tag": "step2", "files": []}))
+    (other / "latest").write_text("step2")
+    command = [sys.executable, str(ROOT / "config-n-run.py"), "tiny", "tp2pp2", "--launcher", "pbs", "--logs",
+               str(tmp_path / "logs"), "--checkpoint-dir", str(other)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert f"--checkpoint-dir {other} already holds committed checkpoints (step2) of another run" in refused.stdout
+    assert not (tmp_path / "logs").exists()
+    reused = subprocess.run([*command, "--reuse-checkpoint-dir"], capture_output=True, text=True, timeout=120)
+    assert reused.returncode == 0, reused.stdout + reused.stderr
