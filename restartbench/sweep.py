@@ -133,6 +133,22 @@ def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:
     return cfg
 
 
+def unique_cells(configs: dict[Cell, RunConfig]) -> tuple[dict[Cell, RunConfig], dict[Cell, list[Cell]]]:
+    """One cell per run folder: cells whose layouts are one layout written differently (tp2pp2, pp2tp2,
+    TP2PP2dp1) share their canonical folder, so they are one cell. Returns the kept cells and, for each, the others
+    that named it again."""
+    kept: dict[Cell, RunConfig] = {}
+    first_of: dict[str, Cell] = {}
+    duplicates: dict[Cell, list[Cell]] = {}
+    for cell, cfg in configs.items():
+        first = first_of.setdefault(cfg.paths.run_dir, cell)
+        if first is cell:
+            kept[cell] = cfg
+        else:
+            duplicates.setdefault(first, []).append(cell)
+    return kept, duplicates
+
+
 def cell_state(run_dir: Path) -> str:
     """done, running (a batch job still queued or running), failed (or interrupted), or pending."""
     path = run_dir / rundir.METADATA
@@ -170,18 +186,22 @@ def set_aside(run_dir: Path) -> Path:
 
 def run_sweep(path: Path, dry_run: bool = False) -> int:
     sweep = load_sweep(path)
-    configs = {cell: cell_config(sweep, cell) for cell in sweep.cells}
+    configs, duplicates = unique_cells({cell: cell_config(sweep, cell) for cell in sweep.cells})
+    for first, others in duplicates.items():
+        say(f"{', '.join(other.describe() for other in others)}: the same cell as {first.describe()} "
+            f"(one run folder, {configs[first].paths.run_dir}), run once")
     states = {cell: cell_state(Path(cfg.paths.run_dir)) for cell, cfg in configs.items()}
-    say(f"sweep {path}: {len(sweep.cells)} cells under {sweep.logs}; " + _tally(states))
+    say(f"sweep {path}: {len(configs)} cells under {sweep.logs}; " + _tally(states))
     if dry_run:
         for cell, state in states.items():
             say(f"  {state:8s} {cell.describe()} -> {configs[cell].paths.run_dir}")
         return 0
     for index, (cell, cfg) in enumerate(configs.items(), start=1):
-        if states[cell] in (DONE, RUNNING):
+        run_dir = Path(cfg.paths.run_dir)
+        states[cell] = cell_state(run_dir)  # again, now: another sweep may have run the cell meanwhile
+        if states[cell] in (DONE, RUNNING):  # never moved aside
             say(f"cell {index}/{len(configs)} {cell.describe()}: {states[cell]}, skipped")
             continue
-        run_dir = Path(cfg.paths.run_dir)
         if run_dir.exists():
             say(f"cell {index}/{len(configs)} {cell.describe()}: earlier attempt moved to {set_aside(run_dir).name}")
         say(f"cell {index}/{len(configs)} {cell.describe()}: running")

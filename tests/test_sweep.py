@@ -87,3 +87,20 @@ def test_interrupted_sweep_resumes_only_missing_cells(tmp_path):
     assert states(logs) == {"tiny/tp1pp1dp2/none/rep1": "complete", "tiny/tp1pp1dp2/torch/rep1": "complete",
                             "tiny/tp1pp1dp2/torch/rep1.attempt1": "running"}
     assert "2 done, 0 running, 0 failed, 0 pending" in resumed.stdout
+
+
+def test_one_layout_written_three_ways_is_one_cell_run_once(tmp_path):
+    """tp2pp2, pp2tp2 and TP2PP2dp1 name one canonical folder: one cell, the others reported, nothing clobbered."""
+    from restartbench.sweep import cell_config, unique_cells
+
+    sweep = load_sweep(write(tmp_path, {"presets": ["tiny"], "layouts": ["tp2pp2", "pp2tp2", "TP2PP2dp1", "pp2dp2"],
+                                        "engines": ["torch"], "logs": str(tmp_path / "logs")}))
+    kept, duplicates = unique_cells({cell: cell_config(sweep, cell) for cell in sweep.cells})
+    assert [cell.layout for cell in kept] == ["tp2pp2", "pp2dp2"]
+    assert {first.layout: [c.layout for c in others] for first, others in duplicates.items()} == {
+        "tp2pp2": ["pp2tp2", "TP2PP2dp1"]}
+    listed = subprocess.run([str(ROOT / "submit-job.sh"), "--sweep", str(write(tmp_path, {
+        "presets": ["tiny"], "layouts": ["tp2pp2", "pp2tp2"], "engines": ["torch"], "logs": str(tmp_path / "logs")})),
+        "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0 and "tiny pp2tp2 torch rep1: the same cell as tiny tp2pp2 torch rep1" in listed.stdout
+    assert "1 cells under" in listed.stdout
