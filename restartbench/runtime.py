@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from restartbench import rundir
 from restartbench.config import RunConfig
 from restartbench.presets import ModelPreset, get_preset
 
@@ -94,6 +95,5 @@ def runtime_info() -> dict[str, Any]:
     return info
 
 
-def write_runtime_info(run_dir: Path, plan: dict[str, Any]) -> None:
-    (Path(run_dir) / "runtime.json").write_text(
-        json.dumps({**runtime_info(), "world_size": plan["world_size"]}, indent=2))
+def write_runtime_info(run_dir: Path, world_size: int) -> None:
+    (Path(run_dir) / rundir.RUNTIME).write_text(json.dumps({**runtime_info(), "world_size": world_size}, indent=2))

@@ -15,7 +15,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 PROCESS_START = time.time()
@@ -108,7 +107,7 @@ class RankRun:
         self.pending: tuple[int, str, float, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
-            runtime.write_runtime_info(self.run_dir, asdict(self.plan))  # it takes plan.json's keys
+            runtime.write_runtime_info(self.run_dir, self.plan.world_size)
 
     # -- phase 1 -------------------------------------------------------------------------
 
