@@ -331,10 +331,14 @@ def build_parser(prog: str = "config-n-run.py") -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str] | None = None) -> RunConfig:
-    """The run configuration from the command line; a value out of range ends the program as argparse does (the
-    usage, the message, exit code 2)."""
+    """The run configuration from the command line."""
     parser = build_parser()
-    args = vars(parser.parse_args(argv))
+    return config_from_parsed(parser, vars(parser.parse_args(argv)))
+
+
+def config_from_parsed(parser: argparse.ArgumentParser, args: dict[str, Any]) -> RunConfig:
+    """The run configuration from ``build_parser``'s options as parsed (``section.name`` -> value); a value out of
+    range ends the program as argparse does (the usage, the message, exit code 2)."""
     nested: dict[str, dict[str, Any]] = {}
     for dest, value in args.items():
         section, name = dest.split(".")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench import engines, rundir, storage
-from restartbench.config import RunConfig, build_parser
+from restartbench.config import RunConfig, build_parser, config_from_parsed
 from restartbench.engines.base import load
 from restartbench.engines.deepspeed.predict import SIZE_TOLERANCE_BYTES
 from restartbench.events import number_ranges
@@ -428,14 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render_all(args["model.dtype"], layouts), end="")
         return 0
     step, as_json = args.pop("step"), args.pop("json")
-    nested: dict[str, dict[str, Any]] = {}
-    for dest, value in args.items():
-        section, name = dest.split(".")
-        nested.setdefault(section, {})[name] = value
-    try:
-        cfg = RunConfig.from_dict(nested)
-    except ValueError as error:
-        parser.error(str(error))
+    cfg = config_from_parsed(parser, args)
     if step is not None and step < 1:
         parser.error(f"--step must be at least 1 (got {step})")
     try:
