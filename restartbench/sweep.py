@@ -36,7 +36,7 @@ import yaml
 
 from restartbench import rundir
 from restartbench.cli import run
-from restartbench.config import RunConfig, check_type, leaf_fields
+from restartbench.config import RunConfig, check_allowed, check_type, leaf_fields
 from restartbench.errors import StudyError
 from restartbench.progress import say
 from restartbench.study import plan_run
@@ -113,6 +113,7 @@ def _options(path: Path, options: Any) -> dict[str, Any]:
             raise SweepError(f"{path}: option {name!r} cannot be set in a sweep; settable: {settable}")
         try:
             check_type(*leaves[name], value)
+            check_allowed(leaves[name][1], value)
         except ValueError as error:
             raise SweepError(f"{path}: option {error}") from None
     return dict(options)

@@ -36,6 +36,8 @@ def test_cells_are_the_cross_product(tmp_path):
      "'iters') must be int, got 'four'"),
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"verify": 1}},
      "'verify') must be bool, got 1"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"lazy_chunk_mb": 0}},
+     "option --lazy-chunk-mb must be at least 1 (got 0)"),
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}},
      "cannot be set in a sweep"),
     ([1, 2], "expected a mapping"),
