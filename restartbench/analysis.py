@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from restartbench import rundir
+from restartbench import goodput, rundir
 from restartbench.baseline import BASELINE_FILE
 from restartbench.config import RunConfig
 from restartbench.engines import engine_names
@@ -108,6 +108,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "write_MBps": "bytes / durable_rank_max_s (10^6 B/s)",
     "write_pct_of_storage": "write_MBps as a share of the storage's write bandwidth (baseline.json: fio for a folder, "
                             "a plain multipart upload for S3), percent",
+    "write_limit": "'limit underestimated' where write_pct_of_storage is above 105: the baseline measured the storage "
+                   "too low (a ratio above 1 means the limit was measured wrong, not that the engine beat the disk)",
     "save_MiBps": "seed 000's save throughput: bytes / durable_rank_max_s in MiB/s (2^20 B/s); durable_rank_max_s "
                   "is its 'corrected' save duration (save start -> fsync'd, no model set-up or device load in it)",
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
@@ -122,6 +124,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
     "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
+    "read_limit": "'limit underestimated' where read_pct_of_storage is above 105 on a restore that was not warm; "
+                  "'warm cache' where a warm restore read faster than the storage (memory answered, not the disk)",
     "read_pct_of_storage": "read_MBps as a share of the storage's read bandwidth (baseline.json), percent; above 100 "
                            "only when pages were served from a warm page cache (see cache)",
     "load_MiBps": "seed 000's load throughput: bytes_read / restart_ckpt_load_s in MiB/s; restart_ckpt_load_s is its "
@@ -277,6 +281,7 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         ranks = rank_restarts(events)
         row = _restart_row(info, ranks)
         row["read_pct_of_storage"] = _percent(row["read_MBps"], common["baseline_read_MBps"])
+        row["read_limit"] = limit_note(row["read_pct_of_storage"], row["cache"])
         collected.rows.append({**common, "kind": "restart", **row, **critical_path(ranks, info["total_s"])})
         collected.ranks.extend({**ident, **r} for r in ranks)
     for entry in _run_files(run_dir, events):
@@ -320,6 +325,7 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
         "files_per_rank_min": min((r["files"] for r in written), default=None),
         "write_MBps": write_mbps,
         "write_pct_of_storage": _percent(write_mbps, common["baseline_write_MBps"]),
+        "write_limit": limit_note(_percent(write_mbps, common["baseline_write_MBps"])),
         "save_MiBps": row["bytes"] / MiB / durable if durable else None,
     }
 
@@ -327,6 +333,28 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
 def _percent(rate: float | None, baseline: float | None) -> float | None:
     """``rate`` as a percentage of the storage's measured bandwidth; None where either is missing."""
     return 100 * rate / baseline if rate is not None and baseline else None
+
+
+#: Above this share of its measured limit (percent) a throughput says the limit was measured too low (issue 18).
+LIMIT_TOLERANCE_PCT = 105.0
+LIMIT_UNDERESTIMATED = "limit underestimated"
+WARM_CACHE = "warm cache"
+
+
+def limit_note(pct: float | None, cache: str | None = None) -> str | None:
+    """What a throughput above ``LIMIT_TOLERANCE_PCT`` of the storage's baseline means: the baseline is too low
+    (``LIMIT_UNDERESTIMATED``), unless a warm page cache answered the reads (``WARM_CACHE``); None at or below it."""
+    if pct is None or not pct > LIMIT_TOLERANCE_PCT:
+        return None
+    return WARM_CACHE if cache == "warm" else LIMIT_UNDERESTIMATED
+
+
+def _flagged(notes: pd.Series) -> str | None:
+    """A summary's note: the most frequent flag and how many of the group's rows carry it (None: none does)."""
+    flagged = notes.dropna()
+    if flagged.empty:
+        return None
+    return f"{flagged.mode().iloc[0]} ({len(flagged)} of {len(notes)})"
 
 
 def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -585,7 +613,7 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
         committed_s=("committed_s", "median"), bytes=("bytes", "median"), files=("files", "median"),
         bytes_per_rank_max=("bytes_per_rank_max", "median"), bytes_per_rank_min=("bytes_per_rank_min", "median"),
         write_MBps=("write_MBps", "median"), write_pct_of_storage=("write_pct_of_storage", "median"),
-        iteration_s=("iteration_s", "median"),
+        write_limit=("write_limit", _flagged), iteration_s=("iteration_s", "median"),
         stall_iterations=("stall_iterations", "median"), stall_overhead_pct=("stall_overhead_pct", "median"),
         baseline_write_MBps=("baseline_write_MBps", "median"),
     ).reset_index()
@@ -608,12 +636,78 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         **{column: (column, "median") for column, _ in RESTART_PART_COLUMNS},
         **{column: (column, "median") for column, _ in PATH_COLUMNS if column in restarts},
         bytes_read=("bytes_read", "median"), files_read=("files_read", "median"), read_MBps=("read_MBps", "median"),
-        read_pct_of_storage=("read_pct_of_storage", "median"), restores_checkpoint=("restores_checkpoint", "any"),
+        read_pct_of_storage=("read_pct_of_storage", "median"), read_limit=("read_limit", _flagged),
+        restores_checkpoint=("restores_checkpoint", "any"),
         cache=("cache", lambda s: ", ".join(sorted({str(v) for v in s.dropna()})) or None),
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
     ).reset_index()
     return sort_rows(summary, keys)
+
+
+#: Columns of ``goodput_table`` (after the grouping keys) and what each holds.
+GOODPUT_COLUMNS: dict[str, str] = {
+    "runs": "runs measured",
+    "cost_s": "C: a checkpoint's cost to training, today its stall (median over checkpoints and runs of the max over "
+              "ranks); not yet the whole cost: the slowdown of the iterations an asynchronous engine's background "
+              "work overlaps is left out, so its C is too low",
+    "cost_basis": "what C is made of (checkpoint_cost): stall",
+    "restart_s": "R: the restart, max over ranks of launch -> end of the first resumed iteration (median over runs), "
+                 "as measured on this machine",
+    "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
+    "failures_per_gpu_hour": "F: failures per GPU-hour (--failures-per-gpu-hour; default Llama 3's)",
+    "gpus": "G: GPUs of the job the failure rate applies to (--gpus, else the run's own world size)",
+    "mtbf_s": "M = 3600 / (F · G): mean time between failures of the job, seconds",
+    "interval_s": "τ*: Daly's optimal training time between checkpoints (never below one iteration), seconds",
+    "interval_iterations": "τ* in iterations: interval_s / iteration_s",
+    "checkpoint_pct": "share of wall time spent in checkpoints at τ*: C / (τ* + C), percent",
+    "rework_pct": "share of wall time re-doing work lost at failures at τ*: (τ* + C) / 2M, percent",
+    "restart_pct": "share of wall time restarting after failures: R / M, percent",
+    "goodput_pct": "share of wall time that is training progress kept: 100 minus the three shares, percent",
+}
+
+
+def checkpoint_cost(summary: pd.DataFrame) -> tuple[pd.Series, str]:
+    """C, each configuration's checkpoint cost to training, from ``checkpoint_summary``, and what it is made of.
+    Today the stall alone: issue 18 adds the slowdown of the iterations a save's background work overlaps, here."""
+    return summary["stall_s"], "stall"
+
+
+def goodput_assumptions(failures_per_gpu_hour: float, gpus: int | None) -> str:
+    """The goodput model's assumptions in one line, for every figure and table that shows it."""
+    source = " (Llama 3: 419 interruptions in 54 days on 16,384 H100s)" \
+        if failures_per_gpu_hour == goodput.LLAMA3_FAILURES_PER_GPU_HOUR else ""
+    where = f"{gpus} GPUs" if gpus else "each run's own world size in GPUs"
+    return (f"Young/Daly model: failures at a constant {failures_per_gpu_hour:.3g} per GPU-hour{source} on {where}; "
+            "C = the stall (not yet the whole cost: an asynchronous engine's slowdown of later iterations is left "
+            "out); R = the restart as measured on this machine")
+
+
+def goodput_table(table: pd.DataFrame, failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+                  gpus: int | None = None) -> pd.DataFrame:
+    """Per preset, layout (, varying setup) and engine: the checkpoint interval and goodput that the measured cost C
+    (``checkpoint_cost``) and restart R imply at ``failures_per_gpu_hour`` on ``gpus`` GPUs (None: each
+    configuration's own world size), by ``restartbench.goodput`` (``GOODPUT_COLUMNS``). Configurations without a
+    checkpoint (engine none), a restart total or an iteration time (emulated runs) have none and are left out."""
+    keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
+    ckpt, rest = checkpoint_summary(table), restart_summary(table)
+    if ckpt.empty or rest.empty:
+        return pd.DataFrame(columns=[*keys, *GOODPUT_COLUMNS])
+    cost, basis = checkpoint_cost(ckpt)
+    merged = ckpt[[*keys, "runs", "ranks", "iteration_s"]].assign(cost_s=cost, cost_basis=basis).merge(
+        rest[[*keys, "restart_s"]], on=keys, how="inner").dropna(subset=["cost_s", "restart_s", "iteration_s"])
+    rows = [{**row, **_goodput_row(row, failures_per_gpu_hour, gpus)} for row in merged.to_dict("records")]
+    return sort_rows(pd.DataFrame(rows).reindex(columns=[*keys, *GOODPUT_COLUMNS]), keys)
+
+
+def _goodput_row(row: dict[str, Any], failures_per_gpu_hour: float, gpus: int | None) -> dict[str, Any]:
+    count = int(gpus or row["ranks"])
+    mtbf = goodput.mtbf_s(failures_per_gpu_hour, count)
+    budget = goodput.at_optimum(row["cost_s"], row["restart_s"], mtbf, row["iteration_s"])
+    return {"failures_per_gpu_hour": failures_per_gpu_hour, "gpus": count, "mtbf_s": mtbf,
+            "interval_s": budget.interval_s, "interval_iterations": budget.interval_s / row["iteration_s"],
+            "checkpoint_pct": 100 * budget.checkpoint_share, "rework_pct": 100 * budget.rework_share,
+            "restart_pct": 100 * budget.restart_share, "goodput_pct": 100 * budget.goodput}
 
 
 def start_up_floor(table: pd.DataFrame) -> pd.DataFrame:
@@ -709,8 +803,9 @@ def engine_comparison(table: pd.DataFrame, preset: str | None = None, layout: st
     keys = [k for k in group_keys(selected) if k in ckpt.columns and k in rest.columns] if not selected.empty \
         else ["engine"]
     keep_c = [*keys, "runs", "checkpoints", "stall_s", "stall_rank_spread_s", "durable_s", "committed_s",
-              "stall_overhead_pct", "bytes", "files", "write_MBps", "write_pct_of_storage"]
-    keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "read_pct_of_storage", "cache", "exact"]
+              "stall_overhead_pct", "bytes", "files", "write_MBps", "write_pct_of_storage", "write_limit"]
+    keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "read_pct_of_storage", "read_limit", "cache",
+              "exact"]
     merged = pd.merge(ckpt.reindex(columns=keep_c).drop(columns="runs"), rest.reindex(columns=keep_r),
                       on=keys, how="outer")
     if not selected.empty:

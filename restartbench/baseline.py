@@ -8,6 +8,11 @@ durable once fsync'd, then a sequential read with O_DIRECT so the page cache doe
 filesystem refuses O_DIRECT, the files are evicted with ``posix_fadvise(DONTNEED)`` and read buffered, and
 ``read_method`` says so. The bandwidth is the jobs' aggregate (fio's group report). fio's JSON output is parsed;
 its text output never is. MB = 10^6 bytes.
+
+A run measures at its checkpoint's concurrency (``record_for_run``): as many jobs as ranks on a node, each file
+one rank's share of the checkpoint, capped at ``--baseline-mib`` (``SIZING``, kept in ``baseline.json``). One job
+of a fixed size can reach less than the ranks reach together, and a limit set too low shows as an engine "faster
+than the storage" (issue 18).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.progress import say
+from restartbench.rundir import RunPlan
 
 #: The file name restartbench.analysis looks for (its BASELINE_FILE).
 BASELINE_FILE = "baseline.json"
@@ -37,8 +43,28 @@ class BaselineError(RuntimeError):
     """fio ran but gave no usable measurement; the message says what fio reported."""
 
 
-def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1) -> Path | None:
-    """Measure ``target`` and write ``run_dir/baseline.json``; on any problem print a note and return None.
+SIZING = ("one fio job per rank of a node (every engine the study runs writes from every rank: each holds its own "
+          "ZeRO-1 optimizer partition), each file a rank's even share of the checkpoint (the plan's estimate / "
+          "world size, rounded up to whole MiB), capped at --baseline-mib")
+
+
+def concurrency(plan: RunPlan, cap_mib: int) -> tuple[int, int]:
+    """(fio jobs, MiB per job) at the checkpoint's concurrency: the ranks of one node write at once, each about
+    ``checkpoint_bytes_estimate / world_size`` bytes, at most ``cap_mib`` MiB (see ``SIZING``)."""
+    share_mib = -(-plan.checkpoint_bytes_estimate // (plan.world_size * MiB))  # rounded up: a file at least as big
+    return plan.nproc_per_node, max(1, min(cap_mib, share_mib))
+
+
+def record_for_run(run_dir: Path, plan: RunPlan, cap_mib: int) -> Path | None:
+    """The run's baseline at its checkpoint's concurrency (``concurrency``), into ``run_dir/baseline.json``."""
+    jobs, size_mib = concurrency(plan, cap_mib)
+    return record_baseline(run_dir, Path(plan.checkpoint_dir), size_mib, jobs=jobs, sizing=SIZING)
+
+
+def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,
+                    sizing: str | None = None) -> Path | None:
+    """Measure ``target`` and write ``run_dir/baseline.json`` (with ``sizing``, how the jobs and sizes were chosen,
+    where given); on any problem print a note and return None.
 
     A missing or failing baseline never fails the run: it is context for the analysis, not a result.
     """
@@ -51,6 +77,8 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1) -
     except (BaselineError, OSError) as error:
         say(f"note: storage baseline not measured: {error}")
         return None
+    if sizing:
+        baseline["sizing"] = sizing
     path = Path(run_dir) / BASELINE_FILE
     path.write_text(json.dumps(baseline, indent=2) + "\n")
     say(f"storage baseline: write {baseline['write_MBps']:.0f} MB/s, read {baseline['read_MBps']:.0f} MB/s "

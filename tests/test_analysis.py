@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from restartbench import analysis, report
+from restartbench import analysis, goodput, report
 from restartbench.analysis import collect
 from restartbench.events import EventFileError, read_events
 
@@ -385,3 +385,84 @@ def test_formatting():
     assert report.fmt_s(None) == "—" and report.fmt_s(float("nan")) == "—"
     assert report.fmt_bytes(5_091_033) == "5.09 MB" and report.fmt_bytes(2122) == "2.12 kB"
     assert analysis.engine_order(["zeta", "dcp", "torch", "none"]) == ["none", "torch", "dcp", "zeta"]
+
+
+# -- goodput and limits from hand-built tables (issue 18) ---------------------------------------------------
+
+
+def tidy(*rows: dict) -> pd.DataFrame:
+    """A tidy table as collect() makes it, every column absent from ``rows`` missing (NaN)."""
+    base = {column: float("nan") for column in analysis.TABLE_COLUMNS} | {"preset": "tiny", "layout": "tp1pp1dp8",
+                                                                         "ranks": 8, "iteration_s": 2.0}
+    return pd.DataFrame([base | row for row in rows])
+
+
+def one_config(engine: str, stalls: list[float], restart: float, **common) -> list[dict]:
+    """An engine's checkpoints (one row per stall) and its restart, in one run."""
+    run = {"run_id": f"{engine}/run", "engine": engine, **common}
+    return [*({**run, "kind": "checkpoint", "tag": f"step{i}", "stall_max_s": stall, "stall_min_s": stall}
+              for i, stall in enumerate(stalls)),
+            {**run, "kind": "restart", "restart_s": restart, "restart_min_s": restart, "restores_checkpoint": True}]
+
+
+def test_goodput_table_by_hand():
+    """C = 18 s (median of the stalls 16, 18, 29), R = 120 s, 2 s iterations, F = 0.001 per GPU-hour on 1000 GPUs:
+    M = 3600 s; τ* = √(2·18·3600) · (1 + √0.0025/3 + 0.0025/9) − 18 = 360 · 1.016944 − 18 = 348.10 s = 174.05
+    iterations; checkpoints 18 / 366.10 = 4.917 %, re-done work 366.10 / 7200 = 5.085 %, restarts 120 / 3600 =
+    3.333 %; goodput 86.665 %."""
+    table = tidy(*one_config("torch", [16.0, 29.0, 18.0], 120.0), *one_config("none", [], 30.0))
+    rows = analysis.goodput_table(table, failures_per_gpu_hour=0.001, gpus=1000)
+    assert list(rows["engine"]) == ["torch"]  # engine none saves nothing: no interval to choose
+    row = rows.iloc[0]
+    assert (row["cost_s"], row["cost_basis"], row["restart_s"], row["iteration_s"]) == (18.0, "stall", 120.0, 2.0)
+    assert (row["gpus"], row["mtbf_s"]) == (1000, pytest.approx(3600.0))
+    assert row["interval_s"] == pytest.approx(348.10, abs=0.005)
+    assert row["interval_iterations"] == pytest.approx(174.05, abs=0.003)
+    assert row["checkpoint_pct"] == pytest.approx(100 * 18 / 366.10, abs=1e-3)
+    assert row["rework_pct"] == pytest.approx(100 * 366.10 / 7200, abs=1e-3)
+    assert row["restart_pct"] == pytest.approx(100 / 30)
+    assert row["goodput_pct"] == pytest.approx(86.665, abs=1e-3)
+    assert set(rows.columns) == {*analysis.group_keys(table), *analysis.GOODPUT_COLUMNS}
+
+
+def test_goodput_on_the_runs_own_gpus_by_default():
+    """No --gpus: each configuration's world size. 8 ranks at 125 failures per GPU-hour: M = 3600 / 1000 = 3.6 s;
+    C = 0.5 s: τ* = √3.6 · (1 + √(0.5/7.2)/3 + 0.5/64.8) − 0.5 = 1.3879 s, below one 2 s iteration, so 2 s."""
+    rows = analysis.goodput_table(tidy(*one_config("torch", [0.5], 1.0)), failures_per_gpu_hour=125)
+    row = rows.iloc[0]
+    assert (row["gpus"], row["mtbf_s"]) == (8, pytest.approx(3.6))
+    assert (row["interval_s"], row["interval_iterations"]) == (2.0, 1.0)
+    assert row["checkpoint_pct"] == pytest.approx(20.0) and row["rework_pct"] == pytest.approx(2.5 / 7.2 * 100)
+    assert analysis.goodput_table(tidy(*one_config("torch", [0.5], 1.0)))["failures_per_gpu_hour"].iloc[0] \
+        == goodput.LLAMA3_FAILURES_PER_GPU_HOUR
+
+
+def test_goodput_needs_a_cost_a_restart_and_an_iteration():
+    emulated = [{**r, "iteration_s": float("nan")} for r in one_config("torch", [1.0], 5.0)]
+    no_restart = one_config("lazy", [1.0], float("nan"))
+    assert analysis.goodput_table(tidy(*emulated, *no_restart)).empty
+    assert analysis.goodput_table(tidy()).empty and analysis.goodput_table(pd.DataFrame()).empty
+
+
+def test_goodput_assumptions_in_one_line():
+    line = analysis.goodput_assumptions(goodput.LLAMA3_FAILURES_PER_GPU_HOUR, None)
+    assert "1.97e-05 per GPU-hour (Llama 3" in line and "each run's own world size" in line
+    assert "C = the stall (not yet the whole cost" in line and "R = the restart as measured on this machine" in line
+    assert "on 64 GPUs" in analysis.goodput_assumptions(0.001, 64) and "Llama" not in analysis.goodput_assumptions(
+        0.001, 64)
+
+
+def test_a_throughput_above_its_limit_is_flagged():
+    """Above 105 % of the storage's measured bandwidth the baseline was measured too low; a warm restore is read
+    from memory, which no disk limit bounds."""
+    assert analysis.limit_note(None) is None and analysis.limit_note(104.9) is None
+    assert analysis.limit_note(105.0) is None and analysis.limit_note(105.1) == "limit underestimated"
+    assert analysis.limit_note(178.0, "cold") == "limit underestimated"
+    assert analysis.limit_note(178.0, "remote") == "limit underestimated"
+    assert analysis.limit_note(178.0, "warm") == "warm cache"
+    flagged = tidy(*one_config("torch", [1.0, 1.0, 1.0], 5.0))
+    flagged["write_limit"] = ["limit underestimated", None, None, None]
+    flagged["read_limit"] = [None, None, None, "limit underestimated"]
+    assert analysis.checkpoint_summary(flagged)["write_limit"].iloc[0] == "limit underestimated (1 of 3)"
+    assert analysis.restart_summary(flagged)["read_limit"].iloc[0] == "limit underestimated (1 of 1)"
+    assert analysis.checkpoint_summary(tidy(*one_config("torch", [1.0], 5.0)))["write_limit"].isna().all()
