@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Summarize every run folder under a path: a console summary, tables (CSV, Parquet), plots (PNG, SVG), report.html.
 
-    python analysis/summarize.py logs/ [--out logs/summary]
+    python analysis/summarize.py logs/ [--out logs/summary] [--failures-per-gpu-hour F] [--gpus G]
 
 Figures: stall = max over ranks of the time checkpointing blocked training; durable = max over
 ranks of the time from the start of the save until the rank's files were fsync'd; restart = max over
-ranks of launch -> end of the first resumed iteration. Runs marked skipped (e.g. an optional engine
+ranks of launch -> end of the first resumed iteration; goodput = the share of wall time kept at the optimal
+checkpoint interval (Young/Daly) for F failures per GPU-hour on G GPUs. Runs marked skipped (e.g. an optional engine
 not installed) are listed as skipped; failed, incomplete or unreadable runs are listed with the reason.
 """
 
@@ -24,11 +25,33 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from restartbench import analysis  # noqa: E402
+from restartbench import analysis, goodput  # noqa: E402
 from restartbench.analysis import RESTART_PART_COLUMNS, collect  # noqa: E402
-from restartbench.report import findings, fmt_bytes, fmt_rate, fmt_s, fmt_share, write_outputs  # noqa: E402
+from restartbench.report import (  # noqa: E402
+    GOODPUT_FORMATS,
+    findings,
+    fmt_bytes,
+    fmt_rate,
+    fmt_s,
+    fmt_share,
+    write_outputs,
+)
 
-TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact")
+TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact", "write_limit", "read_limit",
+             "cost_basis")
+
+
+def _positive(kind: type, what: str):
+    """An argparse type: a number of ``kind`` above 0, refused by argparse (usage, exit code 2) otherwise."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} above 0")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", type=Path, help="folder holding run folders (searched recursively)")
     parser.add_argument("--out", type=Path, help="where tables, plots and report.html go (default: <logs>/summary)")
     parser.add_argument("--no-plots", action="store_true", help="tables and console summary only")
+    parser.add_argument("--failures-per-gpu-hour", type=_positive(float, "a number"),
+                        default=goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+                        help="failure rate of the goodput model (default %(default).3g: Llama 3's 419 interruptions "
+                             "in 54 days on 16,384 GPUs)")
+    parser.add_argument("--gpus", type=_positive(int, "a whole number"),
+                        help="GPUs the failure rate applies to (default: each run's own world size)")
     args = parser.parse_args(argv)
     console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns), highlight=False)
     if not args.logs.is_dir():
@@ -62,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
     console.print(_file_table(collected.file_table()))
+    rates = analysis.goodput_table(table, args.failures_per_gpu_hour, args.gpus)
+    console.print(_goodput_table(rates, analysis.goodput_assumptions(args.failures_per_gpu_hour, args.gpus)))
     lines = findings(table)
     if lines:
         console.print("[bold]Findings[/]")
@@ -70,10 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_plots:
         table.to_csv(out / "study.csv", index=False)
         collected.rank_table().to_csv(out / "ranks.csv", index=False)
+        rates.to_csv(out / "goodput.csv", index=False)
         console.print(f"tables in {out}")
         return 0
-    outputs = write_outputs(collected, out)
-    console.print(f"tables (study.csv/.parquet, ranks, files, excluded), plots (PNG, SVG) and the report in {out}")
+    outputs = write_outputs(collected, out, failures_per_gpu_hour=args.failures_per_gpu_hour, gpus=args.gpus)
+    console.print(f"tables (study.csv/.parquet, ranks, files, excluded, goodput), plots (PNG, SVG) and the report in "
+                  f"{out}")
     console.print(f"report: {outputs.report}")
     return 0
 
@@ -112,10 +145,12 @@ def _checkpoint_table(table: pd.DataFrame) -> Table:
     return _rich(summary, "Checkpoints: stall = max over ranks of the time save blocked training; durable = max over "
                           "ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians over "
                           "checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
-                          "throughput / the storage's write bandwidth in baseline.json)",
+                          "throughput / the storage's write bandwidth in baseline.json; write limit = 'limit "
+                          "underestimated' where a checkpoint wrote above 105% of it: the baseline is too low)",
                  {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
                   "stall_s": fmt_s, "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
-                  "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share, "stall_overhead_pct": "{:.1f}%"})
+                  "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share, "write_limit": None,
+                  "stall_overhead_pct": "{:.1f}%"})
 
 
 def _restart_table(table: pd.DataFrame) -> Table:
@@ -123,14 +158,23 @@ def _restart_table(table: pd.DataFrame) -> Table:
     summary = summary.rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
     summary = summary.rename(columns={"restart_s": "total"})
     formats = {"runs": "{}", "total": fmt_s, **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
-               "bytes_read": fmt_bytes, "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "cache": None,
-               "exact": None}
+               "bytes_read": fmt_bytes, "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None,
+               "cache": None, "exact": None}
     view = _rich(summary, "Restarts: launch -> end of first resumed iteration, max over ranks; each part max over "
                           "ranks (engine none: nothing restored, the start-up floor); read = bytes read / ckpt load; "
-                          "read pct of storage = read / the storage's read bandwidth in baseline.json (above 100% only "
-                          "from a warm cache)",
+                          "read pct of storage = read / the storage's read bandwidth in baseline.json; read limit = "
+                          "'limit underestimated' above 105% of it on a restore that was not warm, 'warm cache' where "
+                          "memory answered)",
                  formats)
     return view
+
+
+def _goodput_table(rates: pd.DataFrame, assumptions: str) -> Table:
+    return _rich(rates, f"Goodput at the optimal checkpoint interval. {assumptions}. C = checkpoint cost, R = restart, "
+                        "MTBF = 1 / (F x G), interval = Daly's optimum τ* (at least one iteration); lost: shares of "
+                        "wall time spent in checkpoints C/(τ+C), re-done work (τ+C)/2M and restarts R/M; goodput = "
+                        "what is left (engine none and emulated runs have none)",
+                 GOODPUT_FORMATS)
 
 
 def _file_table(files: pd.DataFrame) -> Table:

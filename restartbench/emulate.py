@@ -33,7 +33,6 @@ What is real and what is emulated (also written into the run's ``metadata.json``
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -46,9 +45,11 @@ PROCESS_START = time.time()
 
 from restartbench import rundir  # noqa: E402
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: imports are a measured phase)
-from restartbench.events import Event, EventLog  # noqa: E402
+from restartbench.errors import RankRefusal, refuse  # noqa: E402
+from restartbench.events import Event, EventLog, RecordsExistError  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
+from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
 
 if TYPE_CHECKING:
     from restartbench.emulator import Emulator
@@ -63,16 +64,17 @@ WHAT_IS_EMULATED = __doc__.split("What is real and what is emulated", 1)[1].spli
 class EmulatedRanks:
     """The ranks one process emulates, their event logs, and their training states (on meta tensors)."""
 
-    def __init__(self, run_dir: Path, phase: str):
-        self.run_dir, self.phase = run_dir, phase
-        self.cfg = RunConfig.load(run_dir / rundir.CONFIG)
+    def __init__(self, args: RankArgs):
+        run_dir = self.run_dir = args.run_dir
+        self.phase, self.requested_tag = args.phase, args.tag
+        self.cfg = args.attempt_config(RunConfig.load(run_dir / rundir.CONFIG))
         self.plan = rundir.RunPlan.load(run_dir)
         self.ckpt_dir = self.plan.checkpoint_dir
         self.engine = self.cfg.engine.engine
         self.process = int(os.environ.get("RANK", "0"))
         k = self.cfg.emulation.ranks_per_process
         self.ranks = list(range(self.process * k, (self.process + 1) * k))
-        self.logs = {rank: EventLog(run_dir, phase, rank) for rank in self.ranks}
+        self.logs = {rank: EventLog(run_dir, args.phase, rank, args.attempt) for rank in self.ranks}
         self._setup: tuple[int, Any] | None = None
         self._states: tuple[int, dict[int, tuple[Any, Any]]] | None = None
 
@@ -218,10 +220,7 @@ def _record_resources(ranks: EmulatedRanks, tag: str) -> None:
 
 
 def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
-    latest = Path(ranks.ckpt_dir) / "latest"
-    if not latest.is_file():
-        raise FileNotFoundError(f"no committed checkpoint in {ranks.ckpt_dir}: 'latest' is missing")
-    tag = latest.read_text().strip()
+    tag = _wanted_tag(ranks)
     step = int(tag.removeprefix("step"))
     _check_files(ranks, tag)
     cache = _page_cache(ranks, tag)
@@ -242,6 +241,23 @@ def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
     ranks.say(f"restore (emulated): {tag} loaded and equal to what was saved on every rank")
 
 
+def _wanted_tag(ranks: EmulatedRanks) -> str:
+    """The committed checkpoint the attempt asked for (``--tag``), else the one ``latest`` names."""
+    from restartbench.integrity import committed_tags
+    from restartbench.storage import LocalStore
+
+    if ranks.requested_tag is not None:
+        committed = committed_tags(LocalStore(ranks.ckpt_dir))
+        if ranks.requested_tag not in committed:
+            raise RankRefusal(f"--tag {ranks.requested_tag} is not a committed checkpoint in {ranks.ckpt_dir} "
+                              f"(committed: {', '.join(committed) or 'none'})")
+        return ranks.requested_tag
+    latest = Path(ranks.ckpt_dir) / "latest"
+    if not latest.is_file():
+        raise RankRefusal(f"no committed checkpoint in {ranks.ckpt_dir}: 'latest' is missing")
+    return latest.read_text().strip()
+
+
 def _check_files(ranks: EmulatedRanks, tag: str) -> None:
     import torch.distributed as dist
 
@@ -255,7 +271,7 @@ def _check_files(ranks: EmulatedRanks, tag: str) -> None:
         dist.all_gather_object(shares, mine)
         extra["problems"] = sorted({p for share in shares for p in share})
     if extra["problems"]:
-        raise RuntimeError(f"checkpoint {tag} fails its manifest check:\n  " + "\n  ".join(extra["problems"]))
+        raise RankRefusal(f"checkpoint {tag} fails its manifest check:\n  " + "\n  ".join(extra["problems"]))
 
 
 def _page_cache(ranks: EmulatedRanks, tag: str) -> dict[str, Any]:
@@ -267,18 +283,22 @@ def _page_cache(ranks: EmulatedRanks, tag: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a process must not outlive a killed torchrun
-    parser = argparse.ArgumentParser(description="One process of an emulated checkpoint run (see the module doc).")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--phase", required=True, choices=("train", "restore"))
-    args = parser.parse_args(argv)
-    ranks = EmulatedRanks(args.run_dir, args.phase)
+    args = parse_rank_args(argv, "One process of an emulated checkpoint run (see the module doc).")
+    process = int(os.environ.get("RANK", "0"))
+    try:
+        ranks = EmulatedRanks(args)
+    except RecordsExistError as refusal:
+        return refuse(process, refusal)
     try:
         emulator = ranks.start()
         train_phase(ranks, emulator) if args.phase == "train" else restore_phase(ranks, emulator)
         ranks.finish()
     except BaseException as error:
         for log in ranks.logs.values():
-            log.emit(Event.PHASE_ERROR, error=f"{type(error).__name__}: {error}")
+            log.emit(Event.PHASE_ERROR, error=f"{type(error).__name__}: {error}",
+                     **({"refused": True} if isinstance(error, RankRefusal) else {}))
+        if isinstance(error, RankRefusal):
+            return refuse(process, error)
         raise
     return 0
 

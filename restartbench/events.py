@@ -1,9 +1,10 @@
 """Structured per-rank events: one JSON object per line, never scraped from logs.
 
-Every rank of every phase appends to ``<run>/events/<phase>-rank<NNNNN>.jsonl`` (``events_file``).
-A record always has ``event``, ``phase``, ``rank`` and ``time`` (wall clock, s since
-the epoch); a span (``with log.span(Event.CHECKPOINT_SAVE, step=4) as extra:``) adds
-``start`` and ``duration_s`` (monotonic clock) plus whatever the body put in ``extra``.
+Every rank of every phase attempt writes ``<run>/events/<record>-rank<NNNNN>.jsonl`` (``events_file``;
+``phase_record``: ``train``, ``restore``, ``restore-2``...), a file of its own. A record always has ``event``,
+``phase``, ``rank`` and ``time`` (wall clock, s since the epoch), and a restore's its ``attempt``; a span
+(``with log.span(Event.CHECKPOINT_SAVE, step=4) as extra:``) adds ``start`` and ``duration_s`` (monotonic clock)
+plus whatever the body put in ``extra``.
 A span whose body raises is still written, with ``error`` set, and the error re-raised.
 
 The event names (``Event``), their fields and the files are the run-folder contract the analysis reads;
@@ -67,23 +68,44 @@ CHECKPOINT_PREFIX = "checkpoint."
 EVENTS_FOLDER = "events"
 
 
-def events_file(run_dir: str | Path, phase: str, rank: int) -> Path:
-    """The events one rank wrote in one phase."""
-    return Path(run_dir) / EVENTS_FOLDER / f"{phase}-rank{rank:05d}.jsonl"
+def events_file(run_dir: str | Path, record: str, rank: int) -> Path:
+    """The events one rank wrote in one phase record (``phase_record``)."""
+    return Path(run_dir) / EVENTS_FOLDER / f"{record}-rank{rank:05d}.jsonl"
+
+
+def phase_record(phase: str, attempt: int = 1) -> str:
+    """The name one launch of a phase keeps its records under (events files, logs): ``train``; ``restore`` for the
+    run's own restart (attempt 1); ``restore-2``, ``restore-3``... for each restore-only relaunch
+    (``./submit-job.sh --restore``). Every attempt has files of its own: nothing appends to an earlier one's."""
+    return phase if attempt == 1 else f"{phase}-{attempt}"
+
+
+class RecordsExistError(FileExistsError):
+    """A launch found the records of its phase attempt already written: a run folder's records are never appended
+    to. The message says how to measure again."""
 
 
 class EventLog:
-    """Append-only JSON-lines writer for one rank of one phase, flushed per record."""
+    """JSON-lines writer for one rank of one phase attempt, flushed per record. The file must not exist yet
+    (``RecordsExistError``): an attempt's records are its own. A restore's records carry their ``attempt``."""
 
-    def __init__(self, run_dir: Path, phase: str, rank: int):
+    def __init__(self, run_dir: Path, phase: str, rank: int, attempt: int = 1):
         self.phase = phase
         self.rank = rank
-        path = events_file(run_dir, phase, rank)
+        self._attempt = {"attempt": attempt} if phase == "restore" else {}
+        path = events_file(run_dir, phase_record(phase, attempt), rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", buffering=1)
+        try:
+            self._file = path.open("x", buffering=1)
+        except FileExistsError:
+            raise RecordsExistError(
+                f"{path} exists: phase {phase_record(phase, attempt)} of {run_dir} was launched before, and a run "
+                "folder's records are never appended to. To measure the restart again, relaunch it as a new "
+                f"attempt: ./submit-job.sh --restore {run_dir}") from None
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"event": event, "phase": self.phase, "rank": self.rank, "time": time.time(), **fields}
+        record = {"event": event, "phase": self.phase, "rank": self.rank, **self._attempt, "time": time.time(),
+                  **fields}
         self._file.write(json.dumps(record) + "\n")
         return record
 
@@ -128,19 +150,20 @@ class EventFileError(ValueError):
     """An events file cannot be read or holds a malformed event; the message names the file and line."""
 
 
-def read_events(run_dir: str | Path, phase: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
-    """Every event of a run (or of one ``phase``, one ``rank``), file by file in name order, each checked for the
+def read_events(run_dir: str | Path, record: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
+    """Every event of a run (or of one phase record such as ``train`` or ``restore-2``, one ``rank``), file by file
+    in name order, each checked for the
     fields the readers use (``REQUIRED_FIELDS``). A run without an events folder has none; a malformed line, a torn
     last one included, raises ``EventFileError`` naming the file and line."""
     records: list[dict[str, Any]] = []
-    for path in _event_files(Path(run_dir) / EVENTS_FOLDER, phase, rank):
+    for path in _event_files(Path(run_dir) / EVENTS_FOLDER, record, rank):
         records.extend(_read_event_file(path))
     return records
 
 
-def _event_files(folder: Path, phase: str | None, rank: int | None) -> list[str]:
-    """The files of ``folder`` named after ``phase`` and ``rank`` (``events_file``), either one left open."""
-    prefix = f"{phase}-rank" if phase is not None else ""
+def _event_files(folder: Path, record: str | None, rank: int | None) -> list[str]:
+    """The files of ``folder`` named after ``record`` and ``rank`` (``events_file``), either one left open."""
+    prefix = f"{record}-rank" if record is not None else ""
     suffix = f"-rank{rank:05d}.jsonl" if rank is not None else ".jsonl"
     try:
         names = sorted(entry.name for entry in os.scandir(folder)

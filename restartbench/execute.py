@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from restartbench.errors import StudyError
 from restartbench.rundir import RunFolderError
 from restartbench.study import execute
 
@@ -20,6 +21,9 @@ def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     try:
         return execute(run_dir)
+    except StudyError as refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     except (OSError, ValueError, RunFolderError) as error:
         print(f"error: {run_dir} is not a prepared run folder this version can run: {error}", file=sys.stderr)
         return 2

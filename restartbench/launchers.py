@@ -43,16 +43,17 @@ class Launcher:
         return (f"--launcher {self.name} --submit needs {self.submit_command!r}, which is not on PATH here; run on a "
                 "login node of the cluster, or leave out --submit to only write the job script")
 
-    def phase_command(self, run_dir: Path, phase: str, nnodes: int) -> list[str]:
-        """The command that runs ``launch.sh PHASE`` once on every node of the run."""
+    def phase_command(self, run_dir: Path, phase: str, nnodes: int, rank_args: tuple[str, ...] = ()) -> list[str]:
+        """The command that runs ``launch.sh PHASE [RANK_ARGS]`` once on every node of the run."""
         script = str(Path(run_dir) / "launch.sh")
         if self.name == "slurm":
             return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
                     f"--cpus-per-task={os.environ.get('SLURM_CPUS_PER_TASK', '1')}",
-                    "bash", "-c", 'NODE_RANK="$SLURM_NODEID" exec bash "$0" "$1"', script, phase]
+                    "bash", "-c", 'NODE_RANK="$SLURM_NODEID" exec bash "$0" "$@"', script, phase, *rank_args]
         if self.name == "pbs":
-            return ["pbsdsh", "-u", "--", "bash", "-c", 'NODE_RANK="$PBS_VNODENUM" exec bash "$0" "$1"', script, phase]
-        return ["bash", script, phase]
+            return ["pbsdsh", "-u", "--", "bash", "-c", 'NODE_RANK="$PBS_VNODENUM" exec bash "$0" "$@"', script,
+                    phase, *rank_args]
+        return ["bash", script, phase, *rank_args]
 
 
 LAUNCHERS = {

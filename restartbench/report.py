@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import math
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from restartbench import analysis
+from restartbench import analysis, goodput
 from restartbench.analysis import MB, RESTART_PART_COLUMNS, Collected
 from restartbench.engines import engine_names
 
@@ -53,6 +55,19 @@ def fmt_s(value: Any) -> str:
     if value < 1:
         return f"{value * 1e3:.0f} ms"
     return f"{value:.2f} s" if value < 100 else f"{value:.0f} s"
+
+
+def fmt_duration(value: Any) -> str:
+    """Long spans for people (an MTBF, a checkpoint interval): fmt_s up to 100 s, then minutes, hours, days, years
+    (365 days)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or float(value) < 100:
+        return fmt_s(value)
+    value = float(value)
+    if value < 7200:
+        return f"{value / 60:.3g} min"
+    if value < 172_800:
+        return f"{value / 3600:.3g} h"
+    return f"{value / 86_400:.3g} days" if value < 730 * 86_400 else f"{value / (365 * 86_400):.3g} years"
 
 
 def fmt_bytes(value: Any) -> str:
@@ -426,6 +441,57 @@ def plot_size_check(size: pd.DataFrame) -> Figure:
     return fig
 
 
+def plot_goodput(table: pd.DataFrame, failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+                 gpus: int | None = None) -> Figure:
+    """Per preset/layout: each engine's share of wall time lost (checkpoints, re-done work, restarts) against the
+    checkpoint interval, from its measured C and R (``analysis.goodput_table``), the optimum τ* marked."""
+    rows = analysis.goodput_table(table, failures_per_gpu_hour, gpus)
+    if rows.empty:
+        return _empty("No goodput: it needs a checkpoint's cost, a restart and an iteration time "
+                      "(engine none saves nothing; emulated runs neither train nor restart).")
+    keys, facets = _facets(rows)
+    shown = facets[:MAX_FACETS]
+    colors = engine_colors(analysis.engine_order(rows["engine"].unique()))
+    fig, axes = _grid(len(shown), 2, 11 / min(2, len(shown)), 4.0)
+    for ax, values in zip(axes, shown):
+        part = _subset(rows, keys, values)
+        low = max(part["iteration_s"].min(), part["interval_s"].min() / 30)
+        intervals = np.geomspace(low, max(part["interval_s"].max() * 30, low * 10), 200)
+        for _, row in part.iterrows():
+            lost = [100 * goodput.at_interval(t, row["cost_s"], row["restart_s"], row["mtbf_s"]).lost_share
+                    for t in intervals]
+            best = 100 - row["goodput_pct"]
+            ax.plot(intervals, lost, color=colors[row["engine"]],
+                    label=f"{row['engine']}: τ* {fmt_duration(row['interval_s'])}, goodput {row['goodput_pct']:.6g}%")
+            ax.plot([row["interval_s"]], [best], marker="o", color=colors[row["engine"]], markersize=6, zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_duration(v)))
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("checkpoint interval τ (training time between checkpoints)", fontsize=8.5)
+        ax.set_ylabel("wall time lost, % (100 − goodput)", fontsize=8.5)
+        first = part.iloc[0]
+        ax.set_title(f"{_config_label(first, keys)} · {first['gpus']} GPUs · MTBF {fmt_duration(first['mtbf_s'])}",
+                     fontsize=10)
+        ax.legend(fontsize=7.5, frameon=False)
+        ax.grid(which="both", alpha=0.25)
+    more = f"; {len(facets) - len(shown)} more configurations in goodput.csv" if len(facets) > len(shown) else ""
+    subtitle = textwrap.fill(analysis.goodput_assumptions(failures_per_gpu_hour, gpus)
+                             + f". Dots: Daly's optimum τ*{more}", 135)
+    _header(fig, "Time lost to checkpoints, re-done work and restarts against the checkpoint interval", subtitle, [], 1)
+    return fig
+
+
+#: How the goodput table's columns are shown (console and report).
+GOODPUT_FORMATS: dict[str, Any] = {
+    "runs": None, "cost_s": fmt_s, "cost_basis": None, "restart_s": fmt_s, "iteration_s": fmt_s, "gpus": None,
+    "mtbf_s": fmt_duration, "interval_s": fmt_duration, "interval_iterations": "{:.0f}", "checkpoint_pct": "{:.3g}%",
+    "rework_pct": "{:.3g}%", "restart_pct": "{:.3g}%", "goodput_pct": "{:.6g}%"}
+
+
 FIGURES: dict[str, tuple[str, str]] = {
     "checkpoint_cost": ("Checkpoint stall and durable time per engine",
                         "For each preset and layout, two bars per engine. <b>Stall</b> (solid) is what training "
@@ -460,10 +526,22 @@ FIGURES: dict[str, tuple[str, str]] = {
                         "shape-only tensors) against the files actually written. Engines without a prediction "
                         "(decoupled, datastates) are set against DeepSpeed's default engine's. The weights/optimizer "
                         "split uses the rough rule parameters × weight bytes and parameters × 12 bytes."),
+    "goodput": ("Goodput: the checkpoint interval the measurements imply",
+                "Young and Daly's first-order model (<code>restartbench/goodput.py</code>): failures arrive at a "
+                "constant rate F per GPU-hour on G GPUs, so the job's mean time between failures is M = 1/(F·G); "
+                "each checkpoint costs training C, and a failure loses half a checkpoint period of work plus the "
+                "restart R. Shares of wall time at interval τ: checkpoints C/(τ+C), re-done work (τ+C)/2M, restarts "
+                "R/M; goodput is what is left. τ* is Daly's optimum √(2CM)·(1 + ⅓√(C/2M) + ⅑·C/2M) − C, never "
+                "below one iteration. C is today the <b>stall</b>, not yet the whole cost: the slowdown of the "
+                "iterations an asynchronous engine's background work overlaps is left out. R is the restart as "
+                "measured on this machine (max over ranks); on another machine or scale it differs."),
 }
 
 
-def figures(collected: Collected) -> dict[str, Figure]:
+def figures(collected: Collected, failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+            gpus: int | None = None) -> dict[str, Figure]:
+    """Every figure of the report; the goodput's at ``failures_per_gpu_hour`` on ``gpus`` (None: each run's
+    world size)."""
     table, ranks, files = collected.table(), collected.rank_table(), collected.file_table()
     return {
         "checkpoint_cost": plot_checkpoint_cost(table, ranks),
@@ -471,6 +549,7 @@ def figures(collected: Collected) -> dict[str, Figure]:
         "files_per_rank": plot_files_per_rank(files, table),
         "throughput": plot_throughput(table),
         "checkpoint_size": plot_size_check(analysis.size_check(table, files)),
+        "goodput": plot_goodput(table, failures_per_gpu_hour, gpus),
     }
 
 
@@ -555,12 +634,29 @@ def findings(table: pd.DataFrame) -> list[str]:
         device = table.loc[(table[keys].astype(str) == list(values)).all(axis=1), "device"].dropna()
         where = " · ".join(values) + f" ({int(ranks)} ranks" + (f", {device.iloc[0]}" if not device.empty else "") + ")"
         out.append(f"{where}: " + " ".join(sentences))
+    out.extend(_limit_findings(ckpt, rest, keys))
     if winners:
         counts = pd.Series(winners).value_counts()
         lead = counts.index[0]
         out.insert(0, f"Least training stall: {lead} in {counts.iloc[0]} of {len(winners)} configuration(s)"
                    + (f" (others: {', '.join(f'{e} {n}' for e, n in counts.iloc[1:].items())})." if len(counts) > 1
                       else "."))
+    return out
+
+
+def _limit_findings(ckpt: pd.DataFrame, rest: pd.DataFrame, keys: list[str]) -> list[str]:
+    """One sentence per configuration whose throughput went above 105 % of the storage's measured bandwidth."""
+    out = []
+    for summary, side, column, flag in ((ckpt, "wrote", "write_pct_of_storage", "write_limit"),
+                                        (rest, "restored", "read_pct_of_storage", "read_limit")):
+        if flag not in summary:
+            continue
+        for _, row in summary[summary[flag].fillna("").str.startswith(analysis.LIMIT_UNDERESTIMATED)].iterrows():
+            where = " · ".join(str(row[k]) for k in keys) + f" · {row['engine']}"
+            out.append(f"Limit underestimated: {where} {side} at {fmt_share(row[column])} of the storage's measured "
+                       f"bandwidth (median; {row[flag].removeprefix(analysis.LIMIT_UNDERESTIMATED).strip(' ()')} "
+                       "above 105 %): baseline.json measured the storage too low, so this ratio is no engine beating "
+                       "the disk.")
     return out
 
 
@@ -575,8 +671,11 @@ class Outputs:
     report: Path | None = None
 
 
-def write_outputs(collected: Collected, out: Path, *, title: str | None = None) -> Outputs:
-    """Tables (CSV and Parquet), figures (PNG and SVG) and report.html under ``out``."""
+def write_outputs(collected: Collected, out: Path, *, title: str | None = None,
+                  failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+                  gpus: int | None = None) -> Outputs:
+    """Tables (CSV and Parquet), figures (PNG and SVG) and report.html under ``out``; the goodput at
+    ``failures_per_gpu_hour`` on ``gpus`` GPUs (None: each run's world size)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     outputs = Outputs(out)
@@ -585,20 +684,22 @@ def write_outputs(collected: Collected, out: Path, *, title: str | None = None) 
         "study": table, "ranks": ranks, "files": analysis.file_statistics(files),
         "files_per_rank": analysis.files_per_rank(files), "file_inventory": files,
         "excluded": collected.excluded_table(),
+        "goodput": analysis.goodput_table(table, failures_per_gpu_hour, gpus),
     }
     for name, frame in tables.items():
         outputs.tables[f"{name}.csv"] = _write(frame, out / f"{name}.csv")
         if name in ("study", "ranks", "file_inventory"):
             outputs.tables[f"{name}.parquet"] = _write(frame, out / f"{name}.parquet")
     pngs = {}
-    for name, fig in figures(collected).items():
+    for name, fig in figures(collected, failures_per_gpu_hour, gpus).items():
         outputs.figures[name] = save_figure(fig, out / name)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)
         pngs[name] = base64.b64encode(buffer.getvalue()).decode("ascii")
         plt.close(fig)
     outputs.report = out / "report.html"
-    outputs.report.write_text(render_html(collected, pngs, title=title))
+    outputs.report.write_text(render_html(collected, pngs, title=title, goodput_rows=tables["goodput"],
+                                          assumptions=analysis.goodput_assumptions(failures_per_gpu_hour, gpus)))
     return outputs
 
 
@@ -639,7 +740,10 @@ code{background:#f4f4f4;padding:0 .2em;border-radius:3px}
 """
 
 
-def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None = None) -> str:
+def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None = None,
+                goodput_rows: pd.DataFrame | None = None, assumptions: str = "") -> str:
+    """The report; ``goodput_rows`` (``analysis.goodput_table``) and its ``assumptions`` line under the goodput
+    figure."""
     table, ranks, files = collected.table(), collected.rank_table(), collected.file_table()
     esc = html.escape
     title = title or "restartbench: checkpoint stall and restart time"
@@ -666,7 +770,8 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
                      f"src='data:image/png;base64,{pngs[name]}'><figcaption>{caption} "
                      f"(Also <code>{name}.svg</code> and <code>{name}.png</code> next to this report.)"
                      f"</figcaption></figure>")
-        parts.append(_figure_tables(name, collected, table, ranks, files))
+        parts.append(_goodput_html(goodput_rows, assumptions) if name == "goodput"
+                     else _figure_tables(name, collected, table, ranks, files))
     parts.append(_excluded_html(collected))
     if collected.warnings:
         parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in collected.warnings) + "</ul>")
@@ -678,6 +783,16 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
                  f"<details><summary>Columns of study.csv</summary><dl class='defs'>{glossary}</dl></details>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _goodput_html(rows: pd.DataFrame | None, assumptions: str) -> str:
+    if rows is None or rows.empty:
+        return ""
+    view = _view(rows, GOODPUT_FORMATS)
+    glossary = "".join(f"<dt><code>{html.escape(k)}</code></dt><dd>{html.escape(v)}</dd>"
+                       for k, v in analysis.GOODPUT_COLUMNS.items())
+    return (f"<p>{html.escape(assumptions)}.</p>" + _html_table(view)
+            + _details("Columns of goodput.csv", f"<dl class='defs'>{glossary}</dl>"))
 
 
 def _finding_html(text: str) -> str:
@@ -733,7 +848,7 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
                                "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "durable_rank_spread_s": fmt_s,
                                "committed_s": fmt_s, "iteration_s": fmt_s, "stall_overhead_pct": "{:.1f}%",
                                "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate,
-                               "write_pct_of_storage": fmt_share})
+                               "write_pct_of_storage": fmt_share, "write_limit": None})
         spread = analysis.rank_spread(ranks)
         spread = spread[spread["kind"] == "checkpoint"] if not spread.empty else spread
         detail = _view(spread.head(300), {"run_id": None, "tag": None, "stall_s_min": fmt_s, "stall_s_max": fmt_s,
@@ -749,7 +864,8 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
         summary = analysis.restart_summary(table)
         fmt = {"runs": None, "restart_s": fmt_s, "rank_spread_s": fmt_s,
                **{column: fmt_s for column, _ in RESTART_PART_COLUMNS}, "bytes_read": fmt_bytes,
-               "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "cache": None, "exact": None}
+               "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None, "cache": None,
+               "exact": None}
         view = _view(summary, fmt).rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
         return "<p>Per configuration (medians over runs; each part max over ranks):</p>" + _html_table(view)
     if name == "files_per_rank":
@@ -807,7 +923,10 @@ DISPLAY_NAMES = {
     "stall_s": "stall", "stall_rank_spread_s": "stall rank spread", "durable_s": "durable",
     "durable_rank_spread_s": "durable rank spread", "committed_s": "committed", "iteration_s": "iteration",
     "stall_overhead_pct": "stall overhead", "write_MBps": "write", "write_pct_of_storage": "write / storage",
-    "read_pct_of_storage": "read / storage", "restart_s": "restart",
+    "read_pct_of_storage": "read / storage", "restart_s": "restart", "write_limit": "write limit check",
+    "read_limit": "read limit check", "cost_s": "C", "cost_basis": "C is", "mtbf_s": "MTBF",
+    "interval_s": "τ*", "interval_iterations": "τ* (iterations)", "checkpoint_pct": "lost: checkpoints",
+    "rework_pct": "lost: re-done work", "restart_pct": "lost: restarts", "goodput_pct": "goodput",
     "rank_spread_s": "rank spread", "read_MBps": "read", "files_per_checkpoint": "files / ckpt",
     "files_per_rank_max": "most files on a rank", "min_bytes": "min size", "median_bytes": "median size",
     "max_bytes": "max size", "bytes_per_checkpoint": "bytes / ckpt", "predicted_bytes": "predicted",

@@ -80,11 +80,14 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"] or 0)
 
 
-def restart(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Restart parts (max over ranks) and the total, from the restore phase's events."""
-    restore = [e for e in events if e["phase"] == "restore"]
+def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | None:
+    """Restart parts (max over ranks) and the total, from one restore attempt's events (1: the run's own restore;
+    ``restore_attempts`` lists them). Records of two launches of one rank in one attempt (appended by a version
+    before attempts had files of their own) are refused: their times would mix the launches."""
+    restore = attempt_events(events, attempt)
     if not restore:
         return None
+    _refuse_mixed_launches(restore, attempt)
     parts = {}
     for event, label in RESTART_PARTS:
         durations = [e["duration_s"] for e in restore if e["event"] == event
@@ -95,16 +98,56 @@ def restart(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             if e["event"] == Event.TRAIN_ITERATION and e.get("first_after_restore") and e["rank"] in launch]
     loads = [e for e in restore if e["event"] == Event.RESTORE_LOAD]
     results = [e for e in restore if e["event"] == Event.RESTORE_RESULT]
+    fallbacks = [e for e in restore if e["event"] == Event.RESTORE_FALLBACK]
     return {
+        "attempt": attempt,
         "total_s": max(ends, default=None),
         "parts": parts,
         "tag": loads[0]["tag"] if loads else None,
+        "fell_back_from": fallbacks[0]["wanted"] if fallbacks else None,
         "bytes_read": sum(e.get("bytes", 0) for e in loads),
         "files_read": sum(e.get("n_files", 0) for e in loads),
         "cache": loads[0].get("cache") if loads else None,
         "resident_fraction": loads[0].get("resident_fraction") if loads else None,
         "exact": all(e.get("exact") for e in results) if results and results[0].get("verified") else None,
+        "verdict": verdict(restore),
     }
+
+
+def restore_attempts(events: list[dict[str, Any]]) -> list[int]:
+    """The restore attempts a run's events hold, in order (records before attempts existed are attempt 1)."""
+    return sorted({e.get("attempt", 1) for e in events if e["phase"] == "restore"})
+
+
+def attempt_events(events: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
+    return [e for e in events if e["phase"] == "restore" and e.get("attempt", 1) == attempt]
+
+
+def verdict(restore: list[dict[str, Any]]) -> str:
+    """How one restore attempt ended, from its events: exact, not exact, not verified (verification off, or engine
+    none, which restores nothing), refused (a rank refused: a damaged checkpoint, none to restore) or failed."""
+    results = [e for e in restore if e["event"] == Event.RESTORE_RESULT]
+    errors = [e for e in restore if e["event"] == Event.PHASE_ERROR]
+    if any(e.get("refused") for e in errors):
+        return "refused"
+    if errors or not results:
+        return "failed"
+    if not results[0].get("verified"):
+        return "not verified"
+    return "exact" if all(e.get("exact") for e in results) else "not exact"
+
+
+def _refuse_mixed_launches(restore: list[dict[str, Any]], attempt: int) -> None:
+    starts: dict[int, int] = defaultdict(int)
+    for e in restore:
+        if e["event"] == Event.PROCESS_START:
+            starts[e["rank"]] += 1
+    mixed = sorted(rank for rank, count in starts.items() if count > 1)
+    if mixed:
+        raise rundir.RunFolderError(
+            f"restore attempt {attempt} holds the records of {max(starts.values())} launches of rank {mixed[0]}: an "
+            "earlier restartbench appended each relaunch to the same events file, so its restart times would mix "
+            "launches (even below zero); measure it again in a new run")
 
 
 def iteration_time(events: list[dict[str, Any]]) -> float | None:

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from restartbench import engines, rundir, storage
-from restartbench.baseline import record_baseline
+from restartbench.baseline import record_for_run
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
-from restartbench.events import Event, by_message, read_events
+from restartbench.events import Event, by_message, phase_record, read_events
 from restartbench.integrity import committed_tags
 from restartbench.launchers import (
     LAUNCHERS,
@@ -47,7 +47,7 @@ from restartbench.layout import LayoutError, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
 from restartbench.render import REPO_ROOT, Rendered, render
-from restartbench.results import failed_checkpoints, summarize_run, write_inventory
+from restartbench.results import failed_checkpoints, restart, summarize_run, write_inventory
 from restartbench.rundir import RunPlan
 
 PHASES = ("train", "restore")
@@ -80,7 +80,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
         preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
         nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
         grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, remote=remote,
-        master_port=cfg.launch.master_port or (_free_port() if nnodes == 1 else 29500),
+        master_port=cfg.launch.master_port or (free_port() if nnodes == 1 else 29500),
         checkpoint_bytes_estimate=checkpoint_bytes(cfg),
         memory_per_rank_estimate=memory.describe(), launcher=launcher.name,
     )
@@ -209,7 +209,8 @@ def _meminfo_available() -> float:
     return float("inf")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now: the rendezvous of a run on one node."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -275,6 +276,7 @@ def execute(run_dir: Path) -> int:
     plan = RunPlan.load(run_dir)
     launcher = LAUNCHERS[plan.launcher]
     meta = rundir.read_json(run_dir / rundir.METADATA)
+    _check_not_executed(run_dir, meta)
     meta.update(status="running", start=time.time(), host=socket.gethostname(),
                 job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or meta.get("job_id"))
     rundir.write_json(run_dir / rundir.METADATA, meta)
@@ -288,12 +290,14 @@ def execute(run_dir: Path) -> int:
     if cfg.storage.baseline_mib > 0 and plan.remote:
         storage.record_remote_baseline(run_dir, plan.checkpoint_dir, plan.remote, cfg.storage.baseline_mib)
     elif cfg.storage.baseline_mib > 0:
-        record_baseline(run_dir, Path(plan.checkpoint_dir), cfg.storage.baseline_mib)
+        record_for_run(run_dir, plan, cfg.storage.baseline_mib)
     status, error = "complete", None
     for phase in PHASES:
         result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan.nnodes),
                            cfg.launch.phase_timeout_s)
         meta["phases"][phase] = result
+        if phase == "restore":
+            meta["restarts"] = [restart_record(run_dir, 1, result, {})]
         if result["exit_code"] != 0:
             status, error = "failed", f"phase {phase} failed: {result['error']}"
             break
@@ -301,6 +305,28 @@ def execute(run_dir: Path) -> int:
             status, error = "failed", "phase train committed no checkpoint, so the restore phase was not launched"
             break
     return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
+
+
+def _check_not_executed(run_dir: Path, meta: dict[str, Any]) -> None:
+    """A run folder runs its phases once: executed again (a resubmitted job, a second ``restartbench.execute``), it
+    would append to its records and keep saying complete. Restarts are measured again as attempts of their own."""
+    if meta.get("phases") or read_events(run_dir):
+        raise StudyError(f"run folder {run_dir} was executed before (status {meta.get('status')!r}), and a run "
+                         "folder's records are never appended to: to measure the restart again from its kept "
+                         f"checkpoints run ./submit-job.sh --restore {run_dir}; to run the study again, launch a new "
+                         "run")
+
+
+def restart_record(run_dir: Path, attempt: int, result: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
+    """A restore attempt's entry in metadata.json's ``restarts``: how its launch ended (``run_phase``), the options
+    it chose (``chosen``: tag, as ``requested_tag``, on_corrupt, restore_cache; the rest as config.json says), the
+    checkpoint it restored, whether it fell back, and its verdict (``restartbench.results.verdict``)."""
+    info = restart(read_events(run_dir), attempt) or {}
+    options = {("requested_tag" if name == "tag" else name): value for name, value in chosen.items()}
+    return {"attempt": attempt, "record": phase_record("restore", attempt), **options, **result,
+            "end": result["start"] + result["wall_s"], "tag": info.get("tag"), "cache": info.get("cache"),
+            "fell_back_from": info.get("fell_back_from"), "restart_s": info.get("total_s"),
+            "verdict": info.get("verdict", "failed")}
 
 
 def hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rendered: Rendered,
@@ -437,13 +463,16 @@ def _version(package: str) -> str | None:
         return None
 
 
-def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float) -> dict[str, Any]:
-    """Launch one phase (a fresh torchrun on every node), stream its progress lines, keep its output."""
+def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Launch one phase record (``train``, ``restore``, ``restore-2``...: a fresh torchrun on every node), with
+    ``env`` added to ours, stream its progress lines, keep its output."""
     say(f"phase {phase}: launching")
     start = time.time()
     # Same process group as ours: a Ctrl-C or a kill of the whole job reaches every rank too. If this process
     # alone is killed, the phase gets SIGTERM (torchrun then stops its ranks; srun cancels its step).
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                               env={**os.environ, **(env or {})},
                                preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))
     pumps = [
         threading.Thread(target=_pump, args=(process.stdout, rundir.phase_log(run_dir, phase, "stdout"), True)),

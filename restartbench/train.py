@@ -11,40 +11,42 @@ DeepSpeed is one of the restart phases measured here.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 PROCESS_START = time.time()
 
 from restartbench import rundir  # noqa: E402  (stdlib-only module)
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
-from restartbench.events import Event, EventLog, rank_errors, read_events  # noqa: E402
+from restartbench.errors import RankRefusal, refuse  # noqa: E402
+from restartbench.events import Event, EventLog, RecordsExistError, rank_errors, read_events  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
+from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a rank must not outlive a killed torchrun
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--phase", required=True, choices=("train", "restore"))
-    args = parser.parse_args(argv)
-
+    args = parse_rank_args(argv, __doc__.splitlines()[0])
     rank = int(os.environ.get("RANK", "0"))
-    log = EventLog(args.run_dir, args.phase, rank)
+    try:
+        log = EventLog(args.run_dir, args.phase, rank, args.attempt)
+    except RecordsExistError as refusal:
+        return refuse(rank, refusal)
     launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
     log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
     try:
-        rank_run = RankRun(RunConfig.load(args.run_dir / rundir.CONFIG), args.run_dir, rank, log)
+        rank_run = RankRun(args, rank, log)
         rank_run.start()
         if args.phase == "train":
             rank_run.train_phase()
         else:
             rank_run.restore_phase()
         rank_run.finish()
+    except RankRefusal as refusal:
+        log.emit(Event.PHASE_ERROR, error=_error_text(refusal), refused=True)
+        return refuse(rank, refusal)
     except BaseException as error:
         log.emit(Event.PHASE_ERROR, error=_error_text(error))
         raise
@@ -56,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 class RankRun:
     """One rank's state across the steps of a phase."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int, log: EventLog):
-        self.cfg, self.run_dir, self.rank, self.log = cfg, run_dir, rank, log
-        self.phase = log.phase
-        self.plan = rundir.RunPlan.load(run_dir)
+    def __init__(self, args: RankArgs, rank: int, log: EventLog):
+        self.cfg = args.attempt_config(RunConfig.load(args.run_dir / rundir.CONFIG))
+        self.run_dir, self.rank, self.log = args.run_dir, rank, log
+        self.phase, self.requested_tag = log.phase, args.tag
+        self.plan = rundir.RunPlan.load(self.run_dir)
         self.ckpt_dir = self.plan.checkpoint_dir
         from restartbench.storage import open_store
 
@@ -299,15 +302,18 @@ class RankRun:
                                 f"({_committed_here(committed)})")
 
     def _wanted_tag(self) -> str:
-        """The checkpoint ``latest`` names. ``latest`` is a pointer, not the only truth: without it, the newest
-        committed checkpoint (a tag with its manifest) under ``--on-corrupt fallback``; else a refusal naming them."""
+        """The checkpoint this attempt asked for (``--tag``), else the one ``latest`` names. ``latest`` is a pointer,
+        not the only truth: without it, the newest committed checkpoint (a tag with its manifest) under
+        ``--on-corrupt fallback``; else a refusal naming them."""
         from restartbench.integrity import committed_tags
 
+        if self.requested_tag is not None:
+            return self._requested_tag(committed_tags(self.store))
         if self.store.exists("latest"):
             return self.store.read_text("latest").strip()
         committed = committed_tags(self.store)
         if not committed:
-            raise FileNotFoundError(f"no complete checkpoint in {self.store.location}: 'latest' is missing and no "
+            raise NoCheckpoint(f"no complete checkpoint in {self.store.location}: 'latest' is missing and no "
                                     "checkpoint has its manifest (phase 1 never committed one); rerun phase 1 or "
                                     "point --checkpoint-dir elsewhere")
         if self.cfg.launch.on_corrupt != "fallback":
@@ -315,6 +321,12 @@ class RankRun:
                                     "rerun with --on-corrupt fallback to restore the newest that checks out")
         self._say(f"restore: 'latest' is missing; trying the newest committed checkpoint, {committed[0]}")
         return committed[0]
+
+    def _requested_tag(self, committed: list[str]) -> str:
+        if self.requested_tag not in committed:
+            raise NoCheckpoint(f"--tag {self.requested_tag} is not a committed checkpoint in {self.store.location} "
+                               f"({_committed_here(committed)})")
+        return self.requested_tag
 
     def _restart_without_checkpoint(self) -> None:
         """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
@@ -382,7 +394,11 @@ class RestoreMismatch(RuntimeError):
     pass
 
 
-class CorruptCheckpoint(RuntimeError):
+class CorruptCheckpoint(RankRefusal):
+    pass
+
+
+class NoCheckpoint(RankRefusal):
     pass
 
 

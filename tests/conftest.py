@@ -1,5 +1,6 @@
 """Shared fixtures: real tiny-preset study runs, made once per test session and read by several tests."""
 
+import json
 import os
 import subprocess
 import sys
@@ -63,6 +64,20 @@ def run_study(logs: Path, *argv: str, timeout: int = 600, env: dict | None = Non
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     made = sorted(set(logs.glob("*/*/*/*")) - before)
     return proc, (made[-1] if made else None)
+
+
+def relaunch(run_dir: Path, *options: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """A restore-only relaunch of a run folder (``./submit-job.sh --restore RUN_DIR [OPTIONS]``): a new attempt."""
+    return subprocess.run([sys.executable, "-m", "restartbench.relaunch", str(run_dir), *options], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def last_attempt_events(run_dir: Path) -> list[dict]:
+    """The events of the run's latest restore attempt (metadata.json's ``restarts``)."""
+    from restartbench.events import read_events
+
+    record = json.loads((run_dir / "metadata.json").read_text())["restarts"][-1]["record"]
+    return read_events(run_dir, record)
 
 
 @pytest.fixture(scope="session")

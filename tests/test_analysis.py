@@ -12,7 +12,7 @@ import pytest
 
 from restartbench import analysis, goodput, report
 from restartbench.analysis import collect
-from restartbench.events import EventFileError, read_events
+from restartbench.events import Event, EventFileError, EventLog, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 multirank = pytest.mark.multirank
@@ -466,3 +466,78 @@ def test_a_throughput_above_its_limit_is_flagged():
     assert analysis.checkpoint_summary(flagged)["write_limit"].iloc[0] == "limit underestimated (1 of 3)"
     assert analysis.restart_summary(flagged)["read_limit"].iloc[0] == "limit underestimated (1 of 1)"
     assert analysis.checkpoint_summary(tidy(*one_config("torch", [1.0], 5.0)))["write_limit"].isna().all()
+
+
+def hand_made_run(logs: Path) -> Path:
+    """A complete one-rank run folder written through EventLog with chosen durations: iterations of 2 s, stalls of
+    16 s and 20 s (C = 18 s), 1 GB written in 17 s (59 MB/s against a 10 MB/s baseline: 588 %), a restart of 120 s."""
+    run = logs / "tiny" / "tp1pp1dp1" / "torch" / "20260101-000000-abcdef"
+    run.mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"status": "complete", "preset": "tiny", "layout": "tp1pp1dp1",
+                                                   "engine": "torch", "world_size": 1, "device": "cpu"}))
+    (run / "config.json").write_text(json.dumps({"model": {"preset": "tiny", "dtype": "fp32"},
+                                                 "train": {"iters": 4, "save_interval": 2}}))
+    (run / "baseline.json").write_text(json.dumps({"tool": "fio", "write_MBps": 10.0, "read_MBps": 1000.0}))
+    train = EventLog(run, "train", 0)
+    for step in range(1, 5):
+        train.emit(Event.TRAIN_ITERATION, start=100.0 * step, duration_s=2.0, step=step)
+        if step % 2 == 0:
+            tag = f"step{step}"
+            train.emit(Event.CHECKPOINT_SAVE, start=100.0 * step + 2, duration_s=2.0 * step + 12, tag=tag,
+                       step=step)
+            train.emit(Event.CHECKPOINT_DURABLE, tag=tag, step=step, since_save_start_s=17.0, bytes=10**9, n_files=1,
+                       files=[{"path": f"{tag}/model.pt", "bytes": 10**9, "seconds": 1.0}])
+            train.emit(Event.CHECKPOINT_COMMIT, tag=tag, step=step, since_save_start_s=17.5)
+    train.close()
+    restore = EventLog(run, "restore", 0)
+    restore.emit(Event.PROCESS_START, start=1000.0, duration_s=1.0)
+    restore.emit(Event.RESTORE_LOAD, start=1010.0, duration_s=5.0, tag="step4", bytes=10**9, n_files=1, cache="cold")
+    restore.emit(Event.RESTORE_RESULT, tag="step4", exact=True, verified=True)
+    restore.emit(Event.TRAIN_ITERATION, start=1118.0, duration_s=2.0, step=5, first_after_restore=True)
+    restore.close()
+    return run
+
+
+def summarize(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_summarize_goodput_and_limits_from_a_hand_made_run(tmp_path):
+    """The CLI on a run whose figures are known: the goodput table of test_goodput_table_by_hand (F = 0.001 on 1000
+    GPUs), the checkpoint write flagged against its too-low baseline; then the defaults: Llama 3's rate on the run's
+    own world size (1 GPU), and the goodput figure in the report."""
+    hand_made_run(tmp_path / "logs")
+    proc = summarize(tmp_path / "logs", "--out", tmp_path / "out", "--no-plots",
+                     "--failures-per-gpu-hour", "0.001", "--gpus", "1000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stdout = " ".join(proc.stdout.split())
+    assert "Goodput at the optimal checkpoint interval" in stdout and "0.001 per GPU-hour on 1000 GPUs" in stdout
+    assert "C = the stall (not yet the whole cost" in stdout
+    assert "Limit underestimated: tiny · tp1pp1dp1 · torch wrote at 588% of the storage's measured bandwidth " \
+           "(median; 2 of 2 above 105 %)" in stdout
+    row = pd.read_csv(tmp_path / "out" / "goodput.csv").iloc[0]
+    assert (row["cost_s"], row["restart_s"], row["iteration_s"], row["gpus"]) == (18.0, 120.0, 2.0, 1000)
+    assert row["interval_s"] == pytest.approx(348.10, abs=0.005)
+    assert row["goodput_pct"] == pytest.approx(86.665, abs=1e-3)
+    study = pd.read_csv(tmp_path / "out" / "study.csv")
+    assert study["write_limit"].dropna().tolist() == ["limit underestimated"] * 2 and study["read_limit"].isna().all()
+
+    proc = summarize(tmp_path / "logs", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = pd.read_csv(tmp_path / "report" / "goodput.csv").iloc[0]
+    assert row["gpus"] == 1 and row["failures_per_gpu_hour"] == goodput.LLAMA3_FAILURES_PER_GPU_HOUR
+    assert row["mtbf_s"] == pytest.approx(54 * 24 * 3600 * 16_384 / 419)
+    assert (tmp_path / "report" / "goodput.png").stat().st_size > 1000
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "Goodput: the checkpoint interval" in html and "Llama 3: 419 interruptions" in html
+    assert "each run&#x27;s own world size" in html and "Limit underestimated" in html
+
+
+@pytest.mark.parametrize("option, value, words", [("--gpus", "0", "'0' is not a whole number above 0"),
+                                                  ("--gpus", "2.5", "'2.5' is not a whole number"),
+                                                  ("--failures-per-gpu-hour", "-1", "'-1' is not a number above 0"),
+                                                  ("--failures-per-gpu-hour", "nan", "'nan' is not a number above 0")])
+def test_summarize_refuses_a_bad_failure_model(tmp_path, option, value, words):
+    proc = summarize(tmp_path, option, value)
+    assert proc.returncode == 2 and words in proc.stderr

@@ -14,6 +14,7 @@ from restartbench.config import RunConfig, config_from_args
 from restartbench.engines.lazy import engine as lazy
 from restartbench.engines.lazy.emulate import LazyFiles
 from restartbench.plan import predict
+from restartbench.rank_args import RankArgs, parse_rank_args
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALE = "0.016"  # 70B's widths x 0.016: hidden 128, about 250 MB per checkpoint in bf16
@@ -100,6 +101,10 @@ def test_7b_through_dcp(tmp_path, engine, layout):
     assert_summarized(logs, tmp_path / "summary", f"{engine}-emulated")
 
 
+def rank_args(run_dir: Path, phase: str) -> RankArgs:
+    return parse_rank_args(["--run-dir", str(run_dir), "--phase", phase], "an emulating process")
+
+
 def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_path):
     """In this process, no launch: four ranks (two stages, two replicas each) saved and restored through the lazy
     engine's own code; after one byte of a model file changes, the replica that reads it names the tensor."""
@@ -107,7 +112,7 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
                             "--ranks-per-process", "4", "--iters", "1", "--logs", str(tmp_path / "logs")])
     plan = emulated_study.plan_emulation(cfg)
     run_dir = study.prepare_run_dir(cfg, plan, emulated_study.render(cfg, plan))
-    saver = LazyFiles(emulate.EmulatedRanks(run_dir, "train"))
+    saver = LazyFiles(emulate.EmulatedRanks(rank_args(run_dir, "train")))
     for rank in range(4):
         saver.save(rank, saver.stage(rank, 1), "step1")
         saver.next_step(rank, "step1")
@@ -115,7 +120,7 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
     written = {Path(r.path).name: r.bytes for rank in range(4) for r in saver.written(rank)}
     assert written == {Path(f.path).name: f.bytes for f in predict(cfg, step=1, scale=0.02).files}
 
-    loader = LazyFiles(emulate.EmulatedRanks(run_dir, "restore"))
+    loader = LazyFiles(emulate.EmulatedRanks(rank_args(run_dir, "restore")))
 
     def restore(rank: int) -> list[str]:
         held = loader.hold(rank, 1)

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import run_study
+from conftest import last_attempt_events, relaunch, run_study
 
 from restartbench.events import read_events
 from restartbench.results import restart
@@ -27,18 +27,9 @@ def metadata(run_dir):
     return json.loads((run_dir / "metadata.json").read_text())
 
 
-def restore_again(run_dir, **config_changes):
-    """A fresh restore launch of an existing run folder (optionally with changed launch options)."""
-    if config_changes:
-        config = json.loads((run_dir / "config.json").read_text())
-        config["launch"].update(config_changes)
-        (run_dir / "config.json").write_text(json.dumps(config))
-    return subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
-
-
 def last_restore(run_dir):
-    events = read_events(run_dir)
-    return events, [e for e in events if e["event"] == "restore.result"][-1]
+    events = last_attempt_events(run_dir)
+    return events, next(e for e in events if e["event"] == "restore.result")
 
 
 def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
@@ -52,7 +43,8 @@ def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
                                            "latest_kept": "step2"}]
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
-    assert restore_again(run_dir).returncode == 0
+    again = relaunch(run_dir)
+    assert again.returncode == 0, again.stdout + again.stderr[-2000:]
     _, result = last_restore(run_dir)
     assert result["tag"] == "step2" and result["exact"] is True
 
@@ -111,17 +103,26 @@ def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(
         data = data[: len(data) // 3]
     victim.write_bytes(bytes(data))
 
-    refused = restore_again(complete_run)
+    refused = relaunch(complete_run)
     assert refused.returncode != 0
-    errors = [e for e in read_events(complete_run) if e["event"] == "phase.error"]
+    errors = [e for e in last_attempt_events(complete_run) if e["event"] == "phase.error"]
+    assert {e["rank"] for e in errors} == {0, 1} and all(e["refused"] for e in errors)
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in errors[-1]["error"]
     assert ("SHA-256 differs" if damage == "flip" else "truncated") in errors[-1]["error"]
+    said = (complete_run / "restore-2.stderr.log").read_text()
+    assert said.count("fails its manifest check") == 1 and "restartbench/train.py" not in said, "once, no traceback"
+    assert refused.stdout.count("fails its manifest check") == 1
+    assert metadata(complete_run)["restarts"][-1]["verdict"] == "refused"
 
-    assert restore_again(complete_run, on_corrupt="fallback").returncode == 0
+    again = relaunch(complete_run, "--on-corrupt", "fallback")
+    assert again.returncode == 0, again.stdout + again.stderr[-2000:]
     events, result = last_restore(complete_run)
     assert result["tag"] == "step2" and result["exact"] is True
     fallback = [e for e in events if e["event"] == "restore.fallback"][-1]
     assert (fallback["wanted"], fallback["restored"]) == ("step4", "step2")
+    entry = metadata(complete_run)["restarts"][-1]
+    assert (entry["attempt"], entry["on_corrupt"], entry["tag"], entry["fell_back_from"], entry["verdict"]) == \
+        (3, "fallback", "step2", "step4", "exact")
 
 
 def test_a_checkpoint_that_passes_its_manifest_but_holds_another_state_fails_the_restore(tmp_path):

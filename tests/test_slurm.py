@@ -112,7 +112,8 @@ def test_multinode_emulation_sbatch(tmp_path):
     assert directives["nodes"] == "2" and directives["ntasks-per-node"] == "1" and directives["cpus-per-task"] == "2"
     assert directives["job-name"] == "rb-70B-tp8pp8dp1-torch-emulated"
     assert "gpus-per-node" not in directives and "restartbench.execute" in rendered.job_script
-    assert "--nnodes 2 --nproc-per-node 2" in rendered.launch_script and "--master-port 29500" in rendered.launch_script
+    assert "--nnodes 2 --nproc-per-node 2" in rendered.launch_script
+    assert '--master-port "${RB_MASTER_PORT:-29500}"' in rendered.launch_script
     assert "-m restartbench.emulate " in rendered.launch_script
     for script in (rendered.job_script, rendered.launch_script):
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

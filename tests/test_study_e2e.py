@@ -94,11 +94,10 @@ def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
     (run_dir / "checkpoints" / "step1" / "manifest.json").unlink()
-    result = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode != 0
-    errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
-    assert errors and "no complete checkpoint" in errors[0]["error"]
+    records = sorted(p.name for p in (run_dir / "events").iterdir())
+    result = relaunch(run_dir)
+    assert result.returncode == 2 and "holds no committed checkpoint" in result.stdout, result.stdout
+    assert sorted(p.name for p in (run_dir / "events").iterdir()) == records, "nothing launched, nothing written"
 
 
 def test_latest_is_a_pointer_not_the_only_truth(tmp_path):
@@ -109,20 +108,13 @@ def test_latest_is_a_pointer_not_the_only_truth(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
 
-    def relaunch() -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
-                              timeout=300)
-
-    assert relaunch().returncode != 0
-    errors = [e for e in read_events(run_dir) if e["event"] == "phase.error" and e["phase"] == "restore"]
+    assert relaunch(run_dir).returncode != 0
+    errors = [e for e in last_attempt_events(run_dir) if e["event"] == "phase.error"]
     assert errors and "the committed checkpoints here are step4, step2" in errors[0]["error"]
-    config = json.loads((run_dir / "config.json").read_text())
-    config["launch"]["on_corrupt"] = "fallback"
-    (run_dir / "config.json").write_text(json.dumps(config))
-    result = relaunch()
+    result = relaunch(run_dir, "--on-corrupt", "fallback")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    restored = [e for e in read_events(run_dir) if e["event"] == "restore.result"][-2:]
-    assert [(e["tag"], e["exact"]) for e in restored] == [("step4", True), ("step4", True)]
+    restored = [e for e in last_attempt_events(run_dir) if e["event"] == "restore.result"]
+    assert [(e["tag"], e["exact"], e["attempt"]) for e in restored] == [("step4", True, 3), ("step4", True, 3)]
 
 
 def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_path):

@@ -1,0 +1,56 @@
+"""The fields of the run configuration: ``opt`` makes one, with its documentation, how it appears on the command
+line and the values it accepts (``Allowed``).
+
+Standard library only, and nothing else of restartbench: ``restartbench.config`` and every engine folder's
+``options.py`` (the engine's options, part of the configuration) declare their fields with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values an option accepts besides its type (None, for an optional field, is always accepted; a float must
+    be finite): at least ``low`` (above it when ``low_open``), at most ``high``, matching ``pattern``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    pattern: str | None = None
+    """A regular expression the whole value must match."""
+    says: str = ""
+    """How to say what matches ``pattern``, for a person: 'HH:MM:SS'."""
+
+    def describe(self) -> str:
+        if self.pattern:
+            return self.says
+        low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
+        if self.high is None:
+            return low
+        return f"between {self.low:g} and {self.high:g}" if not self.low_open else f"{low} and at most {self.high:g}"
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if self.pattern:
+            return re.fullmatch(self.pattern, value) is not None
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above_low = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above_low and (self.high is None or value <= self.high)
+
+
+AT_LEAST_1 = Allowed(low=1)
+AT_LEAST_0 = Allowed(low=0)
+
+
+def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None,
+        allowed: Allowed | None = None) -> Any:
+    """A config field with its documentation, how it appears on the command line, and the values it accepts."""
+    return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices,
+                                            "allowed": allowed})

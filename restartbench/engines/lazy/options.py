@@ -1,0 +1,18 @@
+"""The options of the lazy engine: fields of the run's ``EngineConfig``, options of ``config-n-run.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from restartbench.config_fields import AT_LEAST_1, opt
+
+
+@dataclass
+class LazyOptions:
+    dp_read_once: bool = opt(
+        False, "lazy: on restore, data-parallel rank 0 reads the replicated module weights and broadcasts them "
+        "to its replicas, instead of every replica reading the same file.",
+    )
+    lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.", allowed=AT_LEAST_1)
+    lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
+                               allowed=AT_LEAST_1)
