@@ -5,6 +5,10 @@ numeric range, a pattern); the command line of ``config-n-run.py`` is generated 
 (``--save-interval`` sets ``train.save_interval``), so a field added here is an option there, with its help.
 Every value is checked here, once, whether it comes from the command line, a sweep file or a ``config.json``:
 the message names the option and what it accepts.
+
+The fields are made with ``restartbench.config_fields.opt``. An engine's own options are not declared here but in
+its folder (``restartbench/engines/<folder>/options.py``): ``EngineConfig`` is made of them, in the registry's
+order, so an engine brings its options with its folder.
 """
 
 from __future__ import annotations
@@ -14,55 +18,14 @@ import dataclasses
 import functools
 import json
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Allowed:
-    """The values an option accepts besides its type (None, for an optional field, is always accepted; a float must
-    be finite): at least ``low`` (above it when ``low_open``), at most ``high``, matching ``pattern``."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    pattern: str | None = None
-    """A regular expression the whole value must match."""
-    says: str = ""
-    """How to say what matches ``pattern``, for a person: 'HH:MM:SS'."""
-
-    def describe(self) -> str:
-        if self.pattern:
-            return self.says
-        low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
-        if self.high is None:
-            return low
-        return f"between {self.low:g} and {self.high:g}" if not self.low_open else f"{low} and at most {self.high:g}"
-
-    def accepts(self, value: Any) -> bool:
-        if value is None:
-            return True
-        if self.pattern:
-            return re.fullmatch(self.pattern, value) is not None
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above_low = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        return above_low and (self.high is None or value <= self.high)
-
-
-AT_LEAST_1 = Allowed(low=1)
-AT_LEAST_0 = Allowed(low=0)
-
-
-def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None,
-        allowed: Allowed | None = None) -> Any:
-    """A config field with its documentation, how it appears on the command line, and the values it accepts."""
-    return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices,
-                                            "allowed": allowed})
+from restartbench.config_fields import AT_LEAST_0, AT_LEAST_1, Allowed, opt
+from restartbench.engines import engine_names, engine_options  # the registry: see pyproject's [tool.importlinter]
 
 
 @dataclass
@@ -102,25 +65,29 @@ class TrainConfig:
 
 
 @dataclass
-class EngineConfig:
-    engine: str = opt(
-        "torch", "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async, "
-        "lazy."
-    )
-    io_buffer_mb: int = opt(64, "fastpersist/decoupled: size of each aligned I/O buffer, MiB.", allowed=AT_LEAST_1)
-    writer_data_parallel: str = opt(
-        "replica", "fastpersist/decoupled: which data-parallel ranks write (DeepSpeed's writer.data_parallel).",
-        choices=("replica", "socket", "machine"),
-    )
-    host_cache_gb: float = opt(4.0, "datastates: pinned host cache per rank, GB.",
-                               allowed=Allowed(low=0, low_open=True))
-    dp_read_once: bool = opt(
-        False, "lazy: on restore, data-parallel rank 0 reads the replicated module weights and broadcasts them "
-        "to its replicas, instead of every replica reading the same file.",
-    )
-    lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.", allowed=AT_LEAST_1)
-    lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
-                               allowed=AT_LEAST_1)
+class EngineChoice:
+    engine: str = opt("torch", f"Checkpoint engine: {', '.join(engine_names())}.")
+
+
+def engine_config_class(options: dict[str, type]) -> type:
+    """The ``EngineConfig`` dataclass: ``EngineChoice``'s field, then each engine folder's options (``options``:
+    folder -> its options dataclass, in the registry's order), as one flat section. It inherits them all, so an
+    engine's options are read as ``cfg.engine.<option>``. Two declarations of one name are refused, naming both:
+    the section and the command line have one namespace."""
+    declared = {leaf.name: "restartbench/config.py (EngineChoice)" for leaf in dataclasses.fields(EngineChoice)}
+    for folder, owner in options.items():
+        for leaf in dataclasses.fields(owner):
+            where = f"restartbench/engines/{folder}/options.py ({owner.__name__})"
+            if leaf.name in declared:
+                raise TypeError(f"the engine option {leaf.name!r} is declared twice, in {declared[leaf.name]} and in "
+                                f"{where}: rename one of them")
+            declared[leaf.name] = where
+    bases = (*reversed(options.values()), EngineChoice)  # a dataclass's fields come in reverse MRO order
+    namespace = {"__module__": __name__, "__doc__": "The checkpoint engine and every engine's options."}
+    return dataclass(type("EngineConfig", bases, namespace))
+
+
+EngineConfig = engine_config_class(engine_options())
 
 
 @dataclass

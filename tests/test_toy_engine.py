@@ -1,6 +1,7 @@
 """Adding an engine takes its folder and one registry line (docs/adding-an-engine.md): a toy engine
-(tests/data/toy_engine) installed into a copy of the repository is run for real, and the plan and --emulate each
-say why they do not cover it."""
+(tests/data/toy_engine) installed into a copy of the repository is run for real, its option (its folder's
+options.py) is an option of config-n-run.py and a key of config.json, and the plan and --emulate each say why they
+do not cover it."""
 
 import json
 import os
@@ -44,15 +45,36 @@ def toy_repo(tmp_path_factory):
 @pytest.mark.multirank
 def test_a_toy_engine_runs_with_its_folder_and_one_registry_line(toy_repo, tmp_path):
     proc = run(toy_repo, "config-n-run.py", "tiny", "tp1pp1dp2", "--engine", "toy", "--dtype", "fp32", "--iters", "2",
-               "--save-interval", "1", "--baseline-mib", "0", "--logs", str(tmp_path / "logs"))
+               "--save-interval", "1", "--baseline-mib", "0", "--toy-file-prefix", "mine", "--logs",
+               str(tmp_path / "logs"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = next((tmp_path / "logs").glob("tiny/*/toy/*"))
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "complete"
+    assert json.loads((run_dir / "config.json").read_text())["engine"]["toy_file_prefix"] == "mine"
     results = [json.loads(line) for path in sorted((run_dir / "events").glob("restore-rank*.jsonl"))
                for line in path.read_text().splitlines() if '"restore.result"' in line]
     assert [r["exact"] for r in results] == [True, True]
     assert sorted(p.name for p in (run_dir / "checkpoints" / "step2").iterdir()) == [
-        "manifest.json", "toy-rank00000.pt", "toy-rank00001.pt"]
+        "manifest.json", "mine-rank00000.pt", "mine-rank00001.pt"]
+
+
+def test_the_toy_engines_option_is_a_command_line_option_and_a_config_key(toy_repo, tmp_path):
+    """Its folder's options.py is all it took: the option is generated, range-checked, saved and loaded."""
+    help_text = run(toy_repo, "config-n-run.py", "--help").stdout
+    assert "--toy-file-prefix" in help_text and "<prefix>-rank<N>.pt" in help_text
+    assert "Checkpoint engine: none, torch, fastpersist, decoupled, datastates, torchsnapshot, dcp, dcp-async, lazy, " \
+           "toy." in " ".join(help_text.split())
+    code = ("import sys; from pathlib import Path; from restartbench.config import RunConfig, config_from_args\n"
+            "config_from_args(['--engine', 'toy', '--toy-file-prefix', 'mine']).save(Path(sys.argv[1]))\n"
+            "print(RunConfig.load(sys.argv[1]).engine.toy_file_prefix)")
+    proc = run(toy_repo, "-c", code, str(tmp_path / "config.json"))
+    assert proc.stdout.strip() == "mine", proc.stderr[-3000:]
+    engine = json.loads((tmp_path / "config.json").read_text())["engine"]
+    assert list(engine) == ["engine", "io_buffer_mb", "writer_data_parallel", "host_cache_gb", "dp_read_once",
+                            "lazy_chunk_mb", "lazy_io_threads", "toy_file_prefix"]
+    refused = run(toy_repo, "config-n-run.py", "--engine", "toy", "--toy-file-prefix", "a/b", "--dry-run")
+    assert refused.returncode == 2
+    assert "--toy-file-prefix must be letters, digits, _ and - (got 'a/b')" in refused.stderr
 
 
 def test_the_plan_says_why_the_toy_engine_is_not_predicted(toy_repo):

@@ -5,20 +5,31 @@ prediction of its files (``predict.py``), its emulation (``emulate.py``), and it
 ``EngineInfo`` each, in the folder's ``__init__.py``). ``ENGINE_FOLDERS`` below lists the folders. What the harness
 calls on every rank, and when, is ``restartbench/engines/base.py``.
 
+An engine folder with options holds them in ``options.py``, one dataclass (``engine_options``): ``restartbench.config``
+makes its ``EngineConfig`` of them, so each is a key of config.json's ``engine`` section and an option of
+``config-n-run.py``.
+
 This module imports no torch: the registry is read by the launcher and ``--dry-run`` too.
 An engine whose package is missing is reported by ``missing_requirements`` with the
 command that installs it.
+
+``restartbench.config`` imports this package (the folders, their options, the engines' names), so neither this
+module nor a folder's ``__init__.py`` imports ``restartbench.config`` at run time: ``EngineConfig`` is a type hint
+here only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from restartbench.config import EngineConfig
 from restartbench.engines.base import CheckpointEngine, EngineInfo, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
+
+if TYPE_CHECKING:
+    from restartbench.config import EngineConfig
 
 _REGISTRY: dict[str, EngineInfo] = {}
 
@@ -34,6 +45,26 @@ ENGINE_FOLDERS = ("none", "deepspeed", "torchsnapshot", "dcp", "lazy")
 for _folder in ENGINE_FOLDERS:
     for _info in importlib.import_module(f"restartbench.engines.{_folder}").ENGINES:
         register(_info)
+
+
+def engine_options() -> dict[str, type]:
+    """Folder -> the dataclass of its ``options.py``, for the folders that have one, in ``ENGINE_FOLDERS``' order."""
+    found = {}
+    for folder in ENGINE_FOLDERS:
+        name = f"restartbench.engines.{folder}.options"
+        if importlib.util.find_spec(name) is not None:
+            found[folder] = _options_class(importlib.import_module(name))
+    return found
+
+
+def _options_class(module: Any) -> type:
+    """The one dataclass an ``options.py`` defines (imported ones, such as ``Allowed``, are not its own)."""
+    own = [value for value in vars(module).values() if isinstance(value, type) and dataclasses.is_dataclass(value)
+           and value.__module__ == module.__name__]
+    if len(own) != 1:
+        raise TypeError(f"{module.__file__} must define one dataclass, the engine's options; it defines "
+                        f"{len(own)}: {', '.join(cls.__name__ for cls in own) or 'none'}")
+    return own[0]
 
 
 class UnknownEngineError(ValueError):

@@ -8,10 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from restartbench.config import EngineConfig
 from restartbench.engines.base import EngineInfo
+
+if TYPE_CHECKING:  # restartbench.config imports the registry, so this package: no import of it at run time
+    from restartbench.config import EngineConfig
 
 
 def _writer_block(decoupled: bool) -> Callable[[EngineConfig], dict[str, Any]]:

@@ -23,7 +23,7 @@ class ToyEngine(CheckpointEngine):
         self._read: list[FileRecord] = []
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
-        path = rank_file(save_dir, tag)
+        path = rank_file(save_dir, tag, self.options.toy_file_prefix)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         start = time.perf_counter()
         torch.save(harness_state.capture(ds_engine), path)
@@ -36,7 +36,7 @@ class ToyEngine(CheckpointEngine):
         return self._written
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
-        path = rank_file(load_dir, tag)
+        path = rank_file(load_dir, tag, self.options.toy_file_prefix)
         start = time.perf_counter()
         harness_state.restore(ds_engine, torch.load(path, weights_only=False))
         self._read = [FileRecord(path, os.path.getsize(path), time.perf_counter() - start)]
@@ -45,5 +45,5 @@ class ToyEngine(CheckpointEngine):
         return self._read
 
 
-def rank_file(folder: str, tag: str) -> str:
-    return os.path.join(folder, tag, f"toy-rank{dist.get_rank():05d}.pt")
+def rank_file(folder: str, tag: str, prefix: str) -> str:
+    return os.path.join(folder, tag, f"{prefix}-rank{dist.get_rank():05d}.pt")
