@@ -10,6 +10,7 @@ from conftest import run_study
 
 from restartbench import baseline
 from restartbench.baseline import BaselineError, MiB, parse_fio, record_baseline, run_fio
+from restartbench.rundir import RunPlan
 
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install fio)")
 
@@ -104,7 +105,9 @@ def test_study_run_measures_baseline_and_analysis_reads_it(tmp_path):
     proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "storage baseline: write" in proc.stdout
-    assert json.loads((run_dir / "baseline.json").read_text())["size_bytes"] == 64 * MiB
+    jobs, size_mib = baseline.concurrency(RunPlan.load(run_dir), 64)  # one job per rank, each a rank's share
+    measured = json.loads((run_dir / "baseline.json").read_text())
+    assert (measured["jobs"], measured["size_bytes"]) == (jobs, size_mib * MiB) == (2, 3 * MiB)
     table = collect(logs).table()
     assert (table["baseline_write_MBps"] > 0).all() and (table["baseline_read_MBps"] > 0).all()
 
