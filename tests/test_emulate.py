@@ -11,8 +11,8 @@ from conftest import run_study
 
 from restartbench import emulate, emulated_study, study
 from restartbench.config import RunConfig, config_from_args
-from restartbench.engines.lazy import engine as lazy
 from restartbench.engines.lazy.emulate import LazyFiles
+from restartbench.engines.lazy.format import read_header
 from restartbench.plan import predict
 from restartbench.rank_args import RankArgs, parse_rank_args
 
@@ -130,7 +130,7 @@ def test_lazy_emulator_restores_every_rank_exactly_and_names_a_changed_byte(tmp_
 
     assert [restore(rank) for rank in range(4)] == [[]] * 4
     model = Path(plan.checkpoint_dir) / "step1" / "model_pp01_tp00.lazy"
-    header, data_offset = lazy.read_header(model)
+    header, data_offset = read_header(model)
     first = header["tensors"][0]
     with open(model, "r+b") as handle:
         handle.seek(data_offset + first["offset"])

@@ -12,13 +12,15 @@ import torch
 from conftest import run_study
 
 from restartbench.config import EngineConfig
-from restartbench.engines.lazy import engine as lazy
+from restartbench.engines.lazy import copies, restore
+from restartbench.engines.lazy import format as fmt
+from restartbench.engines.lazy.engine import LazyEngine
 from restartbench.events import read_events
 from restartbench.verify import training_state_digest
 
 
 def spec(name, shape, dtype="float32", device="cpu"):
-    return lazy.TensorSpec(name, dtype, tuple(shape), device)
+    return fmt.TensorSpec(name, dtype, tuple(shape), device)
 
 
 # -- plan ----------------------------------------------------------------------------------------------------
@@ -27,24 +29,24 @@ def spec(name, shape, dtype="float32", device="cpu"):
 def test_plan_is_aligned_disjoint_and_one_range_per_file():
     groups = [("optim.lazy", "optim", [(spec("a", (3,)), False), (spec("b", (1000, 3)), False)]),
               ("model.lazy", "model", [(spec("w", (5, 7), "bfloat16"), False), (spec("buf", (2,)), True)])]
-    plan = lazy.make_plan(groups)
+    plan = fmt.make_plan(groups)
     assert [f.name for f in plan.files] == ["model.lazy", "optim.lazy"], "the file with sync entries comes first"
     assert plan.files[0].entries[0].spec.name == "buf" and plan.sync_bytes == 8
     cursor = 0
     for file in plan.files:
-        assert file.buffer_offset == cursor and file.data_bytes % lazy.FILE_ALIGN == 0
+        assert file.buffer_offset == cursor and file.data_bytes % fmt.FILE_ALIGN == 0
         ends = 0
         for entry in file.entries:
-            assert entry.offset % lazy.ENTRY_ALIGN == 0 and entry.offset >= ends
+            assert entry.offset % fmt.ENTRY_ALIGN == 0 and entry.offset >= ends
             assert entry.buffer_offset == file.buffer_offset + entry.offset
             ends = entry.offset + entry.spec.nbytes
         assert ends <= file.data_bytes
         cursor += file.data_bytes
     assert plan.buffer_bytes == cursor
-    assert lazy.make_plan(groups) == plan, "deterministic"
-    assert plan.signature == lazy.plan_signature(groups)
+    assert fmt.make_plan(groups) == plan, "deterministic"
+    assert plan.signature == fmt.plan_signature(groups)
     changed = [(n, k, [(spec(s.name, (1001, 3)) if s.name == "b" else s, y) for s, y in g]) for n, k, g in groups]
-    assert lazy.plan_signature(changed) != plan.signature
+    assert fmt.plan_signature(changed) != plan.signature
 
 
 def test_spec_bytes_follow_dtype_and_shape():
@@ -57,21 +59,21 @@ def test_spec_bytes_follow_dtype_and_shape():
 
 
 def test_header_round_trip_and_damage_is_named(tmp_path):
-    plan = lazy.make_plan([("f.lazy", "optim", [(spec("x", (10,)), False)])])
-    head, data_offset = lazy.encode_header(plan.files[0], {"tag": "step2"}, {"engine": {"global_steps": 2}})
-    assert data_offset % lazy.FILE_ALIGN == 0 and len(head) == data_offset
-    header, offset = lazy.decode_header(head)
+    plan = fmt.make_plan([("f.lazy", "optim", [(spec("x", (10,)), False)])])
+    head, data_offset = fmt.encode_header(plan.files[0], {"tag": "step2"}, {"engine": {"global_steps": 2}})
+    assert data_offset % fmt.FILE_ALIGN == 0 and len(head) == data_offset
+    header, offset = fmt.decode_header(head)
     assert offset == data_offset and header["tag"] == "step2" and header["kind"] == "optim"
     assert header["tensors"] == [{"name": "x", "dtype": "float32", "shape": [10], "device": "cpu", "offset": 0,
                                   "nbytes": 40}]
     path = tmp_path / "f.lazy"
     path.write_bytes(head + bytes(plan.files[0].data_bytes))
-    assert lazy.read_header(path)[0] == header
+    assert fmt.read_header(path)[0] == header
     path.write_bytes(head + bytes(10))
-    with pytest.raises(lazy.LazyFormatError, match="truncated"):
-        lazy.read_header(path)
-    with pytest.raises(lazy.LazyFormatError, match="not a restartbench-lazy file"):
-        lazy.decode_header(b"PK" + head[2:])
+    with pytest.raises(fmt.LazyFormatError, match="truncated"):
+        fmt.read_header(path)
+    with pytest.raises(fmt.LazyFormatError, match="not a restartbench-lazy file"):
+        fmt.decode_header(b"PK" + head[2:])
 
 
 def test_values_round_trip_types_tensors_and_objects():
@@ -88,30 +90,30 @@ def test_values_round_trip_types_tensors_and_objects():
     state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
              "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0], "foreach": None, "x": math.inf}],
              "loss_scaler": Scaler(), "zero_stage": Stage.one, "flag": True}
-    encoded = lazy.encode_value(state, "optimizer", tensors)
+    encoded = fmt.encode_value(state, "optimizer", tensors)
     assert set(tensors) == {"optimizer.state.0.step", "optimizer.state.0.exp_avg"}
-    decoded = lazy.decode_value(json.loads(json.dumps(encoded, allow_nan=False)))
-    assert decoded["state"][0]["step"] == lazy.TensorRef("optimizer.state.0.step")
+    decoded = fmt.decode_value(json.loads(json.dumps(encoded, allow_nan=False)))
+    assert decoded["state"][0]["step"] == fmt.TensorRef("optimizer.state.0.step")
     group = decoded["param_groups"][0]
     assert group["betas"] == (0.9, 0.95) and group["params"] == [0] and group["foreach"] is None
     assert group["x"] == math.inf and decoded["flag"] is True
     assert decoded["loss_scaler"].attrs == {"cur_scale": 1.0, "dynamic": False}
-    assert isinstance(decoded["zero_stage"], lazy.Opaque) and "one" in decoded["zero_stage"].repr
+    assert isinstance(decoded["zero_stage"], fmt.Opaque) and "one" in decoded["zero_stage"].repr
 
 
 def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
     a, b = torch.arange(10, dtype=torch.float32), torch.arange(7, dtype=torch.int64) * 3
-    plan = lazy.make_plan([("f.lazy", "optim", [(lazy.tensor_spec("a", a), False), (lazy.tensor_spec("b", b), False)])])
+    plan = fmt.make_plan([("f.lazy", "optim", [(fmt.tensor_spec("a", a), False), (fmt.tensor_spec("b", b), False)])])
     buffer = torch.zeros(plan.buffer_bytes, dtype=torch.uint8)
     for _, entry in plan.entries():
-        lazy.typed_slice(buffer, entry.buffer_offset, entry.spec).copy_({"a": a, "b": b}[entry.spec.name])
-    head, data_offset = lazy.encode_header(plan.files[0], {}, {})
+        copies.typed_slice(buffer, entry.buffer_offset, entry.spec).copy_({"a": a, "b": b}[entry.spec.name])
+    head, data_offset = fmt.encode_header(plan.files[0], {}, {})
     path = tmp_path / "f.lazy"
     path.write_bytes(head + buffer.numpy().tobytes())
-    header, offset = lazy.read_header(path)
+    header, offset = fmt.read_header(path)
     targets = {"a": torch.empty_like(a), "b": torch.empty_like(b)}
     for chunk in (8, 1 << 20):  # one read per tensor, and one read for both
-        records = lazy.read_into([(path, offset, header, targets)], 2, chunk, lazy.HostBuffer())
+        records = restore.read_into([(path, offset, header, targets)], 2, chunk, copies.HostBuffer())
         assert torch.equal(targets["a"], a) and torch.equal(targets["b"], b)
         assert records[0].bytes >= a.nbytes + b.nbytes
 
@@ -145,7 +147,7 @@ def options(**changes):
 
 
 def test_save_reuses_plan_and_buffer_and_restores_exactly_into_a_fresh_process_state(tmp_path):
-    source, saver = fake_engine(), lazy.LazyEngine(options())
+    source, saver = fake_engine(), LazyEngine(options())
     digests = {}
     for step in range(1, 5):
         train_step(source, step)
@@ -158,7 +160,7 @@ def test_save_reuses_plan_and_buffer_and_restores_exactly_into_a_fresh_process_s
     assert saver.plans_made == 1 and saver.buffer.allocations == 1
 
     fresh = fake_engine(seed=1)  # other weights, no optimizer state yet
-    loader = lazy.LazyEngine(options())
+    loader = LazyEngine(options())
     loader.load(fresh, str(tmp_path), "step4")
     assert training_state_digest(fresh) == digests[4]
     train_step(fresh, 5)  # and it trains on
@@ -168,7 +170,7 @@ def test_save_reuses_plan_and_buffer_and_restores_exactly_into_a_fresh_process_s
 def test_buffer_allocated_at_set_up_fits_the_saves_to_come(tmp_path, amsgrad):
     """prepare() runs before the optimizer's first step, when Adam has no moments yet; the buffer it allocates is
     exactly the one the saves need, so no save allocates (pinning, on CUDA, is about 0.5 s per GiB)."""
-    engine, saver = fake_engine(), lazy.LazyEngine(options())
+    engine, saver = fake_engine(), LazyEngine(options())
     engine.optimizer = torch.optim.AdamW(engine.module.parameters(), lr=1e-2, amsgrad=amsgrad)
     engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
     setup = saver.prepare(engine)
@@ -181,7 +183,7 @@ def test_buffer_allocated_at_set_up_fits_the_saves_to_come(tmp_path, amsgrad):
 
 
 def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp_path):
-    engine, saver = fake_engine(), lazy.LazyEngine(options())
+    engine, saver = fake_engine(), LazyEngine(options())
     engine.module.append(torch.nn.Linear(4, 1 << 20))  # 20 MB of weights (60 MB with Adam) to copy
     engine.optimizer = torch.optim.AdamW(engine.module.parameters(), lr=1e-2)
     engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
@@ -201,19 +203,19 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
     fresh.module.append(torch.nn.Linear(4, 1 << 20))
     fresh.optimizer = torch.optim.AdamW(fresh.module.parameters(), lr=1e-2)
     fresh.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(fresh.optimizer, lambda step: 1.0)
-    lazy.LazyEngine(options()).load(fresh, str(tmp_path), "step1")
+    LazyEngine(options()).load(fresh, str(tmp_path), "step1")
     assert training_state_digest(fresh) == before
 
 
 def test_restore_refuses_a_different_model(tmp_path):
-    engine, saver = fake_engine(), lazy.LazyEngine(options())
+    engine, saver = fake_engine(), LazyEngine(options())
     train_step(engine, 1)
     saver.save(engine, str(tmp_path), "step1")
     saver.wait_until_durable()
     other = fake_engine()
     other.module = torch.nn.Sequential(torch.nn.Linear(8, 16))
-    with pytest.raises(lazy.LazyRestoreError, match="module state differs"):
-        lazy.LazyEngine(options()).load(other, str(tmp_path), "step1")
+    with pytest.raises(fmt.LazyRestoreError, match="module state differs"):
+        LazyEngine(options()).load(other, str(tmp_path), "step1")
 
 
 # -- real runs (gloo, tiny preset) ---------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def test_two_data_parallel_ranks_restore_exactly(tmp_path):
     step4 = run_dir / "checkpoints" / "step4"
     names = sorted(p.name for p in step4.glob("*.lazy"))
     assert names == ["model_pp00_tp00.lazy", "optim_pp00_tp00_dp000.lazy", "optim_pp00_tp00_dp001.lazy"]
-    header, _ = lazy.read_header(step4 / "optim_pp00_tp00_dp001.lazy")
+    header, _ = fmt.read_header(step4 / "optim_pp00_tp00_dp001.lazy")
     assert header["values"]["engine"]["global_steps"] == 4 and header["dp"] == 1
     loads = [e for e in read_events(run_dir) if e["event"] == "restore.load"]
     assert all(e["bytes"] > 0 for e in loads)
@@ -269,8 +271,8 @@ def test_rank_killed_mid_flush_keeps_the_previous_checkpoint(tmp_path):
     assert meta["status"] == "failed" and [c["tag"] for c in meta["failed_checkpoints"]] == ["step4"]
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
-    with pytest.raises(lazy.LazyFormatError, match="truncated"):
-        lazy.read_header(ckpt / "step4" / "optim_pp00_tp00_dp001.lazy")
+    with pytest.raises(fmt.LazyFormatError, match="truncated"):
+        fmt.read_header(ckpt / "step4" / "optim_pp00_tp00_dp001.lazy")
     again = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     result = restore_result(run_dir)

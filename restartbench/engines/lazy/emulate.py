@@ -79,7 +79,7 @@ class LazyFiles(Emulator):
         return layout, module, optim, json.loads(json.dumps(captured.values))
 
     def load(self, rank: int, tag: str, held: Any) -> tuple[list[Any], Any]:
-        from restartbench.engines.lazy.engine import LazyRestoreError
+        from restartbench.engines.lazy.format import LazyRestoreError
 
         layout, module, optim, _ = held
         seen: dict[str, Any] = {}

@@ -20,14 +20,15 @@ shapes."""
 def lazy_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
     """restartbench's lazy format: the file plans and headers the lazy engine computes itself (``capture``,
     ``make_plan``, ``encode_header``) from each rank's state; a file is its header's pages plus its data region."""
-    from restartbench.engines.lazy import engine as lazy
+    from restartbench.engines.lazy.capture import file_meta
+    from restartbench.engines.lazy.format import encode_header, make_plan
 
     files = []
     for rank, coord, state in training_states(setup):
         layout, captured = lazy_capture(setup, rank, coord, state)
-        for f in lazy.make_plan(captured.groups).files:
-            _, data_offset = lazy.encode_header(f, lazy.file_meta(layout, setup.tag),
-                                                captured.values if f.kind == "optim" else {})
+        for f in make_plan(captured.groups).files:
+            _, data_offset = encode_header(f, file_meta(layout, setup.tag),
+                                           captured.values if f.kind == "optim" else {})
             files.append(PlannedFile(f"{setup.tag}/{f.name}", rank, "model" if f.kind == "model" else "optimizer",
                                      sum(e.spec.nbytes for e in f.entries), data_offset + f.data_bytes))
     return files
@@ -36,11 +37,11 @@ def lazy_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
 def lazy_capture(setup: ShardSetup, rank: int, coord: Any, state: TrainingState) -> tuple[Any, Any]:
     """(the lazy engine's ``RankLayout`` of ``rank``, its ``capture`` of the rank's state), each tensor spec on the
     device the run's state lives on; the tensors are the state's own (meta tensors for a ``training_states`` one)."""
-    from restartbench.engines.lazy import engine as lazy
+    from restartbench.engines.lazy.capture import RankLayout, capture
 
-    layout = lazy.RankLayout(coord.pipe, coord.model, coord.data, setup.layout.dp,
-                             dp_src=rank - coord.data * setup.layout.tp, dp_group=None)
-    captured = lazy.capture(state, layout)
+    layout = RankLayout(coord.pipe, coord.model, coord.data, setup.layout.dp,
+                        dp_src=rank - coord.data * setup.layout.tp, dp_group=None)
+    captured = capture(state, layout)
     return layout, replace(captured, groups=_lazy_on_device(captured.groups, setup.device))
 
 

@@ -1,0 +1,318 @@
+"""The lazy engine's restore: the header checks, the plain state set back on the live objects, where each saved
+tensor goes, and the parallel reads into those tensors.
+
+Optimizer tensors are read into the tensors the optimizer holds, or into tensors created where torch.optim would
+create them in a fresh process. Reads are ``os.preadv`` scatter reads, straight into CPU tensors and through the
+host buffer for device tensors. With ``dp_read_once`` the module file is read by data-parallel rank 0 only and
+broadcast to its replicas (``broadcast_tensors``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from restartbench.engines.base import FileRecord
+from restartbench.engines.lazy.copies import HostBuffer, byte_view
+from restartbench.engines.lazy.format import (
+    ENTRY_ALIGN,
+    LazyFormatError,
+    LazyRestoreError,
+    ObjectState,
+    Opaque,
+    TensorRef,
+    TensorSpec,
+    align_up,
+    child_path,
+    decode_value,
+    fits,
+    read_header,
+    torch_dtype,
+)
+
+# -- the files' headers -------------------------------------------------------------------------------------
+
+
+def checked_header(path: Path, tag: str) -> tuple[dict[str, Any], int]:
+    """The header of a file the restore needs, named in words when the checkpoint lacks it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {tag} has no {path.name} ({path}): was it written by --engine lazy "
+                                "with the same parallel layout?")
+    return read_header(path)
+
+
+def check_same_names(path: Path, saved: list[dict[str, Any]], live: dict[str, torch.Tensor]) -> None:
+    """The module file holds exactly the tensors of the model built here."""
+    names = {t["name"] for t in saved}
+    missing, extra = sorted(set(live) - names), sorted(names - set(live))
+    if missing or extra:
+        raise LazyRestoreError(f"{path}: module state differs from the model built here: not in the file "
+                               f"{missing[:5]}, not in the model {extra[:5]} (a different preset or layout?)")
+
+
+# -- restore of plain state, and where each tensor goes -------------------------------------------------------
+
+
+def restore_plain_and_targets(ds_engine: Any, values: dict[str, Any], tensors: list[dict[str, Any]]
+                              ) -> dict[str, torch.Tensor]:
+    """Set the plain optimizer, scheduler and counter state saved in ``values`` on the live objects, and
+    return the live tensor each saved optimizer tensor is to be read into (created where a fresh optimizer
+    has no state yet, as torch.optim would create it)."""
+    specs = {t["name"]: TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["device"]) for t in tensors}
+    targets: dict[str, torch.Tensor] = {}
+    if ds_engine.optimizer is not None:
+        _restore_optimizer(ds_engine.optimizer, values["optimizer"], specs, targets)
+    if ds_engine.lr_scheduler is not None:
+        ds_engine.lr_scheduler.load_state_dict(decode_value(values["lr_scheduler"]))
+    for key, value in values["engine"].items():
+        setattr(ds_engine, key, value)
+    missing = sorted(set(specs) - set(targets))
+    if missing:
+        raise LazyRestoreError(f"saved optimizer tensors with no place in this optimizer: {missing[:5]}")
+    return targets
+
+
+def _restore_optimizer(optimizer: Any, saved: dict[str, Any], specs: dict[str, TensorSpec],
+                       targets: dict[str, torch.Tensor]) -> None:
+    """A DeepSpeed ZeRO/BF16 optimizer wraps a torch optimizer whose state_dict is its ``base_optimizer_state``;
+    a bare torch optimizer is its own."""
+    saved = decode_value(saved)
+    wrapped = "base_optimizer_state" in saved
+    inner = optimizer.optimizer if wrapped else optimizer
+    base = saved["base_optimizer_state"] if wrapped else saved
+    if not isinstance(base, dict) or "param_groups" not in base:
+        raise LazyRestoreError("the saved optimizer state is not a torch optimizer state_dict (DeepSpeed's "
+                               "elastic_checkpoint layout?); the lazy engine restores only rigid ZeRO checkpoints")
+    _restore_torch_optimizer(inner, base, specs, targets)
+    if wrapped:
+        live = optimizer.state_dict()
+        for key, value in saved.items():
+            if key != "base_optimizer_state":
+                _restore_entry(optimizer, key, value, live.get(key, _MISSING), f"optimizer.{key}", specs, targets)
+
+
+def _restore_torch_optimizer(inner: torch.optim.Optimizer, saved: dict[str, Any],
+                             specs: dict[str, TensorSpec], targets: dict[str, torch.Tensor]) -> None:
+    """Hyperparameters of each group (lr included: the scheduler set it) and each parameter's state, in place."""
+    if len(saved["param_groups"]) != len(inner.param_groups):
+        raise LazyRestoreError(f"{len(saved['param_groups'])} optimizer parameter groups saved, "
+                               f"{len(inner.param_groups)} here")
+    params = [p for group in inner.param_groups for p in group["params"]]
+    for group, saved_group in zip(inner.param_groups, saved["param_groups"]):
+        if len(saved_group["params"]) != len(group["params"]):
+            raise LazyRestoreError(f"a parameter group of {len(saved_group['params'])} parameters was saved, "
+                                   f"this optimizer's has {len(group['params'])} (a different layout?)")
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
+    for index, state in saved["state"].items():
+        live = inner.state[params[index]]
+        for key, value in state.items():
+            if isinstance(value, TensorRef):
+                live[key] = _target(live.get(key), specs[value.name], params[index])
+                targets[value.name] = live[key]
+            else:
+                live[key] = value
+
+
+def _target(live: Any, spec: TensorSpec, param: torch.Tensor) -> torch.Tensor:
+    """The live tensor if it fits the saved one, else a new one where torch.optim keeps it (the parameter's
+    device, or the CPU for state saved from the CPU such as Adam's step)."""
+    if fits(live, spec):
+        return live
+    device = param.device if spec.device != "cpu" else torch.device("cpu")
+    return torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+
+
+_MISSING = object()
+
+
+def _restore_entry(owner: Any, key: str, saved: Any, live: Any, name: str,
+                   specs: dict[str, TensorSpec], targets: dict[str, torch.Tensor]) -> None:
+    """A top-level entry of a DeepSpeed optimizer's state_dict: tensors (views of the live ones) are read into,
+    plain values set as attributes, objects (the loss scaler) updated attribute by attribute, the rest compared."""
+    for sub_name, sub_saved, sub_live in _leaves(name, saved, live):
+        if isinstance(sub_saved, TensorRef):
+            spec = specs[sub_saved.name]
+            if not fits(sub_live, spec):
+                raise LazyRestoreError(f"{sub_name}: saved {spec}, this optimizer holds {_describe(sub_live)}")
+            targets[spec.name] = sub_live
+        elif isinstance(sub_saved, ObjectState):
+            for attr, value in sub_saved.attrs.items():
+                setattr(sub_live, attr, value)
+        elif isinstance(sub_saved, Opaque):
+            if repr(sub_live) != sub_saved.repr:
+                raise LazyRestoreError(f"{sub_name}: saved {sub_saved.repr}, here {sub_live!r} (a different layout?)")
+        elif _plain_differs(sub_saved, sub_live):
+            if sub_name != name or not hasattr(owner, key):
+                raise LazyRestoreError(f"{sub_name}: saved {sub_saved!r}, here {_describe(sub_live)} "
+                                       "(a different parallel layout or configuration?)")
+            setattr(owner, key, sub_saved)
+
+
+def _leaves(name: str, saved: Any, live: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(path, saved leaf, live leaf at the same path) through the containers decode_value returns."""
+    if isinstance(saved, dict):
+        for key, value in saved.items():
+            inner = live.get(key, _MISSING) if isinstance(live, dict) else _MISSING
+            yield from _leaves(child_path(name, key), value, inner)
+    elif isinstance(saved, (list, tuple)):
+        for index, value in enumerate(saved):
+            inner = live[index] if isinstance(live, (list, tuple)) and index < len(live) else _MISSING
+            yield from _leaves(f"{name}[{index}]", value, inner)
+    else:
+        yield name, saved, live
+
+
+def _plain_differs(saved: Any, live: Any) -> bool:
+    return type(saved) is not type(live) or repr(saved) != repr(live)
+
+
+def _describe(value: Any) -> str:
+    if value is _MISSING:
+        return "nothing"
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    return repr(value)
+
+
+# -- parallel reads -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one saved tensor goes: its bytes at ``offset`` in the file, into ``target`` (through the staging
+    buffer at ``staged`` when the target is not in host memory)."""
+    offset: int
+    nbytes: int
+    target: torch.Tensor
+    staged: int | None
+
+    def host_bytes(self, buffer: torch.Tensor | None) -> torch.Tensor:
+        return byte_view(self.target) if self.staged is None else buffer[self.staged:self.staged + self.nbytes]
+
+
+def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]], io_threads: int, chunk: int,
+              staging: HostBuffer) -> list[FileRecord]:
+    """Read every file's tensors into their targets with parallel scatter reads (``os.preadv``), each of about
+    ``chunk`` bytes: straight into CPU tensors; device tensors are read into a host staging buffer and copied to
+    the device by the same reader thread right after its read, so copies overlap the other threads' reads.
+    The staging buffer is the engine's host buffer: pinned where ``prepare`` pinned it for the saves, else pageable
+    (pinning it only for one load would cost more than the copies gain)."""
+    files, staged_bytes = [], 0
+    for path, data_offset, header, targets in jobs:
+        places = []
+        for entry in header["tensors"]:
+            target = targets[entry["name"]]
+            spec = TensorSpec(entry["name"], entry["dtype"], tuple(entry["shape"]), entry["device"])
+            if not fits(target, spec) or not target.is_contiguous():
+                raise LazyRestoreError(f"{path}: {spec.name} saved as {spec}, the live tensor is {_describe(target)}")
+            staged = None if target.device.type == "cpu" else staged_bytes
+            places.append(Place(data_offset + entry["offset"], entry["nbytes"], target, staged))
+            staged_bytes += 0 if staged is None else align_up(entry["nbytes"], ENTRY_ALIGN)
+        files.append((path, places))
+    buffer = staging.get(staged_bytes, pinned=False) if staged_bytes else None
+    with ThreadPoolExecutor(io_threads, thread_name_prefix="lazy-read") as pool:
+        records = [_read_file(path, places, buffer, chunk, pool) for path, places in files]
+    if staged_bytes:
+        torch.cuda.synchronize()
+    return records
+
+
+def _read_file(path: Path, places: list[Place], buffer: torch.Tensor | None, chunk: int,
+               pool: ThreadPoolExecutor) -> FileRecord:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    reads = []
+    try:
+        reads = [pool.submit(_read_batch, fd, batch, buffer) for batch in _batches(places, chunk)]
+        total = sum(read.result() for read in reads)
+    finally:
+        for read in reads:  # none may be left reading from a closed descriptor
+            read.exception()
+        os.close(fd)
+    return FileRecord(str(path), total, time.perf_counter() - start)
+
+
+def _batches(places: list[Place], chunk: int) -> Iterator[list[Place]]:
+    """Consecutive tensors grouped into reads of about ``chunk`` bytes."""
+    batch: list[Place] = []
+    for place in sorted(places, key=lambda p: p.offset):
+        if batch and place.offset - batch[0].offset >= chunk:
+            yield batch
+            batch = []
+        batch.append(place)
+    if batch:
+        yield batch
+
+
+def _read_batch(fd: int, batch: list[Place], buffer: torch.Tensor | None) -> int:
+    """One scatter read for the batch (alignment padding between tensors goes to scratch), then the device copies."""
+    views, cursor = [], batch[0].offset
+    for place in batch:
+        if place.offset > cursor:
+            views.append(memoryview(bytearray(place.offset - cursor)))
+        views.append(memoryview(place.host_bytes(buffer).numpy()))
+        cursor = place.offset + place.nbytes
+    got = _preadv_all(fd, views, batch[0].offset)
+    for place in batch:
+        if place.staged is not None:
+            byte_view(place.target).copy_(place.host_bytes(buffer))
+    return got
+
+
+def _preadv_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Read exactly the views' total length at ``offset``; a short file is an error naming the shortfall."""
+    want = sum(v.nbytes for v in views)
+    views = [v.cast("B") for v in views if v.nbytes]
+    while views:
+        got = os.preadv(fd, views, offset)
+        if got == 0:
+            raise LazyFormatError(f"file ends {sum(v.nbytes for v in views)} bytes early (truncated)")
+        offset += got
+        views = _drop_prefix(views, got)
+    return want
+
+
+def _drop_prefix(views: list[memoryview], count: int) -> list[memoryview]:
+    while count and views:
+        if views[0].nbytes <= count:
+            count -= views[0].nbytes
+            views = views[1:]
+        else:
+            views = [views[0][count:]] + views[1:]
+            count = 0
+    return views
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], src: int, group: Any, bucket_bytes: int) -> None:
+    """Broadcast from data-parallel rank 0 to its replicas, in place, coalesced per dtype into ~bucket_bytes buckets."""
+    import torch.distributed as dist
+
+    by_dtype: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_dtype.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for group_tensors in by_dtype.values():
+        bucket, size = [], 0
+        for tensor in group_tensors + [None]:
+            if tensor is not None:
+                bucket.append(tensor)
+                size += tensor.numel() * tensor.element_size()
+            if bucket and (tensor is None or size >= bucket_bytes):
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+                dist.broadcast(flat, src=src, group=group)
+                if dist.get_rank() != src:
+                    _scatter_back(flat, bucket)
+                bucket, size = [], 0
+
+
+def _scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for tensor in tensors:
+        tensor.detach().copy_(flat[offset:offset + tensor.numel()].view(tensor.shape))
+        offset += tensor.numel()
