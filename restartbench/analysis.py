@@ -4,8 +4,9 @@
 run folders are not searched inside), and returns a ``Collected`` with four tables:
 
 - ``table()``: the tidy table, one row per run × event: ``kind == "checkpoint"`` (one per
-  checkpoint tag) or ``kind == "restart"`` (one per run; ``tag`` is None for engine ``none``,
-  whose restart restores nothing: the start-up floor). Columns: ``TABLE_COLUMNS``.
+  checkpoint tag) or ``kind == "restart"`` (one per restore attempt: the run's own restore is
+  attempt 1, each ``./submit-job.sh --restore`` relaunch another; ``tag`` is None for engine
+  ``none``, whose restart restores nothing: the start-up floor). Columns: ``TABLE_COLUMNS``.
 - ``rank_table()``: the same events per rank (``RANK_COLUMNS``), so that per-rank spread is
   kept rather than averaged away.
 - ``file_table()``: every checkpoint file (tag, path, bytes, kind, writing rank), from
@@ -51,7 +52,15 @@ from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, checkpoint_bytes, w
 from restartbench.events import CHECKPOINT_PREFIX, EVENTS_FOLDER, Event, EventFileError, read_events
 from restartbench.layout import parse_layout
 from restartbench.presets import get_preset
-from restartbench.results import RESTART_PARTS, checkpoints, file_kind, iteration_time, restart
+from restartbench.results import (
+    RESTART_PARTS,
+    attempt_events,
+    checkpoints,
+    file_kind,
+    iteration_time,
+    restart,
+    restore_attempts,
+)
 from restartbench.rundir import RunFolderError, RunPlan
 
 MB = 1e6
@@ -71,7 +80,7 @@ PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_P
 TABLE_COLUMNS: dict[str, str] = {
     "run_id": "run folder relative to the collected root",
     "run": "run folder path",
-    "kind": "checkpoint (one row per checkpoint tag) or restart (one row per run)",
+    "kind": "checkpoint (one row per checkpoint tag) or restart (one row per restore attempt of a run)",
     "preset": "model preset", "layout": "canonical parallel layout", "tp": "tensor parallel",
     "pp": "pipeline parallel", "dp": "data parallel", "engine": "checkpoint engine",
     "dtype": "training precision", "storage": "checkpoint folder given by --checkpoint-dir, else 'run folder'",
@@ -112,6 +121,11 @@ TABLE_COLUMNS: dict[str, str] = {
                    "too low (a ratio above 1 means the limit was measured wrong, not that the engine beat the disk)",
     "save_MiBps": "seed 000's save throughput: bytes / durable_rank_max_s in MiB/s (2^20 B/s); durable_rank_max_s "
                   "is its 'corrected' save duration (save start -> fsync'd, no model set-up or device load in it)",
+    "attempt": "restore attempt: 1 is the run's own restore, 2, 3... its restore-only relaunches (--restore)",
+    "verdict": "how the attempt ended: exact, not exact, not verified (verification off, or engine none), refused (a "
+               "damaged checkpoint, none to restore: no restart time) or failed (no restart time)",
+    "requested_tag": "the checkpoint the attempt asked for with --tag (None: the one 'latest' names)",
+    "fell_back_from": "the checkpoint the attempt wanted but found damaged, restoring an earlier one instead",
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
     "restart_min_s": "fastest rank's launch -> end of the first resumed iteration",
     "restart_rank": "slowest rank of the restart",
@@ -138,7 +152,8 @@ TABLE_COLUMNS: dict[str, str] = {
 
 RANK_COLUMNS: dict[str, str] = {
     "run_id": "run folder relative to the collected root", "kind": "checkpoint or restart", "tag": "tag",
-    "rank": "rank", "stall_s": "time the checkpoint blocked training on this rank: save, plus copy_wait_s",
+    "attempt": "restore attempt (restart rows)", "rank": "rank",
+    "stall_s": "time the checkpoint blocked training on this rank: save, plus copy_wait_s",
     "copy_wait_s": "time training later waited (at the optimizer step) for a lazy save's copies to finish",
     "wait_durable_s": "time waited for this rank's files to be durable",
     "durable_s": "save start -> this rank's files fsync'd", "bytes": "bytes written by this rank",
@@ -271,21 +286,26 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
     }
     ident = {key: common[key] for key in ("run_id", "run", "preset", "layout", "engine")}
 
+    rows, ranks, files = [], [], []  # kept only once the whole run has been read
     per_rank = rank_checkpoints(events)
     for row in checkpoints(events):
-        ranks = [r for r in per_rank if r["tag"] == row["tag"]]
-        collected.rows.append({**common, "kind": "checkpoint", **_checkpoint_row(row, ranks, common)})
-        collected.ranks.extend({**ident, **r} for r in ranks)
-    info = restart(events)
-    if info is not None:
-        ranks = rank_restarts(events)
-        row = _restart_row(info, ranks)
+        tag_ranks = [r for r in per_rank if r["tag"] == row["tag"]]
+        rows.append({**common, "kind": "checkpoint", **_checkpoint_row(row, tag_ranks, common)})
+        ranks.extend({**ident, **r} for r in tag_ranks)
+    requested = {entry.get("attempt"): entry.get("requested_tag") for entry in meta.get("restarts") or []
+                 if isinstance(entry, dict)}
+    for attempt in restore_attempts(events):
+        info = restart(events, attempt)
+        attempt_ranks = rank_restarts(events, attempt)
+        row = {**_restart_row(info, attempt_ranks), "requested_tag": requested.get(attempt)}
         row["read_pct_of_storage"] = _percent(row["read_MBps"], common["baseline_read_MBps"])
         row["read_limit"] = limit_note(row["read_pct_of_storage"], row["cache"])
-        collected.rows.append({**common, "kind": "restart", **row, **critical_path(ranks, info["total_s"])})
-        collected.ranks.extend({**ident, **r} for r in ranks)
-    for entry in _run_files(run_dir, events):
-        collected.files.append({**ident, **entry})
+        rows.append({**common, "kind": "restart", **row, **critical_path(attempt_ranks, info["total_s"])})
+        ranks.extend({**ident, **r} for r in attempt_ranks)
+    files = [{**ident, **entry} for entry in _run_files(run_dir, events)]
+    collected.rows.extend(rows)
+    collected.ranks.extend(ranks)
+    collected.files.extend(files)
 
 
 def _plan_columns(run_dir: Path) -> dict[str, Any]:
@@ -362,7 +382,8 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
     load = parts.get("ckpt load")
     totals = [r for r in ranks if r["restart_s"] is not None]
     return {
-        "tag": info["tag"], "restart_s": info["total_s"],
+        "attempt": info["attempt"], "verdict": info["verdict"], "tag": info["tag"],
+        "fell_back_from": info["fell_back_from"], "restart_s": info["total_s"],
         "restart_min_s": min((r["restart_s"] for r in totals), default=None),
         "restart_rank": max(totals, key=lambda r: r["restart_s"])["rank"] if totals else None,
         **{column: parts.get(label) for column, label in RESTART_PART_COLUMNS},
@@ -399,16 +420,15 @@ def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: (r["step"] or 0, r["rank"]))
 
 
-def rank_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per rank of the restore phase: launch -> end of first resumed iteration, each part, bytes read, and
+def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
+    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, bytes read, and
     ``ready_s`` (launch -> start of its first resumed iteration)."""
     labels = dict(RESTART_PARTS)
     columns = {label: column for column, label in RESTART_PART_COLUMNS}
     rows: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if e["phase"] != "restore":
-            continue
-        row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "rank": e["rank"], "restart_s": None,
+    for e in attempt_events(events, attempt):
+        row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "attempt": attempt, "rank": e["rank"],
+                                          "restart_s": None,
                                           "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
                                           "verify_s": None, "bytes_read": None, "files_read": None,
                                           "read_deserialize_s": None, "_launch": None})
@@ -621,14 +641,18 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per preset, layout (, varying setup) and engine: medians over runs of the restart and each part (max over
-    ranks)."""
+    """Per preset, layout (, varying setup) and engine: medians over runs and their restore attempts of the restart
+    and each part (max over ranks). Attempts that restored nothing (refused, failed) are counted in ``attempts`` and
+    ``verdicts`` but have no times in the medians: their start-up was cut short."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
     restarts = table[table["kind"] == "restart"] if not table.empty else table
     if restarts.empty:
-        return pd.DataFrame(columns=[*keys, "runs", "restart_s"])
-    restarts = restarts.assign(rank_spread_s=restarts["restart_s"] - restarts["restart_min_s"])
-    grouped = restarts.groupby(keys, dropna=False)
+        return pd.DataFrame(columns=[*keys, "runs", "attempts", "restart_s"])
+    verdicts = restarts.groupby(keys, dropna=False).agg(attempts=("run_id", "size"),
+                                                        verdicts=("verdict", _verdict_counts)).reset_index()
+    timed = restarts[restarts["restart_s"].notna()]
+    timed = timed.assign(rank_spread_s=timed["restart_s"] - timed["restart_min_s"])
+    grouped = timed.groupby(keys, dropna=False)
     summary = grouped.agg(
         runs=("run_id", "nunique"), ranks=("ranks", "max"), restart_s=("restart_s", "median"),
         restart_min_s=("restart_s", "min"), restart_max_s=("restart_s", "max"),
@@ -642,7 +666,15 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
     ).reset_index()
-    return sort_rows(summary, keys)
+    summary = verdicts.merge(summary, on=keys, how="left")
+    return sort_rows(summary[[*keys, "runs", "attempts", "verdicts", *summary.columns.drop([*keys, "runs",
+                                                                                            "attempts", "verdicts"])]],
+                     keys)
+
+
+def _verdict_counts(verdicts: pd.Series) -> str:
+    """'3 exact, 1 refused': each verdict of the attempts with its count, most frequent first."""
+    return ", ".join(f"{count} {verdict}" for verdict, count in verdicts.astype(object).fillna("unknown").value_counts().items())
 
 
 #: Columns of ``goodput_table`` (after the grouping keys) and what each holds.

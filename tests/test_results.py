@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from restartbench import analysis, results
-from restartbench.events import EventLog, read_events
-from restartbench.rundir import RunPlan
+from restartbench.events import EventLog, RecordsExistError, events_file, read_events
+from restartbench.rundir import RunFolderError, RunPlan
 
 RANKS = (0, 1, 2, 3)
 NODES = ("a", "a", "b", "b")
@@ -89,9 +89,10 @@ def write_training(run_dir: Path, rank: int) -> None:
     log.close()
 
 
-def write_restore(run_dir: Path, rank: int, exact: bool) -> None:
-    """Phase 2 of one rank: its spans back to back from its node's launch, in the order a rank runs them."""
-    log = EventLog(run_dir, "restore", rank)
+def write_restore(run_dir: Path, rank: int, exact: bool, attempt: int = 1, later_s: float = 0.0) -> None:
+    """Phase 2 of one rank: its spans back to back from its node's launch, in the order a rank runs them (a
+    relaunch's ``attempt`` ``later_s`` seconds after the first)."""
+    log = EventLog(run_dir, "restore", rank, attempt)
     n_files, total = READ[rank]
     fields = {
         "process.start": {"host": NODES[rank], "node": NODES[rank], "node_rank": rank // 2,
@@ -104,7 +105,7 @@ def write_restore(run_dir: Path, rank: int, exact: bool) -> None:
         "restore.verify": {"tag": RESTORED},
         "train.iteration": {"step": 7, "first_after_restore": True, "loss": 6.5},
     }
-    clock = LAUNCH[rank]
+    clock = LAUNCH[rank] + later_s
     for event, durations in RESTORE_SPANS_S.items():
         log.emit(event, start=clock, duration_s=durations[rank], **fields.get(event, {}))
         clock += durations[rank]
@@ -173,8 +174,8 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     assert info["total_s"] == pytest.approx(8.41)  # rank 2, launched with node b at 1000.5
     assert info["parts"] == pytest.approx(RESTART_PARTS)
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
-        "tag": RESTORED, "bytes_read": 13_000_000, "files_read": 17, "cache": "warm", "resident_fraction": 0.25,
-        "exact": True})
+        "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
+        "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact"})
 
 
 def test_a_restore_is_exact_only_if_every_rank_restored_exactly(tmp_path):
@@ -503,8 +504,8 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
     assert info == {"total_s": 5.5, "parts": {"launch": 1.0, "imports": 2.0, "dist init": 0.25, "model build": 0.5,
                                               "ds init": 1.25, "engine setup": None, "ckpt load": None,
                                               "1st iter": 0.5},
-                    "tag": None, "bytes_read": 0, "files_read": 0, "cache": None, "resident_fraction": None,
-                    "exact": None}
+                    "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
+                    "resident_fraction": None, "exact": None, "verdict": "not verified"}
     assert results.summarize_run(run_dir) == [
         ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
          "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "
@@ -530,7 +531,9 @@ def test_a_restore_that_died_in_the_load_has_no_restart_time(tmp_path):
 
 def test_only_the_first_resumed_iteration_counts_in_the_restart(run):
     for rank in RANKS:  # a restore phase that went on training after its first iteration
-        write_events(run, "restore", rank, ("train.iteration", {"start": 1020.0, "duration_s": 5.0, "step": 8}))
+        with events_file(run, "restore", rank).open("a") as records:
+            records.write(json.dumps({"event": "train.iteration", "phase": "restore", "rank": rank, "attempt": 1,
+                                      "time": 1025.0, "start": 1020.0, "duration_s": 5.0, "step": 8}) + "\n")
     info = results.restart(read_events(run))
     assert (info["total_s"], info["parts"]["1st iter"]) == pytest.approx((8.41, 0.90))
 
@@ -539,3 +542,52 @@ def test_the_summary_says_when_a_restore_is_not_exact(tmp_path):
     run_dir = write_run(tmp_path / "logs", inexact_rank=1)
     write_plan(run_dir, run_dir / "checkpoints")
     assert results.summarize_run(run_dir)[-1] == "RESTORE NOT EXACT"
+
+
+# -- restore attempts: each its own records -----------------------------------------------------------------------
+
+
+def test_an_event_log_never_appends_to_an_attempts_records(run):
+    with pytest.raises(RecordsExistError, match="never appended to.*submit-job.sh --restore"):
+        EventLog(run, "restore", 0)
+    log = EventLog(run, "restore", 0, attempt=2)
+    log.emit("phase.end")
+    log.close()
+    assert events_file(run, "restore-2", 0).is_file()
+    assert [e["attempt"] for e in read_events(run, "restore-2")] == [2]
+
+
+def test_each_restore_attempt_is_a_restart_of_its_own(run):
+    for rank in RANKS:
+        write_restore(run, rank, exact=rank != 3, attempt=2, later_s=500.0)
+    events = read_events(run)
+    assert results.restore_attempts(events) == [1, 2]
+    first, second = results.restart(events, 1), results.restart(events, 2)
+    assert (first["total_s"], second["total_s"]) == pytest.approx((8.41, 8.41)), "never mixed, never negative"
+    assert (first["verdict"], second["verdict"]) == ("exact", "not exact")
+    assert results.restart(events, 3) is None
+
+
+def test_records_of_two_launches_in_one_attempt_are_refused_not_mixed(run):
+    """What an earlier version wrote when a restore was relaunched into the same files: restart times that mixed
+    the launches (a restart of -191.8 s). Such records are refused with a message, never reported."""
+    with events_file(run, "restore", 0).open("a") as records:
+        records.write(json.dumps({"event": "process.start", "phase": "restore", "rank": 0, "time": 1300.0,
+                                  "start": 1200.0, "duration_s": 1.0}) + "\n")
+    with pytest.raises(RunFolderError, match="records of 2 launches of rank 0"):
+        results.restart(read_events(run))
+    collected = analysis.collect(run.parents[3])
+    assert collected.table().empty and "2 launches of rank 0" in collected.excluded[0].reason
+
+
+@pytest.mark.parametrize(("records", "verdict"), [
+    ([{"event": "phase.error", "refused": True}], "refused"),
+    ([{"event": "phase.error"}], "failed"),
+    ([], "failed"),
+    ([{"event": "restore.result", "verified": False}], "not verified"),
+    ([{"event": "restore.result", "verified": True, "exact": True}] * 2, "exact"),
+    ([{"event": "restore.result", "verified": True, "exact": True},
+      {"event": "restore.result", "verified": True, "exact": False}], "not exact"),
+])
+def test_an_attempts_verdict(records, verdict):
+    assert results.verdict(records) == verdict

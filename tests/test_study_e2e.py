@@ -4,11 +4,10 @@ Each case is two real `torchrun` launches (train, then restore) through config-n
 """
 
 import json
-import subprocess
 from collections import Counter
 
 import pytest
-from conftest import run_study
+from conftest import last_attempt_events, relaunch, run_study
 
 from restartbench.events import read_events
 from restartbench.presets import PRESETS
