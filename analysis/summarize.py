@@ -38,7 +38,7 @@ from restartbench.report import (  # noqa: E402
 )
 
 TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact", "write_limit", "read_limit",
-             "cost_basis")
+             "cost_basis", "run_id", "verdict", "verdicts", "tag", "requested_tag", "fell_back_from")
 
 
 def _positive(kind: type, what: str):
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{table['run_id'].nunique()} complete run(s) read in {elapsed:.2f} s")
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
+    if (table["kind"] == "restart").sum() > table.loc[table["kind"] == "restart", "run_id"].nunique():
+        console.print(_attempt_table(table))
     console.print(_file_table(collected.file_table()))
     rates = analysis.goodput_table(table, args.failures_per_gpu_hour, args.gpus)
     console.print(_goodput_table(rates, analysis.goodput_assumptions(args.failures_per_gpu_hour, args.gpus)))
@@ -157,16 +159,30 @@ def _restart_table(table: pd.DataFrame) -> Table:
     summary = analysis.restart_summary(table)
     summary = summary.rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
     summary = summary.rename(columns={"restart_s": "total"})
-    formats = {"runs": "{}", "total": fmt_s, **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
+    formats = {"runs": "{}", "attempts": "{}", "verdicts": None, "total": fmt_s,
+               **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
                "bytes_read": fmt_bytes, "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None,
                "cache": None, "exact": None}
-    view = _rich(summary, "Restarts: launch -> end of first resumed iteration, max over ranks; each part max over "
-                          "ranks (engine none: nothing restored, the start-up floor); read = bytes read / ckpt load; "
-                          "read pct of storage = read / the storage's read bandwidth in baseline.json; read limit = "
-                          "'limit underestimated' above 105% of it on a restore that was not warm, 'warm cache' where "
-                          "memory answered)",
+    view = _rich(summary, "Restarts: medians over runs and their restore attempts (those that restored) of launch "
+                          "-> end of first resumed iteration, max over ranks; each part max over ranks (engine none: "
+                          "nothing restored, the start-up floor); read = bytes read / ckpt load; read pct of storage "
+                          "= read / the storage's read bandwidth in baseline.json; read limit = 'limit underestimated' "
+                          "above 105% of it on a restore that was not warm, 'warm cache' where memory answered)",
                  formats)
     return view
+
+
+def _attempt_table(table: pd.DataFrame) -> Table:
+    """Every restore attempt its own row: the run's own restore is attempt 1, each --restore relaunch another."""
+    attempts = table[table["kind"] == "restart"][["run_id", "engine", "attempt", "requested_tag", "tag",
+                                                  "fell_back_from", "verdict", "cache", "restart_s",
+                                                  "restart_ckpt_load_s"]]
+    formats = {"run_id": None, "attempt": "{:.0f}", "requested_tag": None, "tag": None, "fell_back_from": None,
+               "verdict": None, "restart_s": fmt_s, "restart_ckpt_load_s": fmt_s}
+    return _rich(attempts.rename(columns={"restart_s": "total", "restart_ckpt_load_s": "ckpt load"}),
+                 "Restore attempts: each its own row (1: the run's own restore; 2, 3...: ./submit-job.sh --restore); "
+                 "total and ckpt load max over ranks; refused and failed attempts have no time",
+                 {**formats, "total": fmt_s, "ckpt load": fmt_s})
 
 
 def _goodput_table(rates: pd.DataFrame, assumptions: str) -> Table:
