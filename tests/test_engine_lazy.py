@@ -4,12 +4,11 @@ including a rank killed in the middle of the flush."""
 
 import json
 import math
-import subprocess
 import types
 
 import pytest
 import torch
-from conftest import run_study
+from conftest import relaunch, run_study
 
 from restartbench.config import EngineConfig
 from restartbench.engines.lazy import copies, restore
@@ -273,7 +272,7 @@ def test_rank_killed_mid_flush_keeps_the_previous_checkpoint(tmp_path):
     assert (ckpt / "latest").read_text() == "step2" and not (ckpt / "step4" / "manifest.json").exists()
     with pytest.raises(fmt.LazyFormatError, match="truncated"):
         fmt.read_header(ckpt / "step4" / "optim_pp00_tp00_dp001.lazy")
-    again = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True, timeout=300)
+    again = relaunch(run_dir)
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     result = restore_result(run_dir)
     assert result["tag"] == "step2" and result["exact"] is True

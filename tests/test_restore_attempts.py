@@ -1,0 +1,72 @@
+"""Restarts measured again from a run's kept checkpoints (``./submit-job.sh --restore RUN_DIR --repeat N``): each
+attempt a record of its own, nothing appended to an earlier one, a run folder never executed twice."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, relaunch, run_study
+
+from restartbench import analysis
+
+pytestmark = pytest.mark.multirank
+
+
+def test_three_more_attempts_are_three_exact_restart_rows_and_nothing_appends(tmp_path):
+    logs = tmp_path / "logs"
+    proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2", "--save-interval", "1",
+                              "--baseline-mib", "0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    first = {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()}
+
+    again = subprocess.run([str(ROOT / "submit-job.sh"), "--restore", str(run_dir), "--repeat", "3"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert [line.split("restore attempt ")[1][:8] for line in again.stdout.splitlines()
+            if "restore attempt " in line] == ["2: exact", "3: exact", "4: exact"]
+    assert {name: (run_dir / "events" / name).read_bytes() for name in first} == first, "earlier records untouched"
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert [(r["attempt"], r["record"], r["verdict"], r["exit_code"]) for r in meta["restarts"]] == [
+        (1, "restore", "exact", 0), (2, "restore-2", "exact", 0), (3, "restore-3", "exact", 0),
+        (4, "restore-4", "exact", 0)]
+    assert meta["status"] == "complete"
+
+    table = analysis.collect(logs).table()
+    rows = table[table["kind"] == "restart"].sort_values("attempt")
+    assert rows["attempt"].tolist() == [1, 2, 3, 4] and rows["verdict"].tolist() == ["exact"] * 4
+    assert (rows["restart_s"] > 0).all() and (rows["tag"] == "step2").all() and (rows["cache"] == "cold").all()
+    summary = analysis.restart_summary(table).iloc[0]
+    assert (summary["attempts"], summary["verdicts"]) == (4, "4 exact")
+    assert summary["restart_s"] == pytest.approx(rows["restart_s"].median())
+
+    tagged = relaunch(run_dir, "--tag", "step1", "--restore-cache", "warm")
+    assert tagged.returncode == 0, tagged.stdout + tagged.stderr[-3000:]
+    entry = json.loads((run_dir / "metadata.json").read_text())["restarts"][-1]
+    assert (entry["attempt"], entry["requested_tag"], entry["tag"], entry["restore_cache"], entry["verdict"]) == \
+        (5, "step1", "step1", "warm", "exact")
+
+    unknown = relaunch(run_dir, "--tag", "step9")
+    assert unknown.returncode == 2 and "--tag step9 is not a committed checkpoint" in unknown.stdout
+    assert "checkpoints are step2, step1" in unknown.stdout
+
+    records = sorted(p.name for p in (run_dir / "events").iterdir())
+    direct = subprocess.run(["bash", str(run_dir / "launch.sh"), "restore"], capture_output=True, text=True,
+                            timeout=300)
+    assert direct.returncode != 0 and direct.stderr.count("never appended to") == 1, direct.stderr[-3000:]
+    executed = subprocess.run([sys.executable, "-m", "restartbench.execute", str(run_dir)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+    assert executed.returncode == 2 and "was executed before" in executed.stderr and "--restore" in executed.stderr
+    assert sorted(p.name for p in (run_dir / "events").iterdir()) == records, "refused launches wrote nothing"
+    assert {name: (run_dir / "events" / name).read_bytes() for name in first} == first
+
+
+def test_bad_restore_options_are_refused_before_anything_launches(tmp_path):
+    def refused(*argv: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "restartbench.relaunch", *argv], capture_output=True,
+                                text=True, cwd=ROOT)
+        assert result.returncode == 2
+        return result.stdout + result.stderr
+
+    assert "--repeat: must be at least 1 (got 0)" in refused(str(tmp_path), "--repeat", "0")
+    assert f"{tmp_path} is not a run folder (no metadata.json)" in refused(str(tmp_path))
