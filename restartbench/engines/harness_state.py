@@ -19,6 +19,13 @@ does). ``restore`` copies into the tensors DeepSpeed already holds (the module p
 views into ZeRO's flat buffers, the fp32 partitions are the torch optimizer's parameters), so
 nothing DeepSpeed refers to is replaced.
 
+The lazy engine (``restartbench.engines.lazy.capture``) takes the parts every engine here reads alike from this
+module, ``module_tensors`` and ``counters``, and keeps its own optimizer and scheduler capture, which its file
+format and restore depend on: it saves DeepSpeed's whole optimizer ``state_dict`` (its plain entries, such as
+``partition_count`` and ``zero_stage``, compared or set back one by one on restore; its tensors read in place),
+where ``capture`` here takes the fp32 partitions, the torch optimizer's ``state_dict`` (given back through
+``load_state_dict``) and the loss scaler's numbers; and a missing scheduler is ``{}`` in its files, ``None`` here.
+
 ``split``/``join`` turn the nested state into a skeleton of plain values plus a flat
 {key: tensor} map and back, for engines that want tensors as top-level entries.
 The file helpers at the end are what these engines share for ``written()`` and ``read()``.
@@ -34,6 +41,7 @@ import torch
 from restartbench.engines.base import FileRecord
 
 COUNTERS = ("global_steps", "global_samples", "skipped_steps")
+"""The DeepSpeed engine's step counters: what its own ``load_checkpoint`` sets back."""
 TENSOR_SLOT = "__tensor__"
 """Key of the one-entry dict that stands for a tensor in a skeleton."""
 
@@ -46,7 +54,7 @@ def capture(ds_engine: Any) -> dict[str, Any]:
     zero = _zero_optimizer(ds_engine)
     scheduler = ds_engine.lr_scheduler
     return {
-        "module": {name: t.detach() for name, t in ds_engine.module.state_dict().items()},
+        "module": module_tensors(ds_engine),
         "optimizer": {
             "fp32_partitions": [t.detach() for t in _fp32_partitions(zero)],
             "base": zero.optimizer.state_dict(),
@@ -54,8 +62,20 @@ def capture(ds_engine: Any) -> dict[str, Any]:
             "overflow": bool(getattr(zero, "overflow", False)),
         },
         "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "counters": {name: getattr(ds_engine, name) for name in COUNTERS},
+        "counters": counters(ds_engine),
     }
+
+
+def module_tensors(ds_engine: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The module's state_dict as its live tensors, detached (no copy), each name after ``prefix``."""
+    return {f"{prefix}{name}": t.detach() for name, t in ds_engine.module.state_dict().items()}
+
+
+def counters(ds_engine: Any, missing_ok: bool = False) -> dict[str, Any]:
+    """The step counters: all of them (AttributeError for one missing: ``restore`` sets all three back), or with
+    ``missing_ok`` those the engine has (the lazy engine records what it found, and its restore sets back exactly
+    what it recorded)."""
+    return {name: getattr(ds_engine, name) for name in COUNTERS if not missing_ok or hasattr(ds_engine, name)}
 
 
 @torch.no_grad()

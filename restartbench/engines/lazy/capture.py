@@ -4,6 +4,10 @@ writes) and the capture of its training state, as tensors grouped per file and p
 Data-parallel rank 0 of each (pipeline stage, tensor slice) writes the module file, the state its replicas share;
 every rank writes its own optimizer file (ZeRO partitions are distinct). ``state_to_come`` sizes the host buffer
 for the optimizer state a first step will create.
+
+The module's tensors and the step counters are read as every harness-level engine reads them
+(``restartbench.engines.harness_state``); the optimizer is taken whole, as DeepSpeed's own ``state_dict``: why the
+rest of that capture is not shared is said there.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import torch
 
+from restartbench.engines import harness_state
 from restartbench.engines.lazy.format import LazyRestoreError, TensorSpec, encode_value, tensor_spec
 
 
@@ -55,9 +60,6 @@ def file_meta(layout: RankLayout, tag: str) -> dict[str, Any]:
     return {"tag": tag, "pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "dp_size": layout.dp_size}
 
 
-ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
-
-
 @dataclass
 class Capture:
     """References to the live tensors to save, grouped per file, and the plain values (already copied)."""
@@ -72,7 +74,7 @@ def capture(ds_engine: Any, layout: RankLayout) -> Capture:
     tensors: dict[str, torch.Tensor] = {}
     groups = []
     if layout.dp == 0:
-        module = {f"module.{k}": v.detach() for k, v in ds_engine.module.state_dict().items()}
+        module = harness_state.module_tensors(ds_engine, prefix="module.")
         buffers = {f"module.{name}" for name, _ in ds_engine.module.named_buffers()}
         groups.append((layout.model_file, "model", [(tensor_spec(k, v), k in buffers) for k, v in module.items()]))
         tensors.update(module)
@@ -81,7 +83,7 @@ def capture(ds_engine: Any, layout: RankLayout) -> Capture:
         "optimizer": encode_value(_optimizer_state(ds_engine), "optimizer", optim_tensors),
         "lr_scheduler": encode_value(ds_engine.lr_scheduler.state_dict() if ds_engine.lr_scheduler else {},
                                      "lr_scheduler", optim_tensors),
-        "engine": {key: getattr(ds_engine, key) for key in ENGINE_COUNTERS if hasattr(ds_engine, key)},
+        "engine": harness_state.counters(ds_engine, missing_ok=True),
     }
     if any(name.startswith("lr_scheduler") for name in optim_tensors):
         raise LazyRestoreError("the lr scheduler's state holds tensors; the lazy engine saves only plain "

@@ -40,8 +40,8 @@ The engine's parts, in this folder: ``format.py`` (the save plan and the file fo
 ``flush.py`` (the streamed writer), ``restore.py`` (header checks, plain state, parallel reads);
 this module ties them together in ``LazyEngine``.
 
-The training-state capture here mirrors restartbench/engines/harness_state.py's purpose
-(written separately for the DCP/torchsnapshot adapters); the two should be merged.
+The capture shares its module and counter reads with the DCP and TorchSnapshot engines
+(restartbench/engines/harness_state.py); the rest of it stays its own (said there).
 """
 
 from __future__ import annotations
