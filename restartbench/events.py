@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 class Event:
@@ -85,13 +85,23 @@ class RecordsExistError(FileExistsError):
     to. The message says how to measure again."""
 
 
+class SpanWatch(Protocol):
+    """What a span records besides its time (``restartbench.memwatch.MemoryWatch``: its peak memory)."""
+
+    def span_begin(self) -> None: ...
+
+    def span_fields(self, start: float) -> dict[str, Any]: ...
+
+
 class EventLog:
     """JSON-lines writer for one rank of one phase attempt, flushed per record. The file must not exist yet
-    (``RecordsExistError``): an attempt's records are its own. A restore's records carry their ``attempt``."""
+    (``RecordsExistError``): an attempt's records are its own. A restore's records carry their ``attempt``; with a
+    ``watch``, every span also records what it measured during the span (its peak memory)."""
 
-    def __init__(self, run_dir: Path, phase: str, rank: int, attempt: int = 1):
+    def __init__(self, run_dir: Path, phase: str, rank: int, attempt: int = 1, watch: SpanWatch | None = None):
         self.phase = phase
         self.rank = rank
+        self.watch = watch
         self._attempt = {"attempt": attempt} if phase == "restore" else {}
         path = events_file(run_dir, phase_record(phase, attempt), rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +122,8 @@ class EventLog:
     @contextmanager
     def span(self, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
         extra: dict[str, Any] = {}
+        if self.watch is not None:
+            self.watch.span_begin()
         start_wall, start = time.time(), time.perf_counter()
         try:
             yield extra
@@ -119,7 +131,9 @@ class EventLog:
             extra["error"] = f"{type(error).__name__}: {error}"
             raise
         finally:
-            self.emit(event, start=start_wall, duration_s=time.perf_counter() - start, **fields, **extra)
+            duration = time.perf_counter() - start
+            watched = self.watch.span_fields(start_wall) if self.watch is not None else {}
+            self.emit(event, start=start_wall, duration_s=duration, **fields, **watched, **extra)
 
     def close(self) -> None:
         self._file.close()

@@ -1,0 +1,71 @@
+"""A rank's memory over time and its peak in each timed part: resume is where training runs out of memory.
+
+A daemon thread samples the process's resident set size (``/proc/self/statm``, the kernel's own count of resident
+pages) every ``SAMPLE_INTERVAL_S`` (100 Hz); a span's peak is the largest sample taken while it ran, and one taken
+as it ends, so a part shorter than the interval still has its end measured. A peak between two samples that is gone
+by the next one is missed: the resolution is stated with every figure (``resolution_s``). Stdlib only: the rank
+programs import it before torch, whose import time is measured.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+SAMPLE_INTERVAL_S = 0.01
+"""100 Hz: the issue asks for 50 Hz or more; reading statm costs microseconds."""
+MAX_SAMPLES = 360_000
+"""An hour of samples at 100 Hz; older ones are dropped (a phase's spans are long over by then)."""
+TIMELINE_POINTS = 400
+"""Samples kept in a ``rank.memory`` event: the timeline the report draws, thinned evenly."""
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now."""
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE
+
+
+class MemoryWatch:
+    """Samples this process's RSS from a daemon thread until ``stop``; answers the peak since a wall-clock time."""
+
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S):
+        self.interval_s = interval_s
+        self._samples: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="restartbench-memwatch", daemon=True)
+
+    def start(self) -> MemoryWatch:
+        self._samples.append((time.time(), rss_bytes()))
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._samples.append((time.time(), rss_bytes()))
+
+    def peak_since(self, start: float) -> int:
+        """The largest RSS sampled at or after wall-clock ``start``, and now."""
+        now = rss_bytes()
+        return max([now, *(rss for when, rss in list(self._samples) if when >= start)])
+
+    def span_begin(self) -> None:
+        """Nothing to reset: the samples carry their times (``events.SpanWatch``)."""
+
+    def span_fields(self, start: float) -> dict[str, Any]:
+        """What a span that began at wall-clock ``start`` records of memory (``EventLog`` adds it to every span)."""
+        return {"peak_rss_bytes": self.peak_since(start), "rss_resolution_s": self.interval_s}
+
+    def timeline(self, start: float) -> list[list[float]]:
+        """[[seconds since ``start``, RSS bytes], ...] from ``start`` on, thinned to ``TIMELINE_POINTS``."""
+        samples = [(when, rss) for when, rss in list(self._samples) if when >= start]
+        step = max(1, -(-len(samples) // TIMELINE_POINTS))  # ceiling: at most TIMELINE_POINTS
+        return [[round(when - start, 4), rss] for when, rss in samples[::step]]
