@@ -3,7 +3,9 @@
 
     python analysis/summarize.py logs/ [--out logs/summary] [--failures-per-gpu-hour F] [--gpus G]
 
-Figures: stall = max over ranks of the time checkpointing blocked training; durable = max over
+Figures: stall = max over ranks of the time checkpointing blocked training; slowdown = what the iterations a save's
+background work overlapped took beyond the clean median iteration; cost = stall + slowdown, a checkpoint's whole cost
+to training (the goodput's C); durable = max over
 ranks of the time from the start of the save until the rank's files were fsync'd; restart = max over
 ranks of launch -> end of the first resumed iteration; goodput = the share of wall time kept at the optimal
 checkpoint interval (Young/Daly) for F failures per GPU-hour on G GPUs. Runs marked skipped (e.g. an optional engine
@@ -143,16 +145,32 @@ def _rich(frame: pd.DataFrame, title: str, formats: dict[str, object]) -> Table:
 
 
 def _checkpoint_table(table: pd.DataFrame) -> Table:
-    summary = analysis.checkpoint_summary(table)
-    return _rich(summary, "Checkpoints: stall = max over ranks of the time save blocked training; durable = max over "
-                          "ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians over "
-                          "checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
-                          "throughput / the storage's write bandwidth in baseline.json; write limit = 'limit "
-                          "underestimated' where a checkpoint wrote above 105% of it: the baseline is too low)",
+    summary = _beside(analysis.checkpoint_summary(table), "stall_s", ["slowdown_s", "cost_s"])
+    return _rich(summary.rename(columns={"cost_s": "whole_cost_s", "overlapped_iterations": "overlapped"}),
+                 "Checkpoints: stall = max over ranks of the time save blocked training; slowdown = what the "
+                 "iterations overlapping the save's background work (end of save -> files durable) took beyond the "
+                 "clean median iteration; whole cost = stall + slowdown (slowdown and cost over the checkpoints whose "
+                 "background work ended during training: seen; the last save's is waited for after training); "
+                 "durable = max over ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians "
+                 "over checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
+                 "throughput / the storage's write bandwidth in baseline.json; write limit = 'limit "
+                 "underestimated' where a checkpoint wrote above 105% of it: the baseline is too low)",
                  {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
-                  "stall_s": fmt_s, "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
+                  "stall_s": fmt_s, "slowdown_s": fmt_s, "whole_cost_s": fmt_s, "overlapped": "{:.0f}",
+                  "seen_checkpoints": "{:.0f}",
+                  "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
                   "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share, "write_limit": None,
                   "stall_overhead_pct": "{:.1f}%"})
+
+
+def _beside(frame: pd.DataFrame, anchor: str, columns: list[str]) -> pd.DataFrame:
+    """``frame`` with ``columns`` (those it has) moved right after ``anchor``."""
+    moved = [c for c in columns if c in frame.columns]
+    rest = [c for c in frame.columns if c not in moved]
+    if anchor not in rest:
+        return frame
+    at = rest.index(anchor) + 1
+    return frame[[*rest[:at], *moved, *rest[at:]]]
 
 
 def _restart_table(table: pd.DataFrame) -> Table:

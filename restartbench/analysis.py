@@ -19,6 +19,8 @@ Figures follow the aggregation rules of ``restartbench.results``: a checkpoint's
 max over ranks of the time ``save`` blocked training; durable is the max over ranks of save
 start → that rank's files fsync'd; committed is when rank 0 then wrote ``latest``; a restart is
 the max over ranks of launch → end of the first resumed iteration, each part its max over ranks.
+A checkpoint's whole cost (``cost_s``) is its stall plus ``slowdown_s``: what the iterations its background work
+overlapped took beyond the clean median iteration (``results.interference``).
 Throughput is the checkpoint's total bytes (all ranks) over its durable time.
 
 Storage baseline: a ``baseline.json`` in the run folder, or in any folder between it and the
@@ -56,8 +58,9 @@ from restartbench.results import (
     RESTART_PARTS,
     attempt_events,
     checkpoints,
+    clean_iteration_time,
     file_kind,
-    iteration_time,
+    interference,
     restart,
     restore_attempts,
 )
@@ -90,7 +93,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "torch": "torch version", "deepspeed": "DeepSpeed version", "python": "Python version",
     "restartbench": "restartbench version",
     "iters": "phase-1 iterations", "save_interval": "checkpoint every N iterations",
-    "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
+    "iteration_s": "the clean median: median phase-1 iteration time (max over ranks per step, step 1 left out) over "
+                   "the iterations that overlapped no checkpoint's background work",
     "predicted_bytes": "one checkpoint's bytes as restartbench.plan predicts the run's engine's files for its config "
                        "(engines without a prediction: DeepSpeed's default engine's)",
     "baseline_write_MBps": "storage write bandwidth from baseline.json (10^6 B/s)",
@@ -105,6 +109,19 @@ TABLE_COLUMNS: dict[str, str] = {
     "stall_iterations": "stall_max_s / iteration_s",
     "stall_overhead_pct": "share of training time lost to stalls at this save interval: "
                           "stall / (save_interval · iteration + stall)",
+    "overlapped_iterations": "iterations that overlapped this checkpoint's background work on some rank (from the end "
+                             "of save to the rank's files durable; each iteration counted for the earliest checkpoint "
+                             "it overlapped). 0 for a synchronous engine, and for phase 1's last save, whose "
+                             "background work the harness waits for at the end of training (not training time)",
+    "slowdown_s": "sum over the overlapped iterations of (iteration time - iteration_s), an iteration's time being its "
+                  "max over ranks less any lazy copy wait in it (already in the stall); 0 by construction for a "
+                  "synchronous engine (the harness waits for durability before the next iteration)",
+    "cost_s": "the checkpoint's whole cost to training: stall_max_s + slowdown_s",
+    "background_seen": "True where on every rank the files were durable when save returned or before the harness "
+                       "began waiting for them: the background work ended while training ran, so slowdown_s covers "
+                       "it; False where the harness waited while it still ran (a synchronous engine's wait, an "
+                       "asynchronous save still writing at the next save or at the end of training: the rest is in "
+                       "wait_durable_max_s, not in slowdown_s)",
     "wait_durable_max_s": "max over ranks of the time the harness waited for durability",
     "durable_rank_max_s": "durable: max over ranks of save start -> the rank's files fsync'd",
     "durable_rank_min_s": "min over ranks of save start -> files fsync'd",
@@ -262,7 +279,7 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
     run_id = _run_id(run_dir, root)
     model, train = _section(config, "model", run_dir), _section(config, "train", run_dir)
     versions = meta.get("versions") or {}
-    iteration = iteration_time(events)
+    iteration = clean_iteration_time(events)
     dtype = model.get("dtype")
     preset = _require(meta, "preset", run_dir / rundir.METADATA)
     baseline = baselines.find(run_dir)
@@ -288,9 +305,11 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
 
     rows, ranks, files = [], [], []  # kept only once the whole run has been read
     per_rank = rank_checkpoints(events)
+    costs = interference(events)
     for row in checkpoints(events):
         tag_ranks = [r for r in per_rank if r["tag"] == row["tag"]]
-        rows.append({**common, "kind": "checkpoint", **_checkpoint_row(row, tag_ranks, common)})
+        rows.append({**common, "kind": "checkpoint", **_checkpoint_row(row, tag_ranks, common),
+                     **_cost_columns(costs.get(row["tag"], {}))})
         ranks.extend({**ident, **r} for r in tag_ranks)
     requested = {entry.get("attempt"): entry.get("requested_tag") for entry in meta.get("restarts") or []
                  if isinstance(entry, dict)}
@@ -348,6 +367,12 @@ def _checkpoint_row(row: dict[str, Any], ranks: list[dict[str, Any]], common: di
         "write_limit": limit_note(_percent(write_mbps, common["baseline_write_MBps"])),
         "save_MiBps": row["bytes"] / MiB / durable if durable else None,
     }
+
+
+def _cost_columns(cost: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's interference (``results.interference``) as table columns."""
+    return {column: cost.get(column) for column in ("overlapped_iterations", "slowdown_s", "cost_s",
+                                                    "background_seen")}
 
 
 def _percent(rate: float | None, baseline: float | None) -> float | None:
@@ -616,13 +641,17 @@ def sort_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per preset, layout (, varying setup) and engine: medians over runs and checkpoints of the per-checkpoint figures
-    (each already the max over ranks), with min and max, and the per-rank spread of the stall."""
+    (each already the max over ranks), with min and max, and the per-rank spread of the stall. The slowdown, the
+    whole cost and the overlapped iterations are medians over the checkpoints whose background work training saw
+    to its end (``background_seen``; their number: ``seen_checkpoints``), over all where none was: a save whose
+    work the harness waited for, such as phase 1's last, would count its slowdown as 0."""
     ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
     if ckpt.empty:
         return pd.DataFrame(columns=[*keys, "runs", "checkpoints"])
     ckpt = ckpt.assign(stall_spread_s=ckpt["stall_max_s"] - ckpt["stall_min_s"],
                        durable_spread_s=ckpt["durable_rank_max_s"] - ckpt["durable_rank_min_s"])
+    ckpt = _seen_columns(ckpt)
     grouped = ckpt.groupby(keys, dropna=False)
     summary = grouped.agg(
         runs=("run_id", "nunique"), checkpoints=("tag", "size"), ranks=("ranks", "max"),
@@ -636,8 +665,30 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
         write_limit=("write_limit", _flagged), iteration_s=("iteration_s", "median"),
         stall_iterations=("stall_iterations", "median"), stall_overhead_pct=("stall_overhead_pct", "median"),
         baseline_write_MBps=("baseline_write_MBps", "median"),
+        seen_checkpoints=("_seen", "sum"), **{f"_seen_{c}": (f"_seen_{c}", "median") for c in _INTERFERENCE},
+        **{f"_all_{c}": (c, "median") for c in _INTERFERENCE},
     ).reset_index()
-    return sort_rows(summary, keys)
+    for column in _INTERFERENCE:
+        seen, every = summary.pop(f"_seen_{column}"), summary.pop(f"_all_{column}")
+        summary[column] = seen.where(summary["seen_checkpoints"] > 0, every)
+    after_stall = ["slowdown_s", "cost_s", "overlapped_iterations", "seen_checkpoints"]
+    rest = [c for c in summary.columns if c not in after_stall]
+    at = rest.index("stall_rank_spread_s") + 1
+    return sort_rows(summary[[*rest[:at], *after_stall, *rest[at:]]], keys)
+
+
+#: A checkpoint's interference columns (``results.interference``) that ``checkpoint_summary`` takes medians of.
+_INTERFERENCE = ("overlapped_iterations", "slowdown_s", "cost_s")
+
+
+def _seen_columns(ckpt: pd.DataFrame) -> pd.DataFrame:
+    """``_seen`` (background_seen, absent counted False) and ``_seen_<column>``: the interference figures of those
+    checkpoints only (NaN elsewhere)."""
+    seen = ckpt["background_seen"].eq(True) if "background_seen" in ckpt else pd.Series(False, index=ckpt.index)
+    numbers = {c: pd.to_numeric(ckpt[c], errors="coerce") if c in ckpt else pd.Series(float("nan"), index=ckpt.index)
+               for c in _INTERFERENCE}
+    return ckpt.assign(_seen=seen.astype(int), **numbers, **{f"_seen_{c}": numbers[c].where(seen)
+                                                              for c in _INTERFERENCE})
 
 
 def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -674,19 +725,21 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def _verdict_counts(verdicts: pd.Series) -> str:
     """'3 exact, 1 refused': each verdict of the attempts with its count, most frequent first."""
-    return ", ".join(f"{count} {verdict}" for verdict, count in verdicts.astype(object).fillna("unknown").value_counts().items())
+    counts = verdicts.astype(object).fillna("unknown").value_counts()
+    return ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
 
 
 #: Columns of ``goodput_table`` (after the grouping keys) and what each holds.
 GOODPUT_COLUMNS: dict[str, str] = {
     "runs": "runs measured",
-    "cost_s": "C: a checkpoint's cost to training, today its stall (median over checkpoints and runs of the max over "
-              "ranks); not yet the whole cost: the slowdown of the iterations an asynchronous engine's background "
-              "work overlaps is left out, so its C is too low",
-    "cost_basis": "what C is made of (checkpoint_cost): stall",
+    "cost_s": "C: a checkpoint's whole cost to training, the stall (max over ranks) plus the slowdown of the "
+              "iterations its background work overlapped (an asynchronous engine's copy and write; 0 for a "
+              "synchronous engine); median over checkpoints and runs (checkpoint_summary's cost_s)",
+    "cost_basis": "what C is made of (checkpoint_cost): stall + slowdown",
     "restart_s": "R: the restart, max over ranks of launch -> end of the first resumed iteration (median over runs), "
                  "as measured on this machine",
-    "iteration_s": "median phase-1 iteration time without checkpoint, max over ranks",
+    "iteration_s": "the clean median: median phase-1 iteration time (max over ranks) over the iterations that "
+                   "overlapped no checkpoint's background work",
     "failures_per_gpu_hour": "F: failures per GPU-hour (--failures-per-gpu-hour; default Llama 3's)",
     "gpus": "G: GPUs of the job the failure rate applies to (--gpus, else the run's own world size)",
     "mtbf_s": "M = 3600 / (F · G): mean time between failures of the job, seconds",
@@ -700,9 +753,10 @@ GOODPUT_COLUMNS: dict[str, str] = {
 
 
 def checkpoint_cost(summary: pd.DataFrame) -> tuple[pd.Series, str]:
-    """C, each configuration's checkpoint cost to training, from ``checkpoint_summary``, and what it is made of.
-    Today the stall alone: issue 18 adds the slowdown of the iterations a save's background work overlaps, here."""
-    return summary["stall_s"], "stall"
+    """C, each configuration's checkpoint cost to training, from ``checkpoint_summary``, and what it is made of: the
+    whole cost, stall + slowdown of the iterations a save's background work overlapped (``results.interference``).
+    Where no slowdown could be measured (no clean iteration to compare with) C is unknown, not the stall alone."""
+    return summary["cost_s"], "stall + slowdown"
 
 
 def goodput_assumptions(failures_per_gpu_hour: float, gpus: int | None) -> str:
@@ -711,8 +765,8 @@ def goodput_assumptions(failures_per_gpu_hour: float, gpus: int | None) -> str:
         if failures_per_gpu_hour == goodput.LLAMA3_FAILURES_PER_GPU_HOUR else ""
     where = f"{gpus} GPUs" if gpus else "each run's own world size in GPUs"
     return (f"Young/Daly model: failures at a constant {failures_per_gpu_hour:.3g} per GPU-hour{source} on {where}; "
-            "C = the stall (not yet the whole cost: an asynchronous engine's slowdown of later iterations is left "
-            "out); R = the restart as measured on this machine")
+            "C = the whole cost of a checkpoint: its stall plus the slowdown of the iterations its background work "
+            "overlapped; R = the restart as measured on this machine")
 
 
 def goodput_table(table: pd.DataFrame, failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
@@ -827,14 +881,15 @@ def rank_spread(rank_table: pd.DataFrame) -> pd.DataFrame:
 
 
 def engine_comparison(table: pd.DataFrame, preset: str | None = None, layout: str | None = None) -> pd.DataFrame:
-    """One row per engine for a preset and layout: stall, durable, committed, throughput, restart and its load part,
-    and each engine's stall relative to the least-stalling engine."""
+    """One row per engine for a preset and layout: stall, slowdown and whole cost, durable, committed, throughput,
+    restart and its load part, and each engine's stall relative to the least-stalling engine."""
     selected = select(table, preset, layout)
     ckpt = checkpoint_summary(selected)
     rest = restart_summary(selected)
     keys = [k for k in group_keys(selected) if k in ckpt.columns and k in rest.columns] if not selected.empty \
         else ["engine"]
-    keep_c = [*keys, "runs", "checkpoints", "stall_s", "stall_rank_spread_s", "durable_s", "committed_s",
+    keep_c = [*keys, "runs", "checkpoints", "stall_s", "slowdown_s", "cost_s", "stall_rank_spread_s", "durable_s",
+              "committed_s",
               "stall_overhead_pct", "bytes", "files", "write_MBps", "write_pct_of_storage", "write_limit"]
     keep_r = [*keys, "restart_s", "restart_ckpt_load_s", "read_MBps", "read_pct_of_storage", "read_limit", "cache",
               "exact"]

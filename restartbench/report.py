@@ -160,9 +160,16 @@ def _header(fig: Figure, title: str, subtitle: str, handles: list, ncol: int, fo
 # -- figures -------------------------------------------------------------------------------------------
 
 
+#: The checkpoint figure's bars: (offset, tidy-table column, rank-table column or None, label, bar style).
+COST_BARS = ((-0.27, "stall_max_s", "stall_s", "stall", {}),
+             (0.0, "cost_s", None, "cost", {"alpha": 0.7, "hatch": "..."}),
+             (0.27, "durable_rank_max_s", "durable_s", "durable", {"alpha": 0.45, "hatch": "///"}))
+
+
 def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = None) -> Figure:
-    """Per preset/layout: each engine's training stall and time until durable (median over checkpoints of the max over
-    ranks; whiskers min-max), with every rank's own value as a dot."""
+    """Per preset/layout: each engine's training stall, whole cost (stall + slowdown of the iterations its background
+    work overlapped) and time until durable (median over checkpoints of the max over ranks; whiskers min-max), with
+    every rank's own stall and durable time as a dot."""
     ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
     if ckpt.empty:
         return _empty("No checkpoints measured (only runs of engine 'none', or no complete runs).")
@@ -170,7 +177,7 @@ def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = 
     shown = facets[:MAX_FACETS]
     engines_all = analysis.engine_order(ckpt["engine"].unique())
     colors = engine_colors(engines_all)
-    width = max(4.2, 1.25 * len(engines_all) + 1.5)
+    width = max(4.2, 1.7 * len(engines_all) + 1.5)
     fig, axes = _grid(len(shown), 3, width, 3.6)
     ranks = rank_table[rank_table["kind"] == "checkpoint"] if rank_table is not None and not rank_table.empty else None
     rng = np.random.default_rng(0)
@@ -181,45 +188,58 @@ def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = 
         top = 0.0
         for i, engine in enumerate(engines):
             rows = part[part["engine"] == engine]
-            for offset, column, rank_column, style in ((-0.2, "stall_max_s", "stall_s", {}),
-                                                       (0.2, "durable_rank_max_s", "durable_s",
-                                                        {"alpha": 0.45, "hatch": "///"})):
-                series = rows[column].dropna()
+            for offset, column, rank_column, _label, style in COST_BARS:
+                series = _bar_values(rows, column)
                 if series.empty:
                     continue
                 median, low, high = series.median(), series.min(), series.max()
-                ax.bar(i + offset, median, width=0.38, color=colors[engine], edgecolor=colors[engine], **style)
+                ax.bar(i + offset, median, width=0.25, color=colors[engine], edgecolor=colors[engine], **style)
                 if high > low:
                     ax.errorbar(i + offset, median, yerr=[[median - low], [high - median]], color="black",
                                 capsize=3, lw=0.8)
-                if ranks is not None:
+                if ranks is not None and rank_column is not None:
                     dots = ranks[ranks["run_id"].isin(rows["run_id"]) & ranks["tag"].isin(rows["tag"])][rank_column]
                     dots = dots.dropna()
                     ax.scatter(i + offset + rng.uniform(-0.1, 0.1, len(dots)), dots, s=7, color="black", alpha=0.55,
                                zorder=3, linewidths=0)
                     high = max(high, dots.max()) if not dots.empty else high
                 ax.annotate(fmt_s(median), (i + offset, high), xytext=(0, 3), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=7.5)
+                            ha="center", va="bottom", fontsize=6.5)
                 top = max(top, high)
-        ax.set_xticks([i + o for i in x for o in (-0.2, 0.2)], ["stall", "durable"] * len(engines), fontsize=7.5)
+        ax.set_xticks([i + bar[0] for i in x for bar in COST_BARS], [bar[3] for bar in COST_BARS] * len(engines),
+                      fontsize=6.5)
         sec = ax.secondary_xaxis(location=0)
         sec.set_xticks(x, engines, fontsize=10, fontweight="bold")
         sec.tick_params("x", length=0, pad=15)
         ax.set_ylim(0, top * 1.22 if top > 0 else 1)
-        ax.set_xlim(-0.6, len(engines) - 0.4)
+        ax.set_xlim(-0.55, len(engines) - 0.45)
         ax.set_ylabel("seconds")
         first = part.iloc[0]
         ax.set_title(f"{_config_label(first, keys)} · {first['ranks']} ranks · {first['device']}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     legend = [Patch(facecolor="#777777", label="training stall: save blocked training (max over ranks)"),
+              Patch(facecolor="#777777", alpha=0.7, hatch="...",
+                    label="cost: the whole cost, stall + slowdown of the iterations the save's background work "
+                          "overlapped"),
               Patch(facecolor="#777777", alpha=0.45, hatch="///",
                     label="durable: save start → files fsync'd (max over ranks)"),
               plt.Line2D([], [], marker="o", ls="", color="black", markersize=3, label="one rank")]
     more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
-    _header(fig, "Checkpoint cost per engine: how long training waits, and until the files are safe",
-            f"bars: median over checkpoints and runs (whiskers min–max); lower stall is better{more}", legend, 3)
+    _header(fig, "Checkpoint cost per engine: how long training waits, what it costs in all, and until the files "
+                 "are safe",
+            f"bars: median over checkpoints and runs (whiskers min–max); lower whole cost is better{more}", legend, 2)
     return fig
+
+
+def _bar_values(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A bar's values: the whole cost over the checkpoints whose background work training saw end, as
+    ``analysis.checkpoint_summary`` takes it (all where none did); the others over every checkpoint."""
+    if column not in rows:
+        return pd.Series(dtype=float)
+    if column == "cost_s" and "background_seen" in rows and rows["background_seen"].eq(True).any():
+        rows = rows[rows["background_seen"].eq(True)]
+    return pd.to_numeric(rows[column], errors="coerce").dropna()
 
 
 def plot_restart_phases(table: pd.DataFrame) -> Figure:
@@ -493,10 +513,16 @@ GOODPUT_FORMATS: dict[str, Any] = {
 
 
 FIGURES: dict[str, tuple[str, str]] = {
-    "checkpoint_cost": ("Checkpoint stall and durable time per engine",
-                        "For each preset and layout, two bars per engine. <b>Stall</b> (solid) is what training "
-                        "actually waited: the time the engine's <code>save</code> blocked the training loop, taken as "
+    "checkpoint_cost": ("Checkpoint stall, whole cost and durable time per engine",
+                        "For each preset and layout, three bars per engine. <b>Stall</b> (solid) is what training "
+                        "waited for <code>save</code>: the time it blocked the training loop, taken as "
                         "the <b>max over ranks</b> (the slowest rank holds everyone up at the next collective). "
+                        "<b>Whole cost</b> (dotted) adds the <b>slowdown</b>: what the iterations that overlapped the "
+                        "save's background work (an asynchronous engine's copy and write, from the end of save until "
+                        "the rank's files were durable) took beyond the clean median iteration; a synchronous engine "
+                        "has none, since the harness waits for durability before the next iteration. It is taken "
+                        "over the checkpoints whose background work training saw end (phase 1's last save is waited "
+                        "for after training, so it shows none). "
                         "<b>Durable</b> (hatched) runs from the start of the save until the rank's files were fsync'd "
                         "to stable storage (for an asynchronous engine: its background write finished), again the max "
                         "over ranks. Bars are medians over checkpoints and runs, whiskers the min–max; each dot is "
@@ -532,8 +558,8 @@ FIGURES: dict[str, tuple[str, str]] = {
                 "each checkpoint costs training C, and a failure loses half a checkpoint period of work plus the "
                 "restart R. Shares of wall time at interval τ: checkpoints C/(τ+C), re-done work (τ+C)/2M, restarts "
                 "R/M; goodput is what is left. τ* is Daly's optimum √(2CM)·(1 + ⅓√(C/2M) + ⅑·C/2M) − C, never "
-                "below one iteration. C is today the <b>stall</b>, not yet the whole cost: the slowdown of the "
-                "iterations an asynchronous engine's background work overlaps is left out. R is the restart as "
+                "below one iteration. C is the <b>whole cost</b> of a checkpoint: its stall plus the slowdown of "
+                "the iterations its background work overlapped (see the first figure). R is the restart as "
                 "measured on this machine (max over ranks); on another machine or scale it differs."),
 }
 
@@ -592,6 +618,7 @@ def findings(table: pd.DataFrame) -> list[str]:
             others = [f"{row['engine']} {fmt_s(row['stall_s'])} ({row['stall_s'] / best['stall_s']:.1f}×)"
                       for _, row in c.iloc[1:].iterrows() if best["stall_s"] and pd.notna(row["stall_s"])]
             sentences.append(text + (f"; then {', '.join(others)}." if others else "; the only engine measured here."))
+            sentences.extend(_whole_cost_sentences(c))
             late = [row for _, row in c.iterrows() if pd.notna(row["durable_s"]) and row["stall_s"]
                     and row["durable_s"] > 2 * row["stall_s"] and row["durable_s"] - row["stall_s"] > 0.005]
             if late:
@@ -641,6 +668,28 @@ def findings(table: pd.DataFrame) -> list[str]:
         out.insert(0, f"Least training stall: {lead} in {counts.iloc[0]} of {len(winners)} configuration(s)"
                    + (f" (others: {', '.join(f'{e} {n}' for e, n in counts.iloc[1:].items())})." if len(counts) > 1
                       else "."))
+    return out
+
+
+def _whole_cost_sentences(ckpt: pd.DataFrame) -> list[str]:
+    """Engines of one configuration whose background work cost training more than their stall, and the least whole
+    cost where it is another engine than the least stall (``ckpt``: its checkpoint_summary rows, by stall)."""
+    if "cost_s" not in ckpt:
+        return []
+    costly = [row for _, row in ckpt.iterrows() if pd.notna(row["slowdown_s"]) and row["slowdown_s"] > 0.005
+              and row["slowdown_s"] > row["stall_s"]]
+    out = []
+    if costly:
+        out.append("; ".join(f"{row['engine']}'s background work slows the {row['overlapped_iterations']:.0f} "
+                             f"iteration(s) it overlaps by {fmt_s(row['slowdown_s'])}, so a checkpoint costs "
+                             f"training {fmt_s(row['cost_s'])} in all"
+                             + (f", {row['cost_s'] / row['stall_s']:.1f}× its" if row["stall_s"] > 0 else ", its")
+                             + f" {fmt_s(row['stall_s'])} stall" for row in costly) + ".")
+    cheapest = ckpt.dropna(subset=["cost_s"]).sort_values("cost_s", kind="stable")
+    if not cheapest.empty and not ckpt.empty and cheapest.iloc[0]["engine"] != ckpt.iloc[0]["engine"]:
+        best = cheapest.iloc[0]
+        out.append(f"The least whole cost (stall + slowdown) is {best['engine']}'s: {fmt_s(best['cost_s'])} per "
+                   "checkpoint.")
     return out
 
 
@@ -805,6 +854,12 @@ _DEFINITIONS = """
 <dt>Stall</dt><dd>The time <code>save</code> blocked training on a rank (the <code>checkpoint.save</code> span); a
 checkpoint's stall is the <b>max over ranks</b>, since the slowest rank holds the others at the next collective.
 This is what training actually waited.</dd>
+<dt>Slowdown and whole cost</dt><dd>After an asynchronous engine's <code>save</code> returns, its copy and write go
+on in the background until the rank's files are durable, and slow the iterations they overlap. A checkpoint's
+<b>slowdown</b> is the sum, over those iterations, of their time (max over ranks) beyond the clean median iteration
+(the iterations that overlapped no save's work); its <b>whole cost</b> is the stall plus the slowdown, and is the C
+of the goodput. A synchronous engine's slowdown is 0: the harness waits for durability before the next
+iteration.</dd>
 <dt>Durable</dt><dd>From the start of the save until that rank's files were on stable storage (fsync'd; for an
 asynchronous engine, when its background write finished); the <b>max over ranks</b>. Until then a crash can lose the
 checkpoint.</dd>
@@ -845,6 +900,8 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
     if name == "checkpoint_cost":
         summary = analysis.checkpoint_summary(table)
         view = _view(summary, {"runs": None, "checkpoints": None, "ranks": None, "stall_s": fmt_s,
+                               "slowdown_s": fmt_s, "cost_s": fmt_s, "overlapped_iterations": "{:.0f}",
+                               "seen_checkpoints": "{:.0f}",
                                "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "durable_rank_spread_s": fmt_s,
                                "committed_s": fmt_s, "iteration_s": fmt_s, "stall_overhead_pct": "{:.1f}%",
                                "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate,
@@ -856,8 +913,12 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
                                           "durable_s_max": fmt_s, "durable_s_slowest_rank": None,
                                           "bytes_min": fmt_bytes, "bytes_max": fmt_bytes, "files_min": None,
                                           "files_max": None}, keys=["preset", "layout", "engine"])
-        return ("<p>Per configuration (medians; <i>rank spread</i> = slowest − fastest rank of a checkpoint; "
-                "<i>overhead</i> = stall / (save interval × iteration time + stall)):</p>" + _html_table(view)
+        view = view.rename(columns={"cost_s": "whole cost"})
+        return ("<p>Per configuration (medians; <i>whole cost</i> = stall + slowdown, over the <i>seen "
+                "checkpoints</i>: those whose background work ended while training ran; <i>iteration</i> = the clean "
+                "median, iterations that overlapped no save's work; <i>rank spread</i> = slowest − fastest rank of a "
+                "checkpoint; <i>overhead</i> = stall / (save interval × iteration time + stall)):</p>"
+                + _html_table(view)
                 + _details(f"Per-rank spread of every checkpoint ({len(spread)} rows"
                            + (", first 300" if len(spread) > 300 else "") + ")", _html_table(detail)))
     if name == "restart_phases":
@@ -920,7 +981,8 @@ def _view(frame: pd.DataFrame, formats: dict[str, Any], keys: list[str] | None =
 
 
 DISPLAY_NAMES = {
-    "stall_s": "stall", "stall_rank_spread_s": "stall rank spread", "durable_s": "durable",
+    "stall_s": "stall", "slowdown_s": "slowdown", "seen_checkpoints": "seen checkpoints",
+    "stall_rank_spread_s": "stall rank spread", "durable_s": "durable",
     "durable_rank_spread_s": "durable rank spread", "committed_s": "committed", "iteration_s": "iteration",
     "stall_overhead_pct": "stall overhead", "write_MBps": "write", "write_pct_of_storage": "write / storage",
     "read_pct_of_storage": "read / storage", "restart_s": "restart", "write_limit": "write limit check",

@@ -11,6 +11,7 @@ Aggregation rules (the same everywhere a figure is printed):
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -157,6 +158,139 @@ def iteration_time(events: list[dict[str, Any]]) -> float | None:
         if e["phase"] == "train" and e["event"] == Event.TRAIN_ITERATION and e["step"] > 1:
             per_step[e["step"]] = max(per_step[e["step"]], e["duration_s"])
     return statistics.median(per_step.values()) if per_step else None
+
+
+# -- interference: what a save's background work costs the iterations it overlaps (issue 18) ---------------------
+
+
+def durable_wall_clock(save: dict[str, Any], durable: dict[str, Any]) -> float:
+    """When one rank's files of a checkpoint were durable, on the wall clock: the start of its ``checkpoint.save``
+    span plus the ``checkpoint.durable`` event's ``since_save_start_s`` (train.py measures that on the monotonic
+    clock from just before the span began: microseconds apart). The one place that turns a durable event into a
+    time: should the events gain another reference (one clock per checkpoint), change it here."""
+    return save["start"] + durable["since_save_start_s"]
+
+
+def background_windows(events: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[float, float]]:
+    """(tag, rank) -> (start, end), on the wall clock, of that rank's background work for a phase-1 checkpoint: from
+    the end of its ``checkpoint.save`` span (save returned, training may go on) until its files were durable. Empty
+    (end <= start) where the files were durable when save returned. A synchronous engine's window lies inside the
+    harness's wait for durability, before the next iteration: no iteration overlaps it, by construction."""
+    saves = {(e["tag"], e["rank"]): e for e in _train(events, Event.CHECKPOINT_SAVE)}
+    windows = {}
+    for durable in _train(events, Event.CHECKPOINT_DURABLE):
+        save = saves.get((durable["tag"], durable["rank"]))
+        if save is not None:
+            windows[durable["tag"], durable["rank"]] = (save["start"] + save["duration_s"],
+                                                       durable_wall_clock(save, durable))
+    return windows
+
+
+def clean_iteration_time(events: list[dict[str, Any]]) -> float | None:
+    """Median phase-1 iteration time (max over ranks per step, step 1 left out) over the iterations that overlapped
+    no checkpoint's background work (``background_windows``): training's pace without checkpointing."""
+    return _Interference(events).clean_s
+
+
+def interference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per phase-1 checkpoint tag, what its background work cost training beyond the stall:
+
+    - ``overlapped_iterations``: iterations (steps) that overlapped its window on some rank (each counted for the
+      earliest checkpoint it overlapped); 0 for phase 1's last save, whose background work the harness waits for
+      after training;
+    - ``slowdown_s``: Σ (iteration time − the clean median) over them, an iteration's time being the max over ranks of
+      its span less any wait of a lazy engine's optimizer step for the save's copies in it (``checkpoint.copy_wait``,
+      already in the stall); None without a clean median (no iteration overlapped nothing);
+    - ``cost_s``: the stall (``checkpoints``' ``stall_max_s``) + ``slowdown_s``, the checkpoint's whole cost;
+    - ``background_seen``: True where, on every rank, the files were durable when save returned or before the
+      harness began waiting for them (``checkpoint.wait_durable``): any background work ended while training ran,
+      so the slowdown covers it. False where the harness waited for durability while the work still ran: a
+      synchronous engine's wait right after save (no iteration between: its slowdown is 0), or an asynchronous
+      save still writing at the next save or at the end of training (phase 1's last save), whose rest the harness
+      waited for (``wait_durable_max_s``: not training time here), so its slowdown is only what overlapped.
+
+    Runs without phase-1 iterations (emulated) have None for the first three."""
+    return _Interference(events).per_checkpoint()
+
+
+def _train(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["phase"] == "train" and e["event"] == name]
+
+
+class _Interference:
+    """The phase-1 iterations set against the checkpoints' background windows (``interference``)."""
+
+    def __init__(self, events: list[dict[str, Any]]):
+        self.events = events
+        self.windows = background_windows(events)
+        self.spans = {(e["rank"], e["step"]): (e["start"], e["start"] + e["duration_s"])
+                      for e in _train(events, Event.TRAIN_ITERATION) if e["step"] > 1}
+        self.by_rank: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # (start, end, step), in order
+        for (rank, step), (start, end) in sorted(self.spans.items(), key=lambda item: item[1]):
+            self.by_rank[rank].append((start, end, step))
+        self.step_s = self._step_times()
+        self.owner = self._owners()
+        clean = [seconds for step, seconds in self.step_s.items() if step not in self.owner]
+        self.clean_s = statistics.median(clean) if clean else None
+
+    def _step_times(self) -> dict[int, float]:
+        """step -> max over ranks of the iteration's time less the copy waits inside it (by when they were written)."""
+        waits: dict[tuple[int, int], float] = defaultdict(float)
+        for e in _train(self.events, Event.CHECKPOINT_COPY_WAIT):
+            for _start, _end, step in self._overlapping(e["rank"], e["time"], e["time"], closed=True):
+                waits[e["rank"], step] += e["duration_s"]
+        step_s: dict[int, float] = {}
+        for (rank, step), (start, end) in self.spans.items():
+            step_s[step] = max(step_s.get(step, float("-inf")), end - start - waits[rank, step])
+        return step_s
+
+    def _owners(self) -> dict[int, str]:
+        """step -> the earliest checkpoint (by step) whose window an iteration of that step overlapped on its rank."""
+        save_step = {e["tag"]: e["step"] for e in _train(self.events, Event.CHECKPOINT_SAVE)}
+        owner: dict[int, str] = {}
+        for (tag, rank), (low, high) in sorted(self.windows.items(), key=lambda item: save_step.get(item[0][0], 0)):
+            for _start, _end, step in self._overlapping(rank, low, high):
+                owner.setdefault(step, tag)
+        return owner
+
+    def _overlapping(self, rank: int, low: float, high: float, closed: bool = False) -> list[tuple[float, float, int]]:
+        """The rank's iterations overlapping (low, high), or touching [low, high] when ``closed``; a rank's iterations
+        follow one another, so their ends are in order too."""
+        spans = self.by_rank.get(rank, [])
+        first = bisect.bisect_left(spans, low, key=lambda span: span[1]) if closed else \
+            bisect.bisect_right(spans, low, key=lambda span: span[1])
+        found = []
+        for span in spans[first:]:
+            if span[0] > high or (span[0] == high and not closed):
+                break
+            found.append(span)
+        return found
+
+    def per_checkpoint(self) -> dict[str, dict[str, Any]]:
+        stalls = {row["tag"]: row["stall_max_s"] for row in checkpoints(self.events)}
+        seen = self._seen()
+        rows = {}
+        for tag, stall in stalls.items():
+            steps = [step for step, owner in self.owner.items() if owner == tag]
+            slowdown = self._slowdown(steps)
+            rows[tag] = {"overlapped_iterations": len(steps) if self.spans else None, "slowdown_s": slowdown,
+                         "cost_s": stall + slowdown if stall is not None and slowdown is not None else None,
+                         "background_seen": seen.get(tag, False)}
+        return rows
+
+    def _slowdown(self, steps: list[int]) -> float | None:
+        if not self.spans or (steps and self.clean_s is None):
+            return None
+        return sum(self.step_s[step] - self.clean_s for step in steps) if steps else 0.0
+
+    def _seen(self) -> dict[str, bool]:
+        """tag -> on every rank, durable when save returned or before the harness began waiting (no wait: True)."""
+        waits = {(e["tag"], e["rank"]): e["start"] for e in _train(self.events, Event.CHECKPOINT_WAIT_DURABLE)}
+        seen: dict[str, bool] = {}
+        for (tag, rank), (low, high) in self.windows.items():
+            waited = waits.get((tag, rank))
+            seen[tag] = seen.get(tag, True) and (high <= low or waited is None or high <= waited)
+        return seen
 
 
 def inventory(run_dir: Path) -> list[dict[str, Any]]:

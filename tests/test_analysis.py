@@ -397,11 +397,14 @@ def tidy(*rows: dict) -> pd.DataFrame:
     return pd.DataFrame([base | row for row in rows])
 
 
-def one_config(engine: str, stalls: list[float], restart: float, **common) -> list[dict]:
-    """An engine's checkpoints (one row per stall) and its restart, in one run."""
+def one_config(engine: str, stalls: list[float], restart: float, slowdowns: list[float] | None = None,
+               **common) -> list[dict]:
+    """An engine's checkpoints (one row per stall, with its slowdown: 0 unless given) and its restart, in one run."""
     run = {"run_id": f"{engine}/run", "engine": engine, **common}
-    return [*({**run, "kind": "checkpoint", "tag": f"step{i}", "stall_max_s": stall, "stall_min_s": stall}
-              for i, stall in enumerate(stalls)),
+    slowdowns = slowdowns or [0.0] * len(stalls)
+    return [*({**run, "kind": "checkpoint", "tag": f"step{i}", "stall_max_s": stall, "stall_min_s": stall,
+               "slowdown_s": slowdown, "cost_s": stall + slowdown, "background_seen": True}
+              for i, (stall, slowdown) in enumerate(zip(stalls, slowdowns))),
             {**run, "kind": "restart", "restart_s": restart, "restart_min_s": restart, "restores_checkpoint": True}]
 
 
@@ -414,7 +417,8 @@ def test_goodput_table_by_hand():
     rows = analysis.goodput_table(table, failures_per_gpu_hour=0.001, gpus=1000)
     assert list(rows["engine"]) == ["torch"]  # engine none saves nothing: no interval to choose
     row = rows.iloc[0]
-    assert (row["cost_s"], row["cost_basis"], row["restart_s"], row["iteration_s"]) == (18.0, "stall", 120.0, 2.0)
+    assert (row["cost_s"], row["cost_basis"], row["restart_s"], row["iteration_s"]) == (18.0, "stall + slowdown",
+                                                                                        120.0, 2.0)
     assert (row["gpus"], row["mtbf_s"]) == (1000, pytest.approx(3600.0))
     assert row["interval_s"] == pytest.approx(348.10, abs=0.005)
     assert row["interval_iterations"] == pytest.approx(174.05, abs=0.003)
@@ -423,6 +427,20 @@ def test_goodput_table_by_hand():
     assert row["restart_pct"] == pytest.approx(100 / 30)
     assert row["goodput_pct"] == pytest.approx(86.665, abs=1e-3)
     assert set(rows.columns) == {*analysis.group_keys(table), *analysis.GOODPUT_COLUMNS}
+
+
+def test_goodput_takes_the_whole_cost_not_the_stall():
+    """An asynchronous engine that stalls 1 s but slows the iterations after it by 17 s costs what a synchronous one
+    stalling 18 s costs: C = 18 s, the figures of test_goodput_table_by_hand. Without a measured slowdown (no clean
+    iteration to compare with) C is unknown and the configuration has no goodput, rather than the stall alone."""
+    table = tidy(*one_config("lazy", [1.0, 1.0, 1.0], 120.0, slowdowns=[15.0, 28.0, 17.0]))
+    row = analysis.goodput_table(table, failures_per_gpu_hour=0.001, gpus=1000).iloc[0]
+    assert (row["cost_s"], row["cost_basis"]) == (18.0, "stall + slowdown")
+    assert row["interval_s"] == pytest.approx(348.10, abs=0.005) and row["goodput_pct"] == pytest.approx(86.665,
+                                                                                                        abs=1e-3)
+    unknown = tidy(*[{**r, "slowdown_s": float("nan"), "cost_s": float("nan")} if r["kind"] == "checkpoint" else r
+                     for r in one_config("lazy", [1.0], 120.0)])
+    assert analysis.goodput_table(unknown).empty
 
 
 def test_goodput_on_the_runs_own_gpus_by_default():
@@ -447,7 +465,8 @@ def test_goodput_needs_a_cost_a_restart_and_an_iteration():
 def test_goodput_assumptions_in_one_line():
     line = analysis.goodput_assumptions(goodput.LLAMA3_FAILURES_PER_GPU_HOUR, None)
     assert "1.97e-05 per GPU-hour (Llama 3" in line and "each run's own world size" in line
-    assert "C = the stall (not yet the whole cost" in line and "R = the restart as measured on this machine" in line
+    assert "C = the whole cost of a checkpoint: its stall plus the slowdown" in line
+    assert "R = the restart as measured on this machine" in line and "not yet" not in line
     assert "on 64 GPUs" in analysis.goodput_assumptions(0.001, 64) and "Llama" not in analysis.goodput_assumptions(
         0.001, 64)
 
@@ -513,7 +532,7 @@ def test_summarize_goodput_and_limits_from_a_hand_made_run(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     stdout = " ".join(proc.stdout.split())
     assert "Goodput at the optimal checkpoint interval" in stdout and "0.001 per GPU-hour on 1000 GPUs" in stdout
-    assert "C = the stall (not yet the whole cost" in stdout
+    assert "C = the whole cost of a checkpoint: its stall plus the slowdown" in stdout
     assert "Limit underestimated: tiny · tp1pp1dp1 · torch wrote at 588% of the storage's measured bandwidth " \
            "(median; 2 of 2 above 105 %)" in stdout
     row = pd.read_csv(tmp_path / "out" / "goodput.csv").iloc[0]

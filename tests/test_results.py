@@ -591,3 +591,114 @@ def test_records_of_two_launches_in_one_attempt_are_refused_not_mixed(run):
 ])
 def test_an_attempts_verdict(records, verdict):
     assert results.verdict(records) == verdict
+
+
+# -- interference: an asynchronous save's background work slows the iterations it overlaps (issue 18) -------------
+
+#: Two ranks, iterations 1-8 and the reference 9, a save after 4 and after 8 (the last). Per step, each rank's
+#: iteration time; step 1 (warm-up, 3 s) is never counted. Steps 5 and 6 are slow.
+OVERLAP_ITERATION_S = {2: (1.00, 1.05), 3: (1.20, 1.10), 4: (0.90, 1.00), 5: (1.50, 2.40), 6: (1.70, 1.60),
+                       7: (1.00, 1.10), 8: (1.10, 1.00), 9: (1.00, 0.95)}
+OVERLAP_SAVE_S = {"step4": (0.02, 0.03), "step8": (0.04, 0.01)}
+#: lazy: save start -> durable, per rank. step4: rank 0's save ends at 106.12 and its files are durable at 107.10,
+#: inside its iteration 5 (106.12-107.62); rank 1's save ends at 106.18, durable at 108.75, inside its iteration 6
+#: (108.58-110.18): iterations 5 and 6 overlap step4's background work. step8's work outlasts training: the harness
+#: waits for it (0.5 s) and it is durable 0.40 s after the save began, inside that wait.
+LAZY_DURABLE_S = {"step4": (1.00, 2.60), "step8": (0.40, 0.40)}
+LAZY_COPY_WAIT = (1, 106.50, 0.30)  # rank 1's optimizer step in iteration 5 waited 0.30 s for step4's copies
+# Per step, the max over ranks less the copy wait: 2: 1.05, 3: 1.20, 4: 1.00, 5: max(1.50, 2.40 - 0.30) = 2.10,
+# 6: 1.70, 7: 1.10, 8: 1.10, 9: 1.00. Clean (overlapping nothing): 2, 3, 4, 7, 8, 9 -> median (1.05 + 1.10) / 2.
+LAZY_CLEAN_S = 1.075
+LAZY_STEP4 = {"overlapped_iterations": 2, "slowdown_s": (2.10 - 1.075) + (1.70 - 1.075),  # 1.65
+              "cost_s": 0.03 + 0.30 + 1.65, "background_seen": True}  # stall: rank 1's save and its copy wait
+LAZY_STEP8 = {"overlapped_iterations": 0, "slowdown_s": 0.0, "cost_s": 0.04, "background_seen": False}
+
+
+def overlap_rank(rank: int, engine: str) -> list[tuple[str, dict]]:
+    """One rank's phase 1, its spans back to back from 100 s. lazy: each save's durability is waited for at the
+    next save or after training; synchronous (torch): right after the save (0.5 s, durable 0.3 s into it)."""
+    records, clock, pending = [], 100.0, []
+
+    def wait(tag: str, step: int, save_start: float, since: float) -> None:
+        nonlocal clock
+        records.append(("checkpoint.wait_durable", {"start": clock, "duration_s": 0.5, "step": step, "tag": tag}))
+        clock += 0.5
+        records.append(("checkpoint.durable", {"since_save_start_s": since, "step": step, "tag": tag, "bytes": 10,
+                                               "n_files": 1, "files": []}))
+
+    for step, seconds in {1: (3.0, 3.0), **OVERLAP_ITERATION_S}.items():
+        if step == 9:
+            for args in pending:
+                wait(*args)
+        records.append(("train.iteration", {"start": clock, "duration_s": seconds[rank], "step": step,
+                                            "reference": step == 9}))
+        clock += seconds[rank]
+        if step in (4, 8):
+            tag, stall = f"step{step}", OVERLAP_SAVE_S[f"step{step}"][rank]
+            for args in pending:
+                wait(*args)
+            pending = []
+            records.append(("checkpoint.save", {"start": clock, "duration_s": stall, "step": step, "tag": tag}))
+            if engine == "lazy":
+                pending.append((tag, step, clock, LAZY_DURABLE_S[tag][rank]))
+                clock += stall
+            else:
+                save_start, clock = clock, clock + stall
+                wait(tag, step, save_start, stall + 0.3)
+    if engine == "lazy" and rank == LAZY_COPY_WAIT[0]:
+        records.append(("checkpoint.copy_wait", {"tag": "step4", "step": 4, "time": LAZY_COPY_WAIT[1],
+                                                 "duration_s": LAZY_COPY_WAIT[2]}))
+    return records
+
+
+def write_overlap_run(root: Path, engine: str) -> Path:
+    run_dir = root / "tiny" / "tp1pp1dp2" / engine / "20260101-000000-abcdef"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metadata.json").write_text(json.dumps({"status": "complete", "preset": "tiny", "layout": "tp1pp1dp2",
+                                                       "engine": engine, "world_size": 2}))
+    (run_dir / "config.json").write_text(json.dumps({"train": {"iters": 8, "save_interval": 4}}))
+    for rank in (0, 1):
+        write_events(run_dir, "train", rank, *overlap_rank(rank, engine))
+    return run_dir
+
+
+def test_an_asynchronous_saves_slowdown_is_what_the_iterations_it_overlapped_took_beyond_the_clean_median(tmp_path):
+    events = read_events(write_overlap_run(tmp_path / "logs", "lazy"))
+    assert results.clean_iteration_time(events) == pytest.approx(LAZY_CLEAN_S)
+    costs = results.interference(events)
+    assert costs == {"step4": pytest.approx(LAZY_STEP4), "step8": pytest.approx(LAZY_STEP8)}
+    windows = results.background_windows(events)
+    assert windows["step4", 0] == pytest.approx((106.12, 107.10)) and windows["step4", 1] == pytest.approx(
+        (106.18, 108.75))
+
+
+def test_a_synchronous_engines_slowdown_is_zero_by_construction(tmp_path):
+    """The same iterations, steps 5 and 6 as slow, but the harness waits for every save's durability before the next
+    iteration: no iteration overlaps a save's work, so the slow ones are the engine's pace (clean median over every
+    step: 1.00, 1.00, 1.05, 1.10, 1.10, 1.20, 1.70, 2.40 -> 1.10) and each cost is the stall."""
+    events = read_events(write_overlap_run(tmp_path / "logs", "torch"))
+    assert results.clean_iteration_time(events) == pytest.approx(1.10)
+    assert results.interference(events) == {
+        "step4": {"overlapped_iterations": 0, "slowdown_s": 0.0, "cost_s": pytest.approx(0.03),
+                  "background_seen": False},
+        "step8": {"overlapped_iterations": 0, "slowdown_s": 0.0, "cost_s": pytest.approx(0.04),
+                  "background_seen": False}}
+
+
+def test_the_table_and_the_summary_carry_the_whole_cost(tmp_path):
+    """Per checkpoint the columns of ``interference``, iteration_s the clean median; the summary's slowdown and cost
+    are over the checkpoints whose background work training saw end (lazy: step4; step8's was waited for after
+    training), over all where none was (torch); C of the goodput is the whole cost."""
+    for engine in ("lazy", "torch"):
+        write_overlap_run(tmp_path / "logs", engine)
+    table = analysis.collect(tmp_path / "logs").table()
+    row = table[(table["engine"] == "lazy") & (table["tag"] == "step4")].iloc[0]
+    assert {c: row[c] for c in (*LAZY_STEP4, "iteration_s")} == pytest.approx({**LAZY_STEP4,
+                                                                               "iteration_s": LAZY_CLEAN_S})
+    summary = analysis.checkpoint_summary(table).set_index("engine")
+    assert summary.loc["lazy", ["stall_s", "slowdown_s", "cost_s", "overlapped_iterations", "seen_checkpoints"]] \
+        .tolist() == pytest.approx([(0.33 + 0.04) / 2, 1.65, 1.98, 2, 1])
+    assert summary.loc["torch", ["stall_s", "slowdown_s", "cost_s", "seen_checkpoints"]].tolist() == pytest.approx(
+        [0.035, 0.0, 0.035, 0])
+    cost, basis = analysis.checkpoint_cost(analysis.checkpoint_summary(table))
+    assert sorted(cost.tolist()) == pytest.approx([0.035, 1.98]) and basis == "stall + slowdown"
