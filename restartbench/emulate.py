@@ -36,14 +36,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 PROCESS_START = time.time()
 
-from restartbench import rundir  # noqa: E402
+from restartbench import harness, rundir  # noqa: E402
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: imports are a measured phase)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError  # noqa: E402
@@ -75,17 +73,11 @@ class EmulatedRanks:
         k = self.cfg.emulation.ranks_per_process
         self.ranks = list(range(self.process * k, (self.process + 1) * k))
         self.logs = {rank: EventLog(run_dir, args.phase, rank, args.attempt) for rank in self.ranks}
+        from restartbench.storage import open_store
+
+        self.store = open_store(self.ckpt_dir, self.plan.remote)
         self._setup: tuple[int, Any] | None = None
         self._states: tuple[int, dict[int, tuple[Any, Any]]] | None = None
-
-    @contextmanager
-    def span_all(self, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
-        """One timed span recorded on every rank of this process (process-wide work such as imports)."""
-        extra: dict[str, Any] = {}
-        start_wall, start = time.time(), time.perf_counter()
-        yield extra
-        for log in self.logs.values():
-            log.emit(event, start=start_wall, duration_s=time.perf_counter() - start, **fields, **extra)
 
     def start(self) -> Emulator:
         """Process start-up, as restartbench.train records it; returns the engine's emulator, set up."""
@@ -93,20 +85,20 @@ class EmulatedRanks:
         for log in self.logs.values():
             log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement(),
                      emulated=True)
-        with self.span_all(Event.STARTUP_IMPORTS):
+        with harness.span_all(self.logs, Event.STARTUP_IMPORTS):
             import torch  # noqa: F401
 
             from restartbench import plan, runtime  # noqa: F401  (plan: the states' shapes and DeepSpeed's names)
         note = runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s)  # dcp-async's own gloo group too
         for log in self.logs.values():
             log.emit(Event.STARTUP_WORKAROUND, note=note)
-        with self.span_all(Event.STARTUP_DIST_INIT, backend="gloo"):
+        with harness.span_all(self.logs, Event.STARTUP_DIST_INIT, backend="gloo"):
             import datetime
 
             import torch.distributed as dist
 
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.cfg.launch.collective_timeout_s))
-        with self.span_all(Event.STARTUP_ENGINE, engine=self.engine):  # imports, process groups
+        with harness.span_all(self.logs, Event.STARTUP_ENGINE, engine=self.engine):  # imports, process groups
             from restartbench import engines
 
             return engines.emulator_class(self.engine)(self)
@@ -156,129 +148,53 @@ def train_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
 
 
 def _checkpoint(ranks: EmulatedRanks, emulator: Emulator, step: int) -> None:
+    """Each of the process's ranks saves and is made durable in turn (never two at once); then the harness settles
+    the checkpoint with every process."""
     import torch.distributed as dist
-
-    from restartbench.integrity import write_manifest
-    from restartbench.storage import LocalStore
 
     tag = f"step{step}"
     dist.barrier()
-    mine, commit_start = [], None
-    for rank in ranks.ranks:
-        save_start = _save_rank(ranks, emulator, rank, step, tag)
-        commit_start = commit_start if commit_start is not None else save_start
-        mine += _make_durable(ranks, emulator, rank, step, tag, save_start)
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if 0 in ranks.ranks:
-        write_manifest(ranks.ckpt_dir, tag, [f for share in everyone for f in share])
-        LocalStore(ranks.ckpt_dir).write_durably("latest", tag)
-        ranks.logs[0].emit(Event.CHECKPOINT_COMMIT, step=step, tag=tag,
-                           since_save_start_s=time.perf_counter() - commit_start)
-    _record_resources(ranks, tag)
-    dist.barrier()
-    ranks.say(f"train (emulated): checkpoint {tag} durable on every rank and committed")
+    shares = [_save_rank(ranks, emulator, rank, step, tag) for rank in ranks.ranks]
+    errors = harness.settle(ranks.logs, ranks.store, shares, step, tag, ranks.plan.checkpoint_bytes_estimate,
+                            per_process=True)
+    ranks.say(f"train (emulated): checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
+                                                        if errors else "durable on every rank and committed"))
 
 
-def _save_rank(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, tag: str) -> float:
-    """The rank's save (the stall) and, for an engine that leaves its copies running, the next step's wait."""
+def _save_rank(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, tag: str) -> harness.Share:
+    """The rank's save (the stall) and, for an engine that leaves its copies running, the next step's wait; then
+    its files made durable."""
     staged = emulator.stage(rank, step)  # what training left in memory
     log = ranks.logs[rank]
-    log.emit(Event.CHECKPOINT_BEGIN, step=step, tag=tag, engine=ranks.engine, emulated=True)
-    save_start = time.perf_counter()
+    save_start = harness.begin_save(log, step, tag, engine=ranks.engine, emulated=True)
     with log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=ranks.engine, emulated=True):
         emulator.save(rank, staged, tag)
     emulator.next_step(rank, tag)
-    return save_start
-
-
-def _make_durable(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, tag: str,
-                  save_start: float) -> list:
-    from restartbench.engines.base import records_as_dicts
-    from restartbench.integrity import sha256_of
-
-    log = ranks.logs[rank]
-    with log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
-        durable_at = emulator.wait_until_durable(rank)
-    files = records_as_dicts(emulator.written(rank), ranks.ckpt_dir)
-    log.emit(Event.CHECKPOINT_DURABLE, step=step, tag=tag, since_save_start_s=durable_at - save_start, files=files,
-             bytes=sum(f["bytes"] for f in files), n_files=len(files))
-    with log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
-        return [{**f, "rank": rank, "sha256": sha256_of(os.path.join(ranks.ckpt_dir, f["path"]))} for f in files]
-
-
-def _record_resources(ranks: EmulatedRanks, tag: str) -> None:
-    import psutil
-
-    me = psutil.Process()
-    for log in ranks.logs.values():
-        log.emit(Event.RANK_RESOURCES, tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
-                 threads=me.num_threads(), children=len(me.children(recursive=True)), per_process=True)
+    return harness.durable_share(log, ranks.store, rank, step, tag, save_start,
+                                 partial(emulator.wait_until_durable, rank), partial(emulator.written, rank))
 
 
 # --- phase 2: restore ---------------------------------------------------------------------------
 
 
 def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
-    tag = _wanted_tag(ranks)
-    step = int(tag.removeprefix("step"))
-    _check_files(ranks, tag)
-    cache = _page_cache(ranks, tag)
+    from restartbench.integrity import tag_step
+
+    tag = harness.restore_tag(ranks.logs, ranks.store, ranks.cfg.launch, ranks.requested_tag, ranks.say)
+    step = tag_step(tag)
+    cache = harness.page_cache_before_load(ranks.store, tag, ranks.cfg.launch.restore_cache)
     ranks.say(f"restore (emulated, {ranks.engine}): loading {tag} ({cache['cache']} page cache)")
     problems_seen = []
     for rank in ranks.ranks:
         held = emulator.hold(rank, step)  # what the fresh process holds before its load
-        with ranks.logs[rank].span(Event.RESTORE_LOAD, tag=tag, engine=ranks.engine, emulated=True, **cache) as extra:
-            read, restored = emulator.load(rank, tag, held)
-            extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
-                         read_deserialize_s=sum(r.seconds for r in read))
+        restored = harness.timed_load(ranks.logs[rank], tag, cache, partial(emulator.load, rank, tag, held),
+                                      engine=ranks.engine, emulated=True)
         problems = emulator.compare(rank, step, held, restored)
-        ranks.logs[rank].emit(Event.RESTORE_RESULT, tag=tag, exact=not problems, verified=True, problems=problems,
-                              loss=None, emulated=True)
+        harness.record_result(ranks.logs[rank], tag, problems, None, verified=True, emulated=True)
         problems_seen += problems
     if problems_seen:
         raise RuntimeError("emulated restore is not exact:\n  " + "\n  ".join(problems_seen))
     ranks.say(f"restore (emulated): {tag} loaded and equal to what was saved on every rank")
-
-
-def _wanted_tag(ranks: EmulatedRanks) -> str:
-    """The committed checkpoint the attempt asked for (``--tag``), else the one ``latest`` names."""
-    from restartbench.integrity import committed_tags
-    from restartbench.storage import LocalStore
-
-    if ranks.requested_tag is not None:
-        committed = committed_tags(LocalStore(ranks.ckpt_dir))
-        if ranks.requested_tag not in committed:
-            raise RankRefusal(f"--tag {ranks.requested_tag} is not a committed checkpoint in {ranks.ckpt_dir} "
-                              f"(committed: {', '.join(committed) or 'none'})")
-        return ranks.requested_tag
-    latest = Path(ranks.ckpt_dir) / "latest"
-    if not latest.is_file():
-        raise RankRefusal(f"no committed checkpoint in {ranks.ckpt_dir}: 'latest' is missing")
-    return latest.read_text().strip()
-
-
-def _check_files(ranks: EmulatedRanks, tag: str) -> None:
-    import torch.distributed as dist
-
-    from restartbench.integrity import check_share
-
-    if not ranks.cfg.launch.check_files:
-        return
-    with ranks.span_all(Event.RESTORE_CHECK_FILES, tag=tag) as extra:
-        mine = check_share(ranks.ckpt_dir, tag, dist.get_rank(), dist.get_world_size())
-        shares: list = [None] * dist.get_world_size()
-        dist.all_gather_object(shares, mine)
-        extra["problems"] = sorted({p for share in shares for p in share})
-    if extra["problems"]:
-        raise RankRefusal(f"checkpoint {tag} fails its manifest check:\n  " + "\n  ".join(extra["problems"]))
-
-
-def _page_cache(ranks: EmulatedRanks, tag: str) -> dict[str, Any]:
-    """Evict (cold restore) and measure the checkpoint's files, one process per node, as restartbench.train does."""
-    from restartbench import pagecache
-
-    return pagecache.before_restore(ranks.ckpt_dir, tag, ranks.cfg.launch.restore_cache)
 
 
 def main(argv: list[str] | None = None) -> int:

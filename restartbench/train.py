@@ -17,10 +17,10 @@ import time
 
 PROCESS_START = time.time()
 
-from restartbench import rundir  # noqa: E402  (stdlib-only module)
+from restartbench import harness, rundir  # noqa: E402  (stdlib-only modules)
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
-from restartbench.events import Event, EventLog, RecordsExistError, rank_errors, read_events  # noqa: E402
+from restartbench.events import Event, EventLog, RecordsExistError, read_events  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
@@ -107,7 +107,7 @@ class RankRun:
         # called by an engine that made training wait for a save's copies after its save() returned
         self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
             Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds)
-        self.pending: tuple[int, str, float, str | None] | None = None
+        self.pending: tuple[int, str, harness.SaveStart, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
             runtime.write_runtime_info(self.run_dir, self.plan.world_size)
@@ -136,8 +136,7 @@ class RankRun:
         hang_before_save(self.log, tag)
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
         arm_save_fault(self.log, tag)
-        self.log.emit(Event.CHECKPOINT_BEGIN, step=step, tag=tag, engine=self.cfg.engine.engine)
-        save_start = time.perf_counter()
+        save_start = harness.begin_save(self.log, step, tag, engine=self.cfg.engine.engine)
         error = None
         try:
             with bit_flipped_while_saving(self.log, tag, self.engine), \
@@ -161,62 +160,17 @@ class RankRun:
         and commit, else remove the partial checkpoint. Training state in memory is untouched either way."""
         if self.pending is None:
             return
-        import torch.distributed as dist
-
         step, tag, save_start, error = self.pending
         self.pending = None
-        files: list[dict] = []
         if error is None:
-            try:
-                files = self._make_durable(step, tag, save_start)
-            except Exception as failure:  # noqa: BLE001
-                error = f"{type(failure).__name__}: {failure}"
-        outcomes: list = [None] * dist.get_world_size()
-        dist.all_gather_object(outcomes, {"rank": self.rank, "error": error, "files": files})
-        errors = rank_errors(outcomes)
-        if self.rank == 0:
-            self._commit_or_discard(step, tag, save_start, outcomes, errors)
-        self._record_resources(tag)
-        dist.barrier()
+            share = harness.durable_share(self.log, self.store, self.rank, step, tag, save_start,
+                                          self.ckpt_engine.wait_until_durable, self.ckpt_engine.written)
+        else:
+            share = harness.failed_share(self.rank, save_start, error)
+        errors = harness.settle({self.rank: self.log}, self.store, [share], step, tag,
+                                self.plan.checkpoint_bytes_estimate)
         self._say(f"train: checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
                                                  if errors else "durable on every rank and committed"))
-
-    def _record_resources(self, tag: str) -> None:
-        """Open files, memory, threads and child processes of this rank: growth across checkpoints is a leak."""
-        import psutil
-
-        me = psutil.Process()
-        self.log.emit(Event.RANK_RESOURCES, tag=tag, open_fds=me.num_fds(), rss_bytes=me.memory_info().rss,
-                      threads=me.num_threads(), children=len(me.children(recursive=True)))
-
-    def _make_durable(self, step: int, tag: str, save_start: float) -> list[dict]:
-        from restartbench.engines.base import records_as_dicts
-
-        with self.log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
-            durable_at = self.ckpt_engine.wait_until_durable()
-        written = records_as_dicts(self.ckpt_engine.written(), self.ckpt_dir)
-        self.log.emit(Event.CHECKPOINT_DURABLE, step=step, tag=tag, since_save_start_s=durable_at - save_start,
-                      files=written, bytes=sum(f["bytes"] for f in written), n_files=len(written))
-        with self.log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
-            return [{**f, "rank": self.rank, "sha256": self.store.sha256(f["path"])} for f in written]
-
-    def _commit_or_discard(self, step: int, tag: str, save_start: float, outcomes: list, errors: list[str]) -> None:
-        from restartbench.integrity import write_manifest
-
-        if errors:
-            free = self.store.free_bytes()  # before the partial files are removed; None for an object store
-            needed = self.plan.checkpoint_bytes_estimate
-            if free is not None and free < needed:
-                errors.insert(0, f"the checkpoint folder {self.ckpt_dir} is full: {free / 1e6:.1f} MB free after the "
-                                 f"failed save, the checkpoint needs about {needed / 1e6:.1f} MB (no space left on "
-                                 "device)")
-            self.store.remove_tree(tag)
-            self.log.emit(Event.CHECKPOINT_FAILED, step=step, tag=tag, errors=errors, target=self.ckpt_dir,
-                          free_bytes=free, needed_bytes_estimate=needed)
-            return
-        write_manifest(self.store, tag, [f for o in outcomes for f in o["files"]])
-        self.store.write_durably("latest", tag)  # atomic: a rename on a file system, one PUT in S3
-        self.log.emit(Event.CHECKPOINT_COMMIT, step=step, tag=tag, since_save_start_s=time.perf_counter() - save_start)
 
     def _reference_step(self, step: int) -> None:
         """Iteration K+1 of the uninterrupted run: the restore phase must reproduce it exactly."""
@@ -234,105 +188,33 @@ class RankRun:
             return self._restart_without_checkpoint()
         from restartbench.faults import kill_in_load
 
-        tag = self._checked_tag(self._wanted_tag())
+        tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
         step = _step_of(tag)
-        cache = self._page_cache_before_load(tag)
+        cache = harness.page_cache_before_load(self.store, tag, self.cfg.launch.restore_cache)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
                   "cache)")
         kill_in_load(self.log)
-        with self.log.span(Event.RESTORE_LOAD, tag=tag, engine=self.cfg.engine.engine, **cache) as extra:
-            self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
-            read = self.ckpt_engine.read()
-            extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
-                         read_deserialize_s=sum(r.seconds for r in read))
+        harness.timed_load(self.log, tag, cache, lambda: self._load(tag), engine=self.cfg.engine.engine)
         problems = self._verify_restored(tag) if self.cfg.launch.verify else []
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:
             problems += self._verify_resumed(step + 1, loss)
-        self.log.emit(Event.RESTORE_RESULT, tag=tag, exact=not problems if self.cfg.launch.verify else None,
-                      verified=self.cfg.launch.verify, problems=problems, loss=loss)
+        harness.record_result(self.log, tag, problems, loss, self.cfg.launch.verify)
         if problems:
             raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
         self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                   + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
 
-    def _page_cache_before_load(self, tag: str) -> dict:
-        """The checkpoint's page-cache state when the load begins: evicted first for a cold restore
-        (``pagecache.before_restore``); ``remote`` for an object store, where no page cache applies."""
-        from restartbench import pagecache
-
-        if self.store.remote:  # every byte comes over the network: no page cache to evict or measure
-            return {"cache": "remote", "resident_fraction": None, "cache_requested": self.cfg.launch.restore_cache}
-        return pagecache.before_restore(self.ckpt_dir, tag, self.cfg.launch.restore_cache)
-
-    def _checked_tag(self, tag: str) -> str:
-        """``tag`` if its files match its manifest on every rank's share; else refuse, or fall back
-        to the newest earlier committed checkpoint that checks out (``--on-corrupt fallback``)."""
-        import torch.distributed as dist
-
-        from restartbench.integrity import check_share, committed_tags
-
-        if not self.cfg.launch.check_files:
-            return tag
-        committed = committed_tags(self.store)
-        candidates = [tag] + [t for t in committed if _step_of(t) < _step_of(tag)]
-        damaged: list[str] = []
-        for candidate in candidates:
-            with self.log.span(Event.RESTORE_CHECK_FILES, tag=candidate) as extra:
-                try:
-                    mine = check_share(self.store, candidate, self.rank, dist.get_world_size())
-                except FileNotFoundError as missing:
-                    mine = [str(missing)]
-                shares: list = [None] * dist.get_world_size()
-                dist.all_gather_object(shares, mine)
-                problems = sorted({p for share in shares for p in share})
-                extra["problems"] = problems
-            if not problems:
-                if candidate != tag:
-                    self.log.emit(Event.RESTORE_FALLBACK, wanted=tag, restored=candidate)
-                    self._say(f"restore: {tag} is damaged ({damaged[0]}); falling back to {candidate}")
-                return candidate
-            damaged += problems
-            if self.cfg.launch.on_corrupt == "refuse":
-                raise CorruptCheckpoint(f"checkpoint {candidate} in {self.ckpt_dir} fails its manifest check:\n  "
-                                        + "\n  ".join(problems) + f"\n{_committed_here(committed)}; rerun "
-                                        "with --on-corrupt fallback to restore the newest earlier checkpoint that "
-                                        "checks out")
-        raise CorruptCheckpoint(f"no committed checkpoint in {self.ckpt_dir} passes its manifest check "
-                                f"({_committed_here(committed)})")
-
-    def _wanted_tag(self) -> str:
-        """The checkpoint this attempt asked for (``--tag``), else the one ``latest`` names. ``latest`` is a pointer,
-        not the only truth: without it, the newest committed checkpoint (a tag with its manifest) under
-        ``--on-corrupt fallback``; else a refusal naming them."""
-        from restartbench.integrity import committed_tags
-
-        if self.requested_tag is not None:
-            return self._requested_tag(committed_tags(self.store))
-        if self.store.exists("latest"):
-            return self.store.read_text("latest").strip()
-        committed = committed_tags(self.store)
-        if not committed:
-            raise NoCheckpoint(f"no complete checkpoint in {self.store.location}: 'latest' is missing and no "
-                                    "checkpoint has its manifest (phase 1 never committed one); rerun phase 1 or "
-                                    "point --checkpoint-dir elsewhere")
-        if self.cfg.launch.on_corrupt != "fallback":
-            raise CorruptCheckpoint(f"'latest' is missing in {self.store.location}, but {_committed_here(committed)}; "
-                                    "rerun with --on-corrupt fallback to restore the newest that checks out")
-        self._say(f"restore: 'latest' is missing; trying the newest committed checkpoint, {committed[0]}")
-        return committed[0]
-
-    def _requested_tag(self, committed: list[str]) -> str:
-        if self.requested_tag not in committed:
-            raise NoCheckpoint(f"--tag {self.requested_tag} is not a committed checkpoint in {self.store.location} "
-                               f"({_committed_here(committed)})")
-        return self.requested_tag
+    def _load(self, tag: str) -> tuple[list, None]:
+        """The engine's load into the live engine: the files it read; nothing to hand back."""
+        self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
+        return self.ckpt_engine.read(), None
 
     def _restart_without_checkpoint(self) -> None:
         """Engine ``none``: the relaunch's start-up and a first iteration from fresh weights, no load."""
         loss = self._iteration(1, first_after_restore=True)
-        self.log.emit(Event.RESTORE_RESULT, tag=None, exact=None, verified=False, loss=loss,
-                      problems=[], note="engine none: nothing was saved, nothing restored")
+        harness.record_result(self.log, None, [], loss, verified=False,
+                              note="engine none: nothing was saved, nothing restored")
         self._say("restore: relaunched without a checkpoint (engine none): start-up cost only")
 
     def _verify_restored(self, tag: str) -> list[str]:
@@ -394,14 +276,6 @@ class RestoreMismatch(RuntimeError):
     pass
 
 
-class CorruptCheckpoint(RankRefusal):
-    pass
-
-
-class NoCheckpoint(RankRefusal):
-    pass
-
-
 def _error_text(error: BaseException) -> str:
     """The error, with the one it was raised while handling: after a collective timed out, the next collective
     fails with gloo's 'Application timeout caused pair closure', which alone would hide the timeout."""
@@ -414,11 +288,6 @@ def _step_of(tag: str) -> int:
     from restartbench.integrity import tag_step
 
     return tag_step(tag)
-
-
-def _committed_here(committed: list[str]) -> str:
-    return (f"the committed checkpoints here are {', '.join(committed)}" if committed
-            else "no checkpoint here has a manifest")
 
 
 if __name__ == "__main__":
