@@ -44,9 +44,11 @@ class Event:
     CHECKPOINT_WORKAROUND = "checkpoint.workaround"  # the engine answered a DeepSpeed call its own way; note
     CHECKPOINT_COPY_WAIT = "checkpoint.copy_wait"  # a lazy engine's later wait for the save's copies; duration_s
     CHECKPOINT_WAIT_DURABLE = "checkpoint.wait_durable"  # the harness waiting for this rank's files (span)
-    CHECKPOINT_DURABLE = "checkpoint.durable"  # this rank's files are stable; since_save_start_s, files, bytes, n_files
+    CHECKPOINT_DURABLE = "checkpoint.durable"  # this rank's files are stable; files, bytes, n_files; when, in s:
+    # since_save_start_s from the rank's own save start, since_checkpoint_start_s from the first rank's (one clock)
     CHECKPOINT_CHECKSUM = "checkpoint.checksum"  # hashing this rank's files for the manifest (span)
-    CHECKPOINT_COMMIT = "checkpoint.commit"  # rank 0 wrote the manifest and latest; since_save_start_s
+    CHECKPOINT_COMMIT = "checkpoint.commit"  # rank 0 wrote the manifest and latest; since_save_start_s (rank 0's
+    # save start), since_checkpoint_start_s (the first rank's: never before any rank's durable time on that clock)
     CHECKPOINT_FAILED = "checkpoint.failed"  # a save failed on some rank; errors, target, free_bytes, needed_bytes_...
     RANK_RESOURCES = "rank.resources"  # after each checkpoint; open_fds, rss_bytes, threads, children
     # -- phase 2's restore -----------------------------------------------------------------------------------------

@@ -52,7 +52,10 @@ def file_kind(name: str) -> str:
 
 
 def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per checkpoint tag of phase 1."""
+    """One row per checkpoint tag of phase 1. ``durable_rank_max_s`` and ``committed_s`` are on one clock, the
+    checkpoint's: seconds since its first rank began its save (``since_checkpoint_start_s``), so the commit is never
+    earlier than any rank's durability. Records written before that field have each rank's durable time from its own
+    save start and the commit from rank 0's (``since_save_start_s``), which the rows then show as they were."""
     by_tag: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for e in events:
         if e["phase"] == "train" and e["event"].startswith(CHECKPOINT_PREFIX):
@@ -72,13 +75,18 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "stall_max_s": max(stalls, default=None),
             "stall_min_s": min(stalls, default=None),
             "wait_durable_max_s": max((e["duration_s"] for e in kinds[Event.CHECKPOINT_WAIT_DURABLE]), default=None),
-            "durable_rank_max_s": max((e["since_save_start_s"] for e in durable), default=None),
-            "committed_s": commit[0]["since_save_start_s"] if commit else None,
+            "durable_rank_max_s": max((_since_checkpoint_start(e) for e in durable), default=None),
+            "committed_s": _since_checkpoint_start(commit[0]) if commit else None,
             "bytes": sum(e["bytes"] for e in durable),
             "files": sum(e["n_files"] for e in durable),
             "bytes_per_rank_max": max((e["bytes"] for e in durable), default=0),
         })
     return sorted(rows, key=lambda r: r["step"] or 0)
+
+
+def _since_checkpoint_start(event: dict[str, Any]) -> float:
+    """A durable or commit event's time on its checkpoint's clock (the rank's own save start in older records)."""
+    return event.get("since_checkpoint_start_s", event["since_save_start_s"])
 
 
 def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | None:
@@ -345,8 +353,9 @@ def summarize_run(run_dir: Path) -> list[str]:
     for row in checkpoints(events):
         lines.append(
             f"checkpoint {row['tag']}: {row['bytes'] / 1e6:.1f} MB in {row['files']} files from {row['ranks']} ranks; "
-            f"training stalled {row['stall_max_s']:.3f} s (max over ranks); durable after "
-            f"{row['durable_rank_max_s']:.3f} s ({durable}, max over ranks); committed after {row['committed_s']:.3f} s"
+            f"training stalled {row['stall_max_s']:.3f} s (max over ranks); since the first rank began its save, "
+            f"durable after {row['durable_rank_max_s']:.3f} s ({durable}, max over ranks), committed after "
+            f"{row['committed_s']:.3f} s"
         )
     info = restart(events)
     if info and info["total_s"] is not None:

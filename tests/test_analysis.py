@@ -161,10 +161,10 @@ def test_checkpoint_rows_follow_the_aggregation_rules(study_logs):
         commit = [e for events in tagged for e in events if e["event"] == "checkpoint.commit"]
         assert len(tagged) == len(durable) == row["ranks"] == row["ranks_saved"]
         assert row["stall_max_s"] == max(stalls) and row["stall_min_s"] == min(stalls)
-        assert row["durable_rank_max_s"] == max(e["since_save_start_s"] for e in durable)
+        assert row["durable_rank_max_s"] == max(e["since_checkpoint_start_s"] for e in durable)
         assert row["bytes"] == sum(e["bytes"] for e in durable) and row["files"] == sum(e["n_files"] for e in durable)
         assert row["bytes_per_rank_max"] == max(e["bytes"] for e in durable)
-        assert [e["rank"] for e in commit] == [0] and row["committed_s"] == commit[0]["since_save_start_s"]
+        assert [e["rank"] for e in commit] == [0] and row["committed_s"] == commit[0]["since_checkpoint_start_s"]
         assert row["write_MBps"] == pytest.approx(row["bytes"] / 1e6 / row["durable_rank_max_s"])
         assert row["stall_max_s"] <= row["durable_rank_max_s"] <= row["committed_s"]
         assert row["predicted_bytes"] > 0 and 0.8 < row["bytes"] / row["predicted_bytes"] < 1.5

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_study
 
-from restartbench import emulate, emulated_study, study
+from restartbench import emulate, emulated_study, results, study
 from restartbench.config import RunConfig, config_from_args
 from restartbench.engines.lazy.emulate import LazyFiles
 from restartbench.engines.lazy.format import read_header
@@ -50,6 +50,8 @@ def assert_emulated_run(proc: subprocess.CompletedProcess, run: Path, engine: st
         ranks = sorted(e["rank"] for e in events if e["event"] == name and e["phase"] == phase)
         assert ranks == sorted(list(range(world_size)) * (len(tags) if phase == "train" else 1)), name
     assert all(e["exact"] for e in events if e["event"] == "restore.result")
+    for row in results.checkpoints(events):  # one clock per checkpoint: the commit follows every rank's durability
+        assert row["committed_s"] >= row["durable_rank_max_s"] > 0, row
     return meta
 
 

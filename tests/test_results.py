@@ -194,11 +194,14 @@ def test_the_study_prints_the_rules_figures(run):
     assert results.summarize_run(run) == [
         "iteration time without checkpoint: 0.250 s (median; max over ranks)",
         "checkpoint step2: 17.0 MB in 11 files from 4 ranks; training stalled 0.900 s (max over ranks); "
-        "durable after 1.600 s (fsync'd, max over ranks); committed after 1.750 s",
+        "since the first rank began its save, durable after 1.600 s (fsync'd, max over ranks), committed after "
+        "1.750 s",
         "checkpoint step4: 17.0 MB in 11 files from 4 ranks; training stalled 0.350 s (max over ranks); "
-        "durable after 0.900 s (fsync'd, max over ranks); committed after 1.050 s",
+        "since the first rank began its save, durable after 0.900 s (fsync'd, max over ranks), committed after "
+        "1.050 s",
         "checkpoint step6: 17.0 MB in 11 files from 4 ranks; training stalled 0.300 s (max over ranks); "
-        "durable after 0.800 s (fsync'd, max over ranks); committed after 0.950 s",
+        "since the first rank began its save, durable after 0.800 s (fsync'd, max over ranks), committed after "
+        "0.950 s",
         "restart from step6 (warm page cache): 8.41 s from launch to end of first iteration (max over ranks); "
         "parts (s, max over ranks): launch 1.50, imports 2.50, dist init 0.30, model build 0.40, ds init 3.20, "
         "engine setup 0.05, ckpt load 0.90, 1st iter 0.90",
@@ -484,7 +487,8 @@ def test_an_object_store_run_is_read_through_the_settings_it_recorded(tmp_path, 
     assert opened == [("s3://ckpt/run", REMOTE)] * 2
     assert results.summarize_run(run_dir) == [
         ("checkpoint step1: 1.4 MB in 2 files from 1 ranks; training stalled 0.125 s (max over ranks); "
-         "durable after 2.500 s (uploaded, max over ranks); committed after 2.750 s"),
+         "since the first rank began its save, durable after 2.500 s (uploaded, max over ranks), committed after "
+         "2.750 s"),
         ("restart from step1 (read from S3): 8.00 s from launch to end of first iteration (max over ranks); "
          "parts (s, max over ranks): launch 1.00, imports 2.00, ds init 1.50, ckpt load 3.00, 1st iter 0.50"),
         "restore exact (state and resumed loss verified)",
