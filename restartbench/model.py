@@ -21,16 +21,24 @@ split the same way, outputs all-reduced); the embedding holds vocabulary rows [r
 (other ids give zeros, then all-reduce); the head's logits are all-gathered over the vocabulary.
 Norm weights are replicated. Every full weight is drawn from a generator seeded by
 (seed, layer index, name) and then sliced, so the model is the same function for any tp, pp, dp.
+
+Each sliced parameter carries its split (``TensorParallel.parameter``); from these marks the module declares
+``universal_checkpoint_info``, the regular expressions by which DeepSpeed's ``ds_to_universal.py`` merges a
+checkpoint's slices into full parameters (Universal Checkpointing, issue 19).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from deepspeed.pipe import LayerSpec, PipelineModule
+from deepspeed.checkpoint import constants as uc
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
@@ -41,6 +49,10 @@ from restartbench.presets import ModelPreset
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
 INIT_STD = 0.02
+#: Attributes of a tensor-parallel parameter (``TensorParallel.parameter``): the dimension it is split along, and
+#: whether that dimension is the vocabulary. A parameter without them is replicated over the tensor-parallel group.
+TP_DIM = "tp_dim"
+VOCABULARY = "vocabulary"
 
 
 class TensorParallel:
@@ -59,6 +71,14 @@ class TensorParallel:
         if full.shape[dim] % self.size:
             raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split into {self.size} shards")
         return full.chunk(self.size, dim=dim)[self.rank].clone()
+
+    def parameter(self, full: torch.Tensor, dim: int, *, vocabulary: bool = False) -> nn.Parameter:
+        """This rank's slice of ``full`` along ``dim`` as a parameter that says how it was cut (``TP_DIM``,
+        ``VOCABULARY``), as Megatron marks its parallel parameters: ``universal_checkpoint_info`` reads the marks."""
+        param = nn.Parameter(self.shard(full, dim))
+        setattr(param, TP_DIM, dim)
+        setattr(param, VOCABULARY, vocabulary)
+        return param
 
 
 # --- collectives with the autograd each side needs ---------------------------------------
@@ -156,7 +176,8 @@ class EmbeddingPipe(nn.Module):
         super().__init__()
         self.tp = tp
         self.rows = preset.vocab_size // tp.size
-        self.weight = nn.Parameter(tp.shard(_normal(seed, 0, "embedding", (preset.vocab_size, preset.hidden)), 0))
+        self.weight = tp.parameter(_normal(seed, 0, "embedding", (preset.vocab_size, preset.hidden)), 0,
+                                   vocabulary=True)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start = self.tp.rank * self.rows
@@ -178,10 +199,10 @@ class DecoderLayerPipe(nn.Module):
         self.local_kv_heads = preset.kv_heads // tp.size
 
         def column(name: str, rows: int) -> nn.Parameter:
-            return nn.Parameter(tp.shard(_normal(seed, layer, name, (rows, h)), 0))
+            return tp.parameter(_normal(seed, layer, name, (rows, h)), 0)
 
         def row(name: str, cols: int) -> nn.Parameter:
-            return nn.Parameter(tp.shard(_normal(seed, layer, name, (h, cols)), 1))
+            return tp.parameter(_normal(seed, layer, name, (h, cols)), 1)
 
         self.attn_norm = nn.Parameter(torch.ones(h))
         self.q = column("q", preset.heads * hd)
@@ -240,7 +261,7 @@ class LMHeadPipe(nn.Module):
         super().__init__()
         self.tp = tp
         full = _normal(seed, preset.layers + 2, "head", (preset.vocab_size, preset.hidden))
-        self.weight = nn.Parameter(tp.shard(full, 0))
+        self.weight = tp.parameter(full, 0, vocabulary=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gather_from_tp(F.linear(copy_to_tp(x, self.tp), self.weight), self.tp)
@@ -261,6 +282,83 @@ def layer_specs(preset: ModelPreset, tp: TensorParallel, seed: int) -> list[Laye
     ]
 
 
+# --- how the parameters are split, for DeepSpeed's universal checkpoints ---------------------------
+
+
+@lru_cache(maxsize=8)
+def parameter_splits(preset: ModelPreset) -> tuple[tuple[str, int | None, bool], ...]:
+    """(PipelineModule name ``<pipeline index>.<name>``, tensor-parallel dimension or None, vocabulary or not) of
+    every parameter of the whole model, in module order, read off the layers' own parameters (``TP_DIM``,
+    ``VOCABULARY``): one layer of each class is built on the meta device."""
+    built: dict[type, list[tuple[str, nn.Parameter]]] = {}
+    with torch.device("meta"):
+        specs = layer_specs(preset, TensorParallel(1, 0), seed=0)
+        for spec in specs:
+            if isinstance(spec, TiedLayerSpec):  # its copies on two stages would need pipeline-replicated patterns
+                raise NotImplementedError(f"tied layer {spec.key}: declare its pipeline-replicated patterns")
+            if spec.typename not in built:
+                built[spec.typename] = list(spec.build().named_parameters())
+    return tuple((f"{index}.{name}", getattr(param, TP_DIM, None), getattr(param, VOCABULARY, False))
+                 for index, spec in enumerate(specs) for name, param in built[spec.typename])
+
+
+def _name_patterns(selected: list[str], every: list[str]) -> list[str]:
+    """Anchored regular expressions matching exactly the names ``selected`` among ``every``: one per parameter name
+    after the layer index, ``\\d+`` where every layer holding that name is selected, else the indices.
+    ``ds_to_universal.py`` matches with ``re.match`` and refuses a name two patterns of one list match."""
+    def layers_holding(suffix: str, names: list[str]) -> list[str]:
+        return [index for index, _, rest in (name.partition(".") for name in names) if rest == suffix]
+
+    patterns = []
+    for suffix in dict.fromkeys(name.partition(".")[2] for name in selected):
+        indices = layers_holding(suffix, selected)
+        if indices == layers_holding(suffix, every):
+            layers = r"\d+"
+        else:
+            layers = indices[0] if len(indices) == 1 else f"(?:{'|'.join(indices)})"
+        patterns.append(f"^{layers}\\.{re.escape(suffix)}$")
+    return patterns
+
+
+def universal_checkpoint_info(preset: ModelPreset) -> dict[str, Any]:
+    """``universal_checkpoint_info`` as Megatron-DeepSpeed declares it, which ``DeepSpeedEngine._save_checkpoint``
+    copies from the module into every ``mp_rank_*_model_states.pt`` and ``ds_to_universal.py`` reads to merge each
+    parameter's tensor-parallel slices to full shape. Derived from ``parameter_splits``; the same for every rank,
+    stage and layout, since the converter reads it from the first model file only:
+
+    - ``tp_replicated_parameter_patterns``: parameters without a tensor-parallel dimension (the RMSNorm weights).
+      Every tp rank holds them whole and equal (their gradients are all-reduced by ``copy_to_tp``), which the
+      converter checks before keeping one copy.
+    - ``parameter_with_row_parallelism_patterns``: split along dimension 1 (o, down), concatenated there. Parameters
+      split along dimension 0 (q, k, v, gate, up, the vocabulary) need no pattern: dimension 0 is the default.
+    - ``vocabulary_parameter_patterns`` and ``original_vocab_size``: the embedding and the head, split over the
+      vocabulary; the converter cuts the merged rows to ``original_vocab_size``. The model pads no vocabulary (the
+      preset's size must divide by tp), so nothing is cut; a loader on another tp pads again if it must.
+    - ``pipeline_replicated_parameter_patterns``: none, the embedding and head are not tied (no ``TiedLayerSpec``;
+      ``parameter_splits`` refuses one).
+    - ``parameter_to_average_patterns``: none; no replicated parameter may differ between tp ranks.
+    - ``parameter_with_2_sub_params_cat_dim_0``: none; gate and up are two parameters, not one fused SwiGLU weight.
+    """
+    splits = parameter_splits(preset)
+    every = [name for name, _, _ in splits]
+    if any(dim not in (None, 0, 1) for _, dim, _ in splits):
+        raise NotImplementedError("a parameter split along a dimension other than 0 or 1")
+
+    def patterns(selected: list[str]) -> list[str]:
+        return _name_patterns(selected, every)
+
+    return {
+        uc.UNIVERSAL_CHECKPOINT_VERSION_KEY: uc.UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+        uc.TP_REPLICATED_PARAMETER_PATTERNS: patterns([name for name, dim, _ in splits if dim is None]),
+        uc.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: patterns([name for name, dim, _ in splits if dim == 1]),
+        uc.VOCABULARY_PARAMETER_PATTERNS: patterns([name for name, _, vocabulary in splits if vocabulary]),
+        uc.ORIGINAL_VOCAB_SIZE: preset.vocab_size,
+        uc.PIPELINE_REPLICATED_PARAMETER_PATTERNS: [],
+        uc.PARAMETER_TO_AVERAGE_PATTERNS: [],
+        uc.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0: [],
+    }
+
+
 def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
                           activation_checkpoint_interval: int = 0) -> PipelineModule:
     """The model for this rank's pipeline stage and tensor-parallel shard (distributed must be initialized)."""
@@ -276,4 +374,15 @@ def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
                             checkpointable_layers=["DecoderLayerPipe"])
     if layout.tp > 1:
         tp.group = module._grid.get_slice_parallel_group()
+    _declare_universal_checkpoint_info(module, preset)
     return module
+
+
+def _declare_universal_checkpoint_info(module: PipelineModule, preset: ModelPreset) -> None:
+    """Set the attribute DeepSpeed's save copies into the model files (``universal_checkpoint_info``), after checking
+    that it names this stage's parameters as DeepSpeed does (the meta build could drift from PipelineModule's names)."""
+    known = {name for name, _, _ in parameter_splits(preset)}
+    unknown = sorted({name for name, _ in module.named_parameters()} - known)
+    if unknown:
+        raise RuntimeError(f"parameters {unknown} are not in universal_checkpoint_info's names")
+    setattr(module, uc.UNIVERSAL_CHECKPOINT_INFO, universal_checkpoint_info(preset))

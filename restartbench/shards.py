@@ -12,11 +12,11 @@ Nothing here is copied from DeepSpeed by hand:
   partition. ZeRO-1 pads the stage's flat parameter buffer to a multiple of 2·dp elements
   (``nccl_start_alignment_factor`` × dp in stage_1_and_2.py) and splits it into dp equal partitions;
 - DeepSpeed's default engine's files (``shard_files``): the state dicts DeepSpeed 0.19.8 saves
-  (``PipelineModule.save_state_dict``, ``DeepSpeedEngine._common_checkpoint_state``,
-  ``DeepSpeedZeroOptimizer.state_dict``: the last partition's padding stays in the saved storages, the fp32
-  partition being saved as a slice of it), named by DeepSpeed's ``ckpt_layer_path``, ``_get_ckpt_name`` and
-  ``_get_rank_zero_ckpt_name``; data-parallel rank 0 of each (stage, tensor rank) writes the layer files and the
-  model file, every rank its optimizer file;
+  (``PipelineModule.save_state_dict``, ``DeepSpeedEngine._common_checkpoint_state`` and the model's
+  ``universal_checkpoint_info`` (``restartbench.model``), ``DeepSpeedZeroOptimizer.state_dict``: the last
+  partition's padding stays in the saved storages, the fp32 partition being saved as a slice of it), named by
+  DeepSpeed's ``ckpt_layer_path``, ``_get_ckpt_name`` and ``_get_rank_zero_ckpt_name``; data-parallel rank 0 of
+  each (stage, tensor rank) writes the layer files and the model file, every rank its optimizer file;
 - ``zero_to_fp32.py`` and ``zero_to_torch.py``, which DeepSpeed's global rank 0 copies into the checkpoint folder's
   root at every save (``recovery_scripts``).
 
@@ -282,9 +282,13 @@ def _stage_params(weights: list[tuple[int, OrderedDict]]) -> OrderedDict:
 
 
 def _model_states(setup: ShardSetup, state: TrainingState) -> dict[str, Any]:
-    """``mp_rank_XX_model_states.pt``: DeepSpeedEngine._common_checkpoint_state of a PipelineEngine under ZeRO-1."""
+    """``mp_rank_XX_model_states.pt``: DeepSpeedEngine._common_checkpoint_state of a PipelineEngine under ZeRO-1, then
+    the module's ``universal_checkpoint_info``, which ``DeepSpeedEngine._save_checkpoint`` adds after it."""
+    from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
     from deepspeed.git_version_info import version
     from deepspeed.runtime.engine import _checkpoint_parallel_metadata
+
+    from restartbench.model import universal_checkpoint_info
 
     return dict(module=None, buffer_names=[], optimizer=None,
                 param_shapes=[OrderedDict((name, t.shape) for name, t in state.module.state_dict().items())],
@@ -293,7 +297,8 @@ def _model_states(setup: ShardSetup, state: TrainingState) -> dict[str, Any]:
                 skipped_steps=state.skipped_steps, global_steps=state.global_steps,
                 global_samples=state.global_samples,
                 dp_world_size=setup.layout.dp, mp_world_size=setup.layout.pp * setup.layout.tp,
-                **_checkpoint_parallel_metadata(_Grid(setup.layout)), ds_config=setup.ds_config, ds_version=version)
+                **_checkpoint_parallel_metadata(_Grid(setup.layout)), ds_config=setup.ds_config, ds_version=version,
+                **{UNIVERSAL_CHECKPOINT_INFO: universal_checkpoint_info(setup.preset)})
 
 
 def _optimizer_states(setup: ShardSetup, state: TrainingState) -> dict[str, Any]:
