@@ -149,15 +149,15 @@ def _checkpoint_table(table: pd.DataFrame) -> Table:
     return _rich(summary.rename(columns={"cost_s": "whole_cost_s", "overlapped_iterations": "overlapped"}),
                  "Checkpoints: stall = max over ranks of the time save blocked training; slowdown = what the "
                  "iterations overlapping the save's background work (end of save -> files durable) took beyond the "
-                 "clean median iteration; whole cost = stall + slowdown (slowdown and cost over the checkpoints whose "
-                 "background work ended during training: seen; the last save's is waited for after training); "
+                 "clean median iteration, over the checkpoints whose background work ended during training (the "
+                 "last save's is waited for after training); whole cost = stall + slowdown; overlapped = iterations "
+                 "per checkpoint; "
                  "durable = max over ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians "
                  "over checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
                  "throughput / the storage's write bandwidth in baseline.json; write limit = 'limit "
                  "underestimated' where a checkpoint wrote above 105% of it: the baseline is too low)",
                  {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
                   "stall_s": fmt_s, "slowdown_s": fmt_s, "whole_cost_s": fmt_s, "overlapped": "{:.0f}",
-                  "seen_checkpoints": "{:.0f}",
                   "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
                   "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share, "write_limit": None,
                   "stall_overhead_pct": "{:.1f}%"})

@@ -117,11 +117,11 @@ TABLE_COLUMNS: dict[str, str] = {
                   "max over ranks less any lazy copy wait in it (already in the stall); 0 by construction for a "
                   "synchronous engine (the harness waits for durability before the next iteration)",
     "cost_s": "the checkpoint's whole cost to training: stall_max_s + slowdown_s",
-    "background_seen": "True where on every rank the files were durable when save returned or before the harness "
-                       "began waiting for them: the background work ended while training ran, so slowdown_s covers "
-                       "it; False where the harness waited while it still ran (a synchronous engine's wait, an "
-                       "asynchronous save still writing at the next save or at the end of training: the rest is in "
-                       "wait_durable_max_s, not in slowdown_s)",
+    "background_seen": "True where on every rank training went on after the save and the files were durable before "
+                       "the harness began waiting for them: the background work ended while training ran, so "
+                       "slowdown_s covers it; False for phase 1's last save (waited for after training) and where the "
+                       "harness waited while the work still ran (a synchronous engine's wait; an asynchronous save "
+                       "still writing at the next save: the rest is in wait_durable_max_s, not in slowdown_s)",
     "wait_durable_max_s": "max over ranks of the time the harness waited for durability",
     "durable_rank_max_s": "durable: max over ranks of save start -> the rank's files fsync'd",
     "durable_rank_min_s": "min over ranks of save start -> files fsync'd",
@@ -641,10 +641,11 @@ def sort_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per preset, layout (, varying setup) and engine: medians over runs and checkpoints of the per-checkpoint figures
-    (each already the max over ranks), with min and max, and the per-rank spread of the stall. The slowdown, the
-    whole cost and the overlapped iterations are medians over the checkpoints whose background work training saw
-    to its end (``background_seen``; their number: ``seen_checkpoints``), over all where none was: a save whose
-    work the harness waited for, such as phase 1's last, would count its slowdown as 0."""
+    (each already the max over ranks), with min and max, and the per-rank spread of the stall. The slowdown and the
+    overlapped iterations are medians over the checkpoints whose background work training saw to its end
+    (``background_seen``; their number: ``seen_checkpoints``), over all where none was: a save whose work the
+    harness waited for, such as phase 1's last, would count its slowdown as 0. The whole cost ``cost_s`` is
+    ``stall_s`` + ``slowdown_s``: for a synchronous engine exactly its stall."""
     ckpt = table[table["kind"] == "checkpoint"] if not table.empty else table
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
     if ckpt.empty:
@@ -671,6 +672,7 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
     for column in _INTERFERENCE:
         seen, every = summary.pop(f"_seen_{column}"), summary.pop(f"_all_{column}")
         summary[column] = seen.where(summary["seen_checkpoints"] > 0, every)
+    summary["cost_s"] = summary["stall_s"] + summary["slowdown_s"]
     after_stall = ["slowdown_s", "cost_s", "overlapped_iterations", "seen_checkpoints"]
     rest = [c for c in summary.columns if c not in after_stall]
     at = rest.index("stall_rank_spread_s") + 1
@@ -678,7 +680,7 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 #: A checkpoint's interference columns (``results.interference``) that ``checkpoint_summary`` takes medians of.
-_INTERFERENCE = ("overlapped_iterations", "slowdown_s", "cost_s")
+_INTERFERENCE = ("overlapped_iterations", "slowdown_s")
 
 
 def _seen_columns(ckpt: pd.DataFrame) -> pd.DataFrame:
@@ -734,7 +736,7 @@ GOODPUT_COLUMNS: dict[str, str] = {
     "runs": "runs measured",
     "cost_s": "C: a checkpoint's whole cost to training, the stall (max over ranks) plus the slowdown of the "
               "iterations its background work overlapped (an asynchronous engine's copy and write; 0 for a "
-              "synchronous engine); median over checkpoints and runs (checkpoint_summary's cost_s)",
+              "synchronous engine), each the median over checkpoints and runs (checkpoint_summary's cost_s)",
     "cost_basis": "what C is made of (checkpoint_cost): stall + slowdown",
     "restart_s": "R: the restart, max over ranks of launch -> end of the first resumed iteration (median over runs), "
                  "as measured on this machine",

@@ -177,7 +177,7 @@ def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = 
     shown = facets[:MAX_FACETS]
     engines_all = analysis.engine_order(ckpt["engine"].unique())
     colors = engine_colors(engines_all)
-    width = max(4.2, 1.7 * len(engines_all) + 1.5)
+    width = max(5.6, 1.7 * len(engines_all) + 1.5)
     fig, axes = _grid(len(shown), 3, width, 3.6)
     ranks = rank_table[rank_table["kind"] == "checkpoint"] if rank_table is not None and not rank_table.empty else None
     rng = np.random.default_rng(0)
@@ -218,27 +218,24 @@ def plot_checkpoint_cost(table: pd.DataFrame, rank_table: pd.DataFrame | None = 
         ax.set_title(f"{_config_label(first, keys)} · {first['ranks']} ranks · {first['device']}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    legend = [Patch(facecolor="#777777", label="training stall: save blocked training (max over ranks)"),
+    legend = [Patch(facecolor="#777777", label="stall: save blocked training (max over ranks)"),
               Patch(facecolor="#777777", alpha=0.7, hatch="...",
-                    label="cost: the whole cost, stall + slowdown of the iterations the save's background work "
-                          "overlapped"),
-              Patch(facecolor="#777777", alpha=0.45, hatch="///",
-                    label="durable: save start → files fsync'd (max over ranks)"),
+                    label="cost: stall + slowdown of overlapped iterations"),
+              Patch(facecolor="#777777", alpha=0.45, hatch="///", label="durable: until files fsync'd"),
               plt.Line2D([], [], marker="o", ls="", color="black", markersize=3, label="one rank")]
     more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
-    _header(fig, "Checkpoint cost per engine: how long training waits, what it costs in all, and until the files "
-                 "are safe",
-            f"bars: median over checkpoints and runs (whiskers min–max); lower whole cost is better{more}", legend, 2)
+    _header(fig, "Checkpoint cost per engine", f"median over checkpoints and runs (whiskers min–max); lower cost is "
+                                               f"better{more}", legend, 2)
     return fig
 
 
 def _bar_values(rows: pd.DataFrame, column: str) -> pd.Series:
-    """A bar's values: the whole cost over the checkpoints whose background work training saw end, as
-    ``analysis.checkpoint_summary`` takes it (all where none did); the others over every checkpoint."""
+    """A bar's values, one per checkpoint of one engine; the whole cost is one value, ``analysis.checkpoint_summary``'s
+    (the median stall plus the median slowdown of the checkpoints whose background work training saw end)."""
     if column not in rows:
         return pd.Series(dtype=float)
-    if column == "cost_s" and "background_seen" in rows and rows["background_seen"].eq(True).any():
-        rows = rows[rows["background_seen"].eq(True)]
+    if column == "cost_s":
+        return analysis.checkpoint_summary(rows)["cost_s"].dropna()
     return pd.to_numeric(rows[column], errors="coerce").dropna()
 
 
@@ -520,9 +517,9 @@ FIGURES: dict[str, tuple[str, str]] = {
                         "<b>Whole cost</b> (dotted) adds the <b>slowdown</b>: what the iterations that overlapped the "
                         "save's background work (an asynchronous engine's copy and write, from the end of save until "
                         "the rank's files were durable) took beyond the clean median iteration; a synchronous engine "
-                        "has none, since the harness waits for durability before the next iteration. It is taken "
-                        "over the checkpoints whose background work training saw end (phase 1's last save is waited "
-                        "for after training, so it shows none). "
+                        "has none, since the harness waits for durability before the next iteration. It is the median "
+                        "stall plus the median slowdown of the checkpoints whose background work training saw end "
+                        "(phase 1's last save is waited for after training, so it shows none). "
                         "<b>Durable</b> (hatched) runs from the start of the save until the rank's files were fsync'd "
                         "to stable storage (for an asynchronous engine: its background write finished), again the max "
                         "over ranks. Bars are medians over checkpoints and runs, whiskers the min–max; each dot is "

@@ -210,12 +210,12 @@ def interference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       its span less any wait of a lazy engine's optimizer step for the save's copies in it (``checkpoint.copy_wait``,
       already in the stall); None without a clean median (no iteration overlapped nothing);
     - ``cost_s``: the stall (``checkpoints``' ``stall_max_s``) + ``slowdown_s``, the checkpoint's whole cost;
-    - ``background_seen``: True where, on every rank, the files were durable when save returned or before the
-      harness began waiting for them (``checkpoint.wait_durable``): any background work ended while training ran,
-      so the slowdown covers it. False where the harness waited for durability while the work still ran: a
-      synchronous engine's wait right after save (no iteration between: its slowdown is 0), or an asynchronous
-      save still writing at the next save or at the end of training (phase 1's last save), whose rest the harness
-      waited for (``wait_durable_max_s``: not training time here), so its slowdown is only what overlapped.
+    - ``background_seen``: True where, on every rank, training went on after the save and the files were durable
+      before the harness began waiting for them (``checkpoint.wait_durable``): the background work ended while
+      training ran, so the slowdown covers it. False for phase 1's last save (no training after it: the harness
+      waits for its work after training, which is not training time), and where the harness waited while the work
+      still ran: a synchronous engine's wait right after save (no iteration between: its slowdown is 0), or an
+      asynchronous save still writing at the next save (the rest is in ``wait_durable_max_s``).
 
     Runs without phase-1 iterations (emulated) have None for the first three."""
     return _Interference(events).per_checkpoint()
@@ -292,12 +292,18 @@ class _Interference:
         return sum(self.step_s[step] - self.clean_s for step in steps) if steps else 0.0
 
     def _seen(self) -> dict[str, bool]:
-        """tag -> on every rank, durable when save returned or before the harness began waiting (no wait: True)."""
+        """tag -> on every rank, training went on after the save (an iteration other than the reference began after
+        it) and the files were durable before the harness began waiting for them (no wait recorded: True)."""
         waits = {(e["tag"], e["rank"]): e["start"] for e in _train(self.events, Event.CHECKPOINT_WAIT_DURABLE)}
+        last: dict[int, float] = {}
+        for e in _train(self.events, Event.TRAIN_ITERATION):
+            if not e.get("reference"):
+                last[e["rank"]] = max(last.get(e["rank"], float("-inf")), e["start"])
         seen: dict[str, bool] = {}
         for (tag, rank), (low, high) in self.windows.items():
             waited = waits.get((tag, rank))
-            seen[tag] = seen.get(tag, True) and (high <= low or waited is None or high <= waited)
+            went_on = last.get(rank, float("-inf")) >= low
+            seen[tag] = seen.get(tag, True) and went_on and (waited is None or high <= waited)
         return seen
 
 
