@@ -63,6 +63,7 @@ from restartbench.results import (
     interference,
     restart,
     restore_attempts,
+    since_checkpoint_start,
 )
 from restartbench.rundir import RunFolderError, RunPlan
 
@@ -123,10 +124,12 @@ TABLE_COLUMNS: dict[str, str] = {
                        "harness waited while the work still ran (a synchronous engine's wait; an asynchronous save "
                        "still writing at the next save: the rest is in wait_durable_max_s, not in slowdown_s)",
     "wait_durable_max_s": "max over ranks of the time the harness waited for durability",
-    "durable_rank_max_s": "durable: max over ranks of save start -> the rank's files fsync'd",
-    "durable_rank_min_s": "min over ranks of save start -> files fsync'd",
+    "durable_rank_max_s": "durable: max over ranks of the checkpoint's start (its first rank's save start) -> the "
+                          "rank's files fsync'd",
+    "durable_rank_min_s": "min over ranks of the checkpoint's start -> files fsync'd",
     "durable_rank": "rank durable last",
-    "committed_s": "save start -> rank 0 wrote latest (after every rank was durable)",
+    "committed_s": "the checkpoint's start -> rank 0 wrote latest (after every rank was durable: one clock, so never "
+                   "below durable_rank_max_s)",
     "bytes": "bytes of the checkpoint, all ranks", "files": "files of the checkpoint, all ranks",
     "bytes_per_rank_max": "largest bytes written by one rank",
     "bytes_per_rank_min": "smallest bytes written by one rank",
@@ -173,7 +176,8 @@ RANK_COLUMNS: dict[str, str] = {
     "stall_s": "time the checkpoint blocked training on this rank: save, plus copy_wait_s",
     "copy_wait_s": "time training later waited (at the optimizer step) for a lazy save's copies to finish",
     "wait_durable_s": "time waited for this rank's files to be durable",
-    "durable_s": "save start -> this rank's files fsync'd", "bytes": "bytes written by this rank",
+    "durable_s": "the checkpoint's start (its first rank's save start) -> this rank's files fsync'd",
+    "bytes": "bytes written by this rank",
     "files": "files written by this rank", "restart_s": "launch -> end of this rank's first resumed iteration",
     "bytes_read": "bytes this rank read", "files_read": "files this rank read",
     "read_deserialize_s": "time inside this rank's file reads",
@@ -441,7 +445,7 @@ def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif e["event"] == Event.CHECKPOINT_WAIT_DURABLE:
             row["wait_durable_s"] = e["duration_s"]
         elif e["event"] == Event.CHECKPOINT_DURABLE:
-            row.update(durable_s=e["since_save_start_s"], bytes=e["bytes"], files=e["n_files"])
+            row.update(durable_s=since_checkpoint_start(e), bytes=e["bytes"], files=e["n_files"])
     return sorted(rows.values(), key=lambda r: (r["step"] or 0, r["rank"]))
 
 

@@ -2,9 +2,10 @@
 
 Aggregation rules (the same everywhere a figure is printed):
 - a checkpoint's stall is the max over ranks of the time ``save`` blocked training;
-- its durable time is the max over ranks of the time from the start of the save until that
-  rank's files were on stable storage (fsync'd) — for an asynchronous engine, when its
-  background write finished; ``committed_s`` is when rank 0 then wrote ``latest``;
+- its durable time is the max over ranks of the time from the checkpoint's start (its first rank's
+  save start: one clock for every figure of a checkpoint) until that rank's files were on stable
+  storage (fsync'd) — for an asynchronous engine, when its background write finished;
+  ``committed_s`` is when rank 0 then wrote ``latest``, on the same clock, so never earlier;
 - a restart's time is, over ranks, the max of (end of the first resumed iteration − launch);
   each restart part is reported as its max over ranks, so parts need not add up to the total.
 """
@@ -75,8 +76,8 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "stall_max_s": max(stalls, default=None),
             "stall_min_s": min(stalls, default=None),
             "wait_durable_max_s": max((e["duration_s"] for e in kinds[Event.CHECKPOINT_WAIT_DURABLE]), default=None),
-            "durable_rank_max_s": max((_since_checkpoint_start(e) for e in durable), default=None),
-            "committed_s": _since_checkpoint_start(commit[0]) if commit else None,
+            "durable_rank_max_s": max((since_checkpoint_start(e) for e in durable), default=None),
+            "committed_s": since_checkpoint_start(commit[0]) if commit else None,
             "bytes": sum(e["bytes"] for e in durable),
             "files": sum(e["n_files"] for e in durable),
             "bytes_per_rank_max": max((e["bytes"] for e in durable), default=0),
@@ -84,7 +85,7 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"] or 0)
 
 
-def _since_checkpoint_start(event: dict[str, Any]) -> float:
+def since_checkpoint_start(event: dict[str, Any]) -> float:
     """A durable or commit event's time on its checkpoint's clock (the rank's own save start in older records)."""
     return event.get("since_checkpoint_start_s", event["since_save_start_s"])
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from restartbench import harness, results
+from restartbench import analysis, harness, results
 from restartbench.engines.base import FileRecord
 from restartbench.events import EventLog, read_events
 from restartbench.storage import LocalStore
@@ -50,6 +50,8 @@ def test_hand_built_events_where_each_rank_own_start_put_the_commit_first():
     [row] = results.checkpoints(events)
     assert row["durable_rank_max_s"] == 0.96 and row["committed_s"] == 1.102
     assert row["committed_s"] >= row["durable_rank_max_s"]
+    per_rank = {r["rank"]: r["durable_s"] for r in analysis.rank_checkpoints(events)}
+    assert per_rank == {0: 0.7, 1: 0.96}, "the per-rank spread is on the same clock"
 
 
 def test_records_without_the_checkpoint_clock_keep_their_figures():
