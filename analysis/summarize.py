@@ -180,12 +180,15 @@ def _restart_table(table: pd.DataFrame) -> Table:
     formats = {"runs": "{}", "attempts": "{}", "verdicts": None, "total": fmt_s,
                **{label: fmt_s for _, label in RESTART_PART_COLUMNS},
                "bytes_read": fmt_bytes, "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None,
+               "restore_peak_rss_bytes": fmt_bytes, "resume_spike": "{:.2f}x",
                "cache": None, "exact": None}
     view = _rich(summary, "Restarts: medians over runs and their restore attempts (those that restored) of launch "
                           "-> end of first resumed iteration, max over ranks; each part max over ranks (engine none: "
                           "nothing restored, the start-up floor); read = bytes read / ckpt load; read pct of storage "
                           "= read / the storage's read bandwidth in baseline.json; read limit = 'limit underestimated' "
-                          "above 105% of it on a restore that was not warm, 'warm cache' where memory answered)",
+                          "above 105% of it on a restore that was not warm, 'warm cache' where memory answered; "
+                          "restore peak rss = the largest host RSS of any rank in any restart part, sampled at 100 "
+                          "Hz; resume spike = it / steady training's peak)",
                  formats)
     return view
 

@@ -64,6 +64,7 @@ from restartbench.results import (
     restart,
     restore_attempts,
     since_checkpoint_start,
+    training_peak_rss,
 )
 from restartbench.rundir import RunFolderError, RunPlan
 
@@ -145,6 +146,12 @@ TABLE_COLUMNS: dict[str, str] = {
     "verdict": "how the attempt ended: exact, not exact, not verified (verification off, or engine none), refused (a "
                "damaged checkpoint, none to restore: no restart time) or failed (no restart time)",
     "requested_tag": "the checkpoint the attempt asked for with --tag (None: the one 'latest' names)",
+    "restore_peak_rss_bytes": "the restart's peak host memory: the largest RSS any rank had in any restart part "
+                              "(sampled at 100 Hz by restartbench.memwatch; a shorter spike can be missed)",
+    "peak_rss_part": "the restart part the peak came in",
+    "train_peak_rss_bytes": "steady training's peak host memory: the largest RSS of any rank in a phase-1 iteration",
+    "resume_spike": "restore_peak_rss_bytes / train_peak_rss_bytes: above 1, resuming needs more host memory than "
+                    "training (where jobs run out of memory on resume)",
     "fell_back_from": "the checkpoint the attempt wanted but found damaged, restoring an earlier one instead",
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
     "restart_min_s": "fastest rank's launch -> end of the first resumed iteration",
@@ -317,10 +324,12 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         ranks.extend({**ident, **r} for r in tag_ranks)
     requested = {entry.get("attempt"): entry.get("requested_tag") for entry in meta.get("restarts") or []
                  if isinstance(entry, dict)}
+    training_peak = training_peak_rss(events)
     for attempt in restore_attempts(events):
         info = restart(events, attempt)
         attempt_ranks = rank_restarts(events, attempt)
-        row = {**_restart_row(info, attempt_ranks), "requested_tag": requested.get(attempt)}
+        row = {**_restart_row(info, attempt_ranks), "requested_tag": requested.get(attempt),
+               **_resume_spike(info["peak_rss_bytes"], training_peak)}
         row["read_pct_of_storage"] = _percent(row["read_MBps"], common["baseline_read_MBps"])
         row["read_limit"] = limit_note(row["read_pct_of_storage"], row["cache"])
         rows.append({**common, "kind": "restart", **row, **critical_path(attempt_ranks, info["total_s"])})
@@ -329,6 +338,11 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
     collected.rows.extend(rows)
     collected.ranks.extend(ranks)
     collected.files.extend(files)
+
+
+def _resume_spike(restore_peak: int | None, training_peak: int | None) -> dict[str, Any]:
+    return {"restore_peak_rss_bytes": restore_peak, "train_peak_rss_bytes": training_peak,
+            "resume_spike": restore_peak / training_peak if restore_peak and training_peak else None}
 
 
 def _plan_columns(run_dir: Path) -> dict[str, Any]:
@@ -423,6 +437,7 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
         "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
         "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
         "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
+        "peak_rss_part": info["peak_rss_part"],
     }
 
 
@@ -722,6 +737,7 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         cache=("cache", lambda s: ", ".join(sorted({str(v) for v in s.dropna()})) or None),
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
+        restore_peak_rss_bytes=("restore_peak_rss_bytes", "median"), resume_spike=("resume_spike", "median"),
     ).reset_index()
     summary = verdicts.merge(summary, on=keys, how="left")
     return sort_rows(summary[[*keys, "runs", "attempts", "verdicts", *summary.columns.drop([*keys, "runs",

@@ -121,7 +121,27 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "resident_fraction": loads[0].get("resident_fraction") if loads else None,
         "exact": all(e.get("exact") for e in results) if results and results[0].get("verified") else None,
         "verdict": verdict(restore),
+        **_restart_memory(restore),
     }
+
+
+def _restart_memory(restore: list[dict[str, Any]]) -> dict[str, Any]:
+    """The restart's peak host memory: the largest span peak (``restartbench.memwatch``) of any rank and restart
+    part, and the part it came in; None for records taken before ranks sampled their memory."""
+    labels = dict(RESTART_PARTS)
+    sampled = [e for e in restore if e["event"] in labels and e.get("peak_rss_bytes") is not None]
+    if not sampled:
+        return {"peak_rss_bytes": None, "peak_rss_part": None}
+    peak = max(sampled, key=lambda e: e["peak_rss_bytes"])
+    return {"peak_rss_bytes": peak["peak_rss_bytes"], "peak_rss_part": labels[peak["event"]]}
+
+
+def training_peak_rss(events: list[dict[str, Any]]) -> int | None:
+    """Steady training's peak host memory: the largest ``peak_rss_bytes`` of any rank's phase-1 iteration (saves
+    are spans of their own, so their buffers are not in it); None where ranks did not sample their memory."""
+    peaks = [e["peak_rss_bytes"] for e in events if e["phase"] == "train" and e["event"] == Event.TRAIN_ITERATION
+             and e.get("peak_rss_bytes") is not None]
+    return max(peaks, default=None)
 
 
 def restore_attempts(events: list[dict[str, Any]]) -> list[int]:

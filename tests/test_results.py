@@ -175,7 +175,8 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     assert info["parts"] == pytest.approx(RESTART_PARTS)
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
         "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
-        "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact"})
+        "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact", "peak_rss_bytes": None,
+        "peak_rss_part": None})
 
 
 def test_a_restore_is_exact_only_if_every_rank_restored_exactly(tmp_path):
@@ -509,7 +510,8 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
                                               "ds init": 1.25, "engine setup": None, "ckpt load": None,
                                               "1st iter": 0.5},
                     "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
-                    "resident_fraction": None, "exact": None, "verdict": "not verified"}
+                    "resident_fraction": None, "exact": None, "verdict": "not verified", "peak_rss_bytes": None,
+                    "peak_rss_part": None}
     assert results.summarize_run(run_dir) == [
         ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
          "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "
@@ -715,3 +717,19 @@ def test_the_last_saves_background_is_never_seen(tmp_path):
               if not (e["event"] == "checkpoint.wait_durable" and e["tag"] == "step8")]
     costs = results.interference(events)
     assert (costs["step4"]["background_seen"], costs["step8"]["background_seen"]) == (True, False)
+
+
+def test_the_restarts_memory_peak_and_the_resume_spike_against_steady_training():
+    def span(phase, event, rank, peak, **fields):
+        return {"event": event, "phase": phase, "rank": rank, "start": 0.0, "duration_s": 1.0,
+                "peak_rss_bytes": peak, **fields}
+
+    train = [span("train", "train.iteration", r, peak, step=s) for r, s, peak in
+             ((0, 2, 900), (1, 2, 1000), (0, 3, 950))] + [span("train", "checkpoint.save", 0, 5000, step=2, tag="a")]
+    restore = [span("restore", "startup.ds_initialize", 0, 1200, attempt=1),
+               span("restore", "restore.load", 1, 2500, attempt=1, tag="step2"),
+               span("restore", "train.iteration", 1, 2400, attempt=1, step=3, first_after_restore=True)]
+    info = results.restart(train + restore)
+    assert (info["peak_rss_bytes"], info["peak_rss_part"]) == (2500, "ckpt load")
+    assert results.training_peak_rss(train + restore) == 1000, "iterations only: a save's buffers are not training's"
+    assert results.training_peak_rss([{**e, "peak_rss_bytes": None} for e in train]) is None
