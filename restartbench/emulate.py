@@ -46,6 +46,7 @@ from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: i
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
+from restartbench.memwatch import MemoryWatch  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
 
@@ -62,7 +63,7 @@ WHAT_IS_EMULATED = __doc__.split("What is real and what is emulated", 1)[1].spli
 class EmulatedRanks:
     """The ranks one process emulates, their event logs, and their training states (on meta tensors)."""
 
-    def __init__(self, args: RankArgs):
+    def __init__(self, args: RankArgs, watch: MemoryWatch | None = None):
         run_dir = self.run_dir = args.run_dir
         self.phase, self.requested_tag = args.phase, args.tag
         self.cfg = args.attempt_config(RunConfig.load(run_dir / rundir.CONFIG))
@@ -72,7 +73,9 @@ class EmulatedRanks:
         self.process = int(os.environ.get("RANK", "0"))
         k = self.cfg.emulation.ranks_per_process
         self.ranks = list(range(self.process * k, (self.process + 1) * k))
-        self.logs = {rank: EventLog(run_dir, args.phase, rank, args.attempt) for rank in self.ranks}
+        self.watch = watch
+        """The process's memory, shared by its ranks' spans (None: not watched)."""
+        self.logs = {rank: EventLog(run_dir, args.phase, rank, args.attempt, watch=watch) for rank in self.ranks}
         from restartbench.storage import open_store
 
         self.store = open_store(self.ckpt_dir, self.plan.remote)
@@ -127,8 +130,15 @@ class EmulatedRanks:
         dist.barrier()
         for log in self.logs.values():
             log.emit(Event.PHASE_END)
-            log.close()
         dist.destroy_process_group()
+
+    def close(self) -> None:
+        """The phase's memory over time on every rank (``rank.memory``), then the logs closed."""
+        if self.watch is not None:
+            harness.record_memory(self.logs, self.watch, PROCESS_START)
+            self.watch.stop()
+        for log in self.logs.values():
+            log.close()
 
     def say(self, message: str) -> None:
         if self.process == 0:
@@ -199,11 +209,13 @@ def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a process must not outlive a killed torchrun
+    watch = MemoryWatch().start()  # every span records the process's peak memory, the imports' included
     args = parse_rank_args(argv, "One process of an emulated checkpoint run (see the module doc).")
     process = int(os.environ.get("RANK", "0"))
     try:
-        ranks = EmulatedRanks(args)
+        ranks = EmulatedRanks(args, watch)
     except RecordsExistError as refusal:
+        watch.stop()
         return refuse(process, refusal)
     try:
         emulator = ranks.start()
@@ -216,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, RankRefusal):
             return refuse(process, error)
         raise
+    finally:
+        ranks.close()
     return 0
 
 

@@ -33,8 +33,9 @@ class Event:
     STARTUP_IMPORTS = "startup.imports"  # importing torch and DeepSpeed
     STARTUP_DIST_INIT = "startup.dist_init"  # the default process group's set-up; backend
     STARTUP_MODEL_BUILD = "startup.model_build"  # building the pipeline module
-    STARTUP_DS_INITIALIZE = "startup.ds_initialize"  # deepspeed.initialize
-    STARTUP_ENGINE = "startup.engine"  # the checkpoint engine's own set-up; engine, what it set up
+    STARTUP_DS_INITIALIZE = "startup.ds_initialize"  # deepspeed.initialize; parts, collective_wait_s, collectives,
+    # other_s, timed_s (restartbench.ds_init_timing)
+    STARTUP_ENGINE = "startup.engine"  # the checkpoint engine's own set-up; engine, what it set up, pinned_bytes
     STARTUP_WORKAROUND = "startup.workaround"  # the harness changed the rank's environment; note (what and why)
     # -- training --------------------------------------------------------------------------------------------------
     TRAIN_ITERATION = "train.iteration"  # one iteration (span); step, loss, reference or first_after_restore
@@ -51,6 +52,8 @@ class Event:
     # save start), since_checkpoint_start_s (the first rank's: never before any rank's durable time on that clock)
     CHECKPOINT_FAILED = "checkpoint.failed"  # a save failed on some rank; errors, target, free_bytes, needed_bytes_...
     RANK_RESOURCES = "rank.resources"  # after each checkpoint; open_fds, rss_bytes, threads, children
+    RANK_MEMORY = "rank.memory"  # at the end of a phase: the process's RSS over time; process_start, timeline
+    # ([[s since process_start, bytes], ...]), peak_rss_bytes (the phase's, unthinned), resolution_s
     # -- phase 2's restore -----------------------------------------------------------------------------------------
     RESTORE_CHECK_FILES = "restore.check_files"  # the manifest check of a checkpoint's files (span); problems
     RESTORE_FALLBACK = "restore.fallback"  # the wanted checkpoint was damaged; wanted, restored

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from restartbench.config import LaunchConfig
     from restartbench.engines.base import FileRecord
     from restartbench.integrity import Store
+    from restartbench.memwatch import MemoryWatch
 
 Logs = Mapping[int, EventLog]
 """The event logs of the ranks one process runs, by rank."""
@@ -48,8 +49,12 @@ class NoCheckpoint(RankRefusal):
 @contextmanager
 def span_all(logs: Logs, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
     """One timed span recorded on every rank of ``logs`` (work the process does once for all of them), with what
-    the body put in the dict it gets, and ``error`` if the body raised."""
+    the body put in the dict it gets, ``error`` if the body raised, and what the logs' watch measured (the ranks of
+    one process share it: their process's memory)."""
     extra: dict[str, Any] = {}
+    watch = next((log.watch for log in logs.values() if log.watch is not None), None)
+    if watch is not None:
+        watch.span_begin()
     start_wall, start = time.time(), time.perf_counter()
     try:
         yield extra
@@ -57,8 +62,10 @@ def span_all(logs: Logs, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
         extra["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
+        duration = time.perf_counter() - start
+        watched = watch.span_fields(start_wall) if watch is not None else {}
         for log in logs.values():
-            log.emit(event, start=start_wall, duration_s=time.perf_counter() - start, **fields, **extra)
+            log.emit(event, start=start_wall, duration_s=duration, **fields, **watched, **extra)
 
 
 # -- saving --------------------------------------------------------------------------------------------------------
@@ -188,6 +195,15 @@ def record_resources(logs: Logs, tag: str, per_process: bool = False) -> None:
                "children": len(me.children(recursive=True))}
     for log in logs.values():
         log.emit(Event.RANK_RESOURCES, tag=tag, **figures, **({"per_process": True} if per_process else {}))
+
+
+def record_memory(logs: Logs, watch: MemoryWatch, process_start: float) -> None:
+    """``rank.memory`` on each rank of the process, at the end of a phase: its RSS over time since the process
+    started (the timeline the report draws, thinned) and the phase's peak, unthinned."""
+    figures = {"process_start": process_start, "timeline": watch.timeline(process_start),
+               "peak_rss_bytes": watch.peak_since(process_start), "resolution_s": watch.interval_s}
+    for log in logs.values():
+        log.emit(Event.RANK_MEMORY, **figures)
 
 
 # -- restoring -----------------------------------------------------------------------------------------------------

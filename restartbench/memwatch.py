@@ -36,6 +36,8 @@ class MemoryWatch:
     def __init__(self, interval_s: float = SAMPLE_INTERVAL_S):
         self.interval_s = interval_s
         self._samples: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
+        self._starts: list[int] = []
+        """The RSS at the start of each open span, innermost last (spans nest)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="restartbench-memwatch", daemon=True)
 
@@ -58,11 +60,17 @@ class MemoryWatch:
         return max([now, *(rss for when, rss in list(self._samples) if when >= start)])
 
     def span_begin(self) -> None:
-        """Nothing to reset: the samples carry their times (``events.SpanWatch``)."""
+        """A span starts: its RSS now, its start figure (the peak needs no reset: the samples carry their times)."""
+        self._starts.append(rss_bytes())
 
     def span_fields(self, start: float) -> dict[str, Any]:
-        """What a span that began at wall-clock ``start`` records of memory (``EventLog`` adds it to every span)."""
-        return {"peak_rss_bytes": self.peak_since(start), "rss_resolution_s": self.interval_s}
+        """What a span that began at wall-clock ``start`` records of memory (``EventLog`` adds it to every span): its
+        peak, the resolution, and the RSS it started from (``start_rss_bytes``: peak - start is what the part added)."""
+        fields = {"peak_rss_bytes": self.peak_since(start), "rss_resolution_s": self.interval_s}
+        if self._starts:
+            fields["start_rss_bytes"] = self._starts.pop()
+            fields["peak_rss_bytes"] = max(fields["peak_rss_bytes"], fields["start_rss_bytes"])
+        return fields
 
     def timeline(self, start: float) -> list[list[float]]:
         """[[seconds since ``start``, RSS bytes], ...] from ``start`` on, thinned to ``TIMELINE_POINTS``."""

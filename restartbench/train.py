@@ -22,22 +22,26 @@ from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError, read_events  # noqa: E402
 from restartbench.launchers import die_with_launcher, placement  # noqa: E402
+from restartbench.memwatch import MemoryWatch  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
+from restartbench.rankwatch import RankWatch  # noqa: E402  (stdlib-only at import)
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a rank must not outlive a killed torchrun
+    watch = RankWatch(MemoryWatch().start())  # every span records its peak memory, the imports' included
     args = parse_rank_args(argv, __doc__.splitlines()[0])
     rank = int(os.environ.get("RANK", "0"))
     try:
-        log = EventLog(args.run_dir, args.phase, rank, args.attempt)
+        log = EventLog(args.run_dir, args.phase, rank, args.attempt, watch=watch)
     except RecordsExistError as refusal:
+        watch.host.stop()
         return refuse(rank, refusal)
     launch_t0 = float(os.environ.get("RB_LAUNCH_T0", PROCESS_START))
     log.emit(Event.PROCESS_START, start=launch_t0, duration_s=PROCESS_START - launch_t0, **placement())
     try:
-        rank_run = RankRun(args, rank, log)
+        rank_run = RankRun(args, rank, log, watch)
         rank_run.start()
         if args.phase == "train":
             rank_run.train_phase()
@@ -51,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         log.emit(Event.PHASE_ERROR, error=_error_text(error))
         raise
     finally:
+        harness.record_memory({rank: log}, watch.host, PROCESS_START)
+        watch.host.stop()
         log.close()
     return 0
 
@@ -58,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 class RankRun:
     """One rank's state across the steps of a phase."""
 
-    def __init__(self, args: RankArgs, rank: int, log: EventLog):
+    def __init__(self, args: RankArgs, rank: int, log: EventLog, watch: RankWatch):
         self.cfg = args.attempt_config(RunConfig.load(args.run_dir / rundir.CONFIG))
-        self.run_dir, self.rank, self.log = args.run_dir, rank, log
+        self.run_dir, self.rank, self.log, self.watch = args.run_dir, rank, log, watch
         self.phase, self.requested_tag = log.phase, args.tag
         self.plan = rundir.RunPlan.load(self.run_dir)
         self.ckpt_dir = self.plan.checkpoint_dir
@@ -77,6 +83,8 @@ class RankRun:
             import torch  # noqa: F401
 
             from restartbench import runtime
+        if self.plan.device == "cuda":
+            self.watch.watch_cuda(int(os.environ.get("LOCAL_RANK", "0")))
         from restartbench.faults import hang_before_init
 
         runtime.skip_shm_comm_build()
@@ -96,14 +104,20 @@ class RankRun:
             layout = Layout(**self.plan.layout)
             module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
                                            activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
-        with self.log.span(Event.STARTUP_DS_INITIALIZE):
+        with self.log.span(Event.STARTUP_DS_INITIALIZE) as initialized:
+            from restartbench.ds_init_timing import timed_stages
+
             ds_config = rundir.read_json(self.run_dir / rundir.DS_CONFIG)
-            self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds_config)
+            with timed_stages() as stages:
+                self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                                       config=ds_config)
+            initialized.update(stages.fields())
         from restartbench.engines import create_engine, engine_for_target
 
         with self.log.span(Event.STARTUP_ENGINE, engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
             setup.update(self.ckpt_engine.prepare(self.engine))
+            setup.update(self._pinned())
         # called by an engine that made training wait for a save's copies after its save() returned
         self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
             Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds)
@@ -140,8 +154,9 @@ class RankRun:
         error = None
         try:
             with bit_flipped_while_saving(self.log, tag, self.engine), \
-                    self.log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=self.cfg.engine.engine):
+                    self.log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=self.cfg.engine.engine) as saved:
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
+                saved.update(self._pinned())
             for note in self.ckpt_engine.workarounds:
                 self.log.emit(Event.CHECKPOINT_WORKAROUND, step=step, tag=tag, note=note)
         except Exception as failure:  # noqa: BLE001 - every rank must learn of it, whatever it is
@@ -266,6 +281,11 @@ class RankRun:
         dist.barrier()
         self.log.emit(Event.PHASE_END)
         dist.destroy_process_group()
+
+    def _pinned(self) -> dict[str, int]:
+        """``pinned_bytes``: the page-locked host memory the checkpoint engine holds, where it says."""
+        pinned = self.ckpt_engine.pinned_host_bytes()
+        return {} if pinned is None else {"pinned_bytes": pinned}
 
     def _say(self, message: str) -> None:
         if self.rank == 0:

@@ -146,6 +146,12 @@ class CheckpointEngine(abc.ABC):
         what it set up, recorded with that span."""
         return {}
 
+    def pinned_host_bytes(self) -> int | None:
+        """Bytes of page-locked (pinned) host memory this engine holds now, such as a host buffer it pinned for its
+        copies; None when the engine does not say. The harness records it as ``pinned_bytes`` with the
+        ``startup.engine`` span (after ``prepare``) and with each ``checkpoint.save``."""
+        return None
+
     def for_store(self, store: Any) -> CheckpointEngine:
         """The engine that checkpoints to the object store ``store`` (``restartbench.storage``). Overridden by the
         engines registered with ``object_store=True``; this default refuses, naming those engines."""

@@ -234,6 +234,13 @@ class DCPEngine(CheckpointEngine):
     def wait_until_durable(self) -> float:
         return self.target.durable(self.written(), self._write_done)
 
+    def pinned_host_bytes(self) -> int:
+        """0: DCP pins nothing here. ``save`` writes from the live tensors; ``async_save`` stages through its writer,
+        which every target here builds as a ``FileSystemWriter`` (DCP's own, ``FsspecWriter``, s3torchconnector's
+        ``S3StorageWriter``): a ``BlockingAsyncStager`` without ``cache_staged_state_dict``, whose staging copies the
+        state into new pageable CPU tensors at every save (``_create_cpu_state_dict`` without ``pin_memory``)."""
+        return 0
+
     def written(self) -> list[FileRecord]:
         if self._folder is None:
             return []

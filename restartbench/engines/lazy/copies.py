@@ -36,6 +36,11 @@ class HostBuffer:
             self.allocations += 1
         return self.tensor
 
+    @property
+    def pinned_bytes(self) -> int:
+        """Page-locked host bytes this buffer holds (0 while it is pageable or not allocated)."""
+        return self.tensor.numel() if self.pinned and self.tensor is not None else 0
+
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of a contiguous tensor, as a flat uint8 tensor sharing its memory."""

@@ -106,6 +106,10 @@ class LazyEngine(CheckpointEngine):
             self._side_stream(state)
         return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda}
 
+    def pinned_host_bytes(self) -> int:
+        """The host buffer's bytes when it is pinned (on CUDA), else 0: the lazy engine pins nothing else."""
+        return self.buffer.pinned_bytes
+
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
         """Returns once the copies are queued (and module buffers copied): the stall."""
         self._finish_previous()
