@@ -36,6 +36,8 @@ class MemoryWatch:
     def __init__(self, interval_s: float = SAMPLE_INTERVAL_S):
         self.interval_s = interval_s
         self._samples: deque[tuple[float, int]] = deque(maxlen=MAX_SAMPLES)
+        self._lock = threading.Lock()
+        """Held to append and to walk the samples (a deque may not change while it is iterated)."""
         self._starts: list[int] = []
         """The RSS at the start of each open span, innermost last (spans nest)."""
         self._stop = threading.Event()
@@ -52,12 +54,20 @@ class MemoryWatch:
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._samples.append((time.time(), rss_bytes()))
+            sample = (time.time(), rss_bytes())
+            with self._lock:
+                self._samples.append(sample)
 
     def peak_since(self, start: float) -> int:
-        """The largest RSS sampled at or after wall-clock ``start``, and now."""
-        now = rss_bytes()
-        return max([now, *(rss for when, rss in list(self._samples) if when >= start)])
+        """The largest RSS sampled at or after wall-clock ``start``, and now. Walks back from the newest sample only
+        as far as ``start``: a span's end costs its own samples, not the hour the buffer holds."""
+        peak = rss_bytes()
+        with self._lock:
+            for when, rss in reversed(self._samples):
+                if when < start:
+                    break
+                peak = max(peak, rss)
+        return peak
 
     def span_begin(self) -> None:
         """A span starts: its RSS now, its start figure (the peak needs no reset: the samples carry their times)."""
@@ -74,6 +84,7 @@ class MemoryWatch:
 
     def timeline(self, start: float) -> list[list[float]]:
         """[[seconds since ``start``, RSS bytes], ...] from ``start`` on, thinned to ``TIMELINE_POINTS``."""
-        samples = [(when, rss) for when, rss in list(self._samples) if when >= start]
+        with self._lock:
+            samples = [(when, rss) for when, rss in self._samples if when >= start]
         step = max(1, -(-len(samples) // TIMELINE_POINTS))  # ceiling: at most TIMELINE_POINTS
         return [[round(when - start, 4), rss] for when, rss in samples[::step]]
