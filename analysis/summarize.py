@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{table['run_id'].nunique()} complete run(s) read in {elapsed:.2f} s")
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
+    if "ds_init_parts" in table.columns and table["ds_init_parts"].notna().any():
+        console.print(_ds_init_table(table))
     if (table["kind"] == "restart").sum() > table.loc[table["kind"] == "restart", "run_id"].nunique():
         console.print(_attempt_table(table))
     console.print(_file_table(collected.file_table()))
@@ -191,6 +193,16 @@ def _restart_table(table: pd.DataFrame) -> Table:
                           "Hz; resume spike = it / steady training's peak)",
                  formats)
     return view
+
+
+def _ds_init_table(table: pd.DataFrame) -> Table:
+    summary = analysis.ds_init_summary(table)
+    formats = {column: fmt_s for column in summary.columns if column not in TEXT_KEYS}
+    return _rich(summary, "Inside deepspeed.initialize (restart): DeepSpeed's own set-up stages, each the max over "
+                          "ranks, median over runs and attempts; the five slowest by name, the rest as other stages; "
+                          "collective wait = time inside collectives (mostly waiting for slower ranks); other = "
+                          "the call's time outside every timed stage; parts sum = their sum (each from its slowest "
+                          "rank, so it can exceed one rank's call)", formats)
 
 
 def _attempt_table(table: pd.DataFrame) -> Table:

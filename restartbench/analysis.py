@@ -149,6 +149,9 @@ TABLE_COLUMNS: dict[str, str] = {
     "restore_peak_rss_bytes": "the restart's peak host memory: the largest RSS any rank had in any restart part "
                               "(sampled at 100 Hz by restartbench.memwatch; a shorter spike can be missed)",
     "peak_rss_part": "the restart part the peak came in",
+    "ds_init_parts": "deepspeed.initialize in DeepSpeed's own stages, {stage: seconds}, each the max over ranks, with "
+                     "'collective wait' (time inside collectives: mostly waiting for slower ranks) and 'other' "
+                     "(restartbench.ds_init_timing; ds_init_summary gives the medians)",
     "train_peak_rss_bytes": "steady training's peak host memory: the largest RSS of any rank in a phase-1 iteration",
     "resume_spike": "restore_peak_rss_bytes / train_peak_rss_bytes: above 1, resuming needs more host memory than "
                     "training (where jobs run out of memory on resume)",
@@ -437,7 +440,7 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
         "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
         "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
         "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
-        "peak_rss_part": info["peak_rss_part"],
+        "peak_rss_part": info["peak_rss_part"], "ds_init_parts": info["ds_init"],
     }
 
 
@@ -749,6 +752,26 @@ def _verdict_counts(verdicts: pd.Series) -> str:
     """'3 exact, 1 refused': each verdict of the attempts with its count, most frequent first."""
     counts = verdicts.astype(object).fillna("unknown").value_counts()
     return ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
+
+
+def ds_init_summary(table: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """Per preset, layout (, varying setup) and engine: ``deepspeed.initialize``'s stages as medians over runs and
+    restore attempts (each the max over ranks): the ``top`` slowest stages by name, the rest as ``other stages``,
+    then ``collective wait`` and ``other``, and ``parts_sum_s``, their sum: each part comes from its slowest rank,
+    so the sum can exceed any one rank's call. Empty where no restart timed the stages."""
+    keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
+    restarts = table[(table["kind"] == "restart") & table["ds_init_parts"].notna()] \
+        if not table.empty and "ds_init_parts" in table.columns else table.iloc[0:0]
+    if restarts.empty:
+        return pd.DataFrame(columns=[*keys, "parts_sum_s"])
+    parts = pd.DataFrame(restarts["ds_init_parts"].tolist(), index=restarts.index).fillna(0.0)
+    medians = parts.join(restarts[keys]).groupby(keys, dropna=False).median().reset_index()
+    fixed = [c for c in ("collective wait", "other") if c in medians]
+    stages = [c for c in medians.columns if c not in (*keys, *fixed)]
+    ranked = sorted(stages, key=lambda c: -medians[c].max())
+    summary = medians[[*keys, *ranked[:top]]].assign(**{"other stages": medians[ranked[top:]].sum(axis=1)})
+    summary = summary.join(medians[fixed])
+    return summary.assign(parts_sum_s=summary.drop(columns=keys).sum(axis=1))
 
 
 #: Columns of ``goodput_table`` (after the grouping keys) and what each holds.

@@ -122,7 +122,24 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "exact": all(e.get("exact") for e in results) if results and results[0].get("verified") else None,
         "verdict": verdict(restore),
         **_restart_memory(restore),
+        "ds_init": ds_init_breakdown(restore),
     }
+
+
+def ds_init_breakdown(records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """``deepspeed.initialize`` in DeepSpeed's own stages (``restartbench.ds_init_timing``): each stage's time, the
+    collectives' waits (``collective wait``) and the rest (``other``), each the max over ranks, from one phase
+    attempt's ``startup.ds_initialize`` events; None for records taken before the stages were timed."""
+    spans = [e for e in records if e["event"] == Event.STARTUP_DS_INITIALIZE and e.get("parts") is not None]
+    if not spans:
+        return None
+    breakdown: dict[str, float] = defaultdict(float)
+    for span in spans:
+        figures = {**span["parts"], "collective wait": span.get("collective_wait_s", 0.0),
+                   "other": span.get("other_s", 0.0)}
+        for name, seconds in figures.items():
+            breakdown[name] = max(breakdown[name], seconds)
+    return dict(breakdown)
 
 
 def _restart_memory(restore: list[dict[str, Any]]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ is a literal worked out by hand from the per-rank numbers below, never one compu
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from restartbench import analysis, results
@@ -176,7 +177,7 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
         "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
         "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact", "peak_rss_bytes": None,
-        "peak_rss_part": None})
+        "peak_rss_part": None, "ds_init": None})
 
 
 def test_a_restore_is_exact_only_if_every_rank_restored_exactly(tmp_path):
@@ -511,7 +512,7 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
                                               "1st iter": 0.5},
                     "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
                     "resident_fraction": None, "exact": None, "verdict": "not verified", "peak_rss_bytes": None,
-                    "peak_rss_part": None}
+                    "peak_rss_part": None, "ds_init": None}
     assert results.summarize_run(run_dir) == [
         ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
          "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "
@@ -733,3 +734,23 @@ def test_the_restarts_memory_peak_and_the_resume_spike_against_steady_training()
     assert (info["peak_rss_bytes"], info["peak_rss_part"]) == (2500, "ckpt load")
     assert results.training_peak_rss(train + restore) == 1000, "iterations only: a save's buffers are not training's"
     assert results.training_peak_rss([{**e, "peak_rss_bytes": None} for e in train]) is None
+
+
+def test_deepspeed_initialize_in_its_stages_max_over_ranks_and_the_slowest_named():
+    def init(rank, parts, wait, other):
+        return {"event": "startup.ds_initialize", "phase": "restore", "rank": rank, "attempt": 1, "start": 0.0,
+                "duration_s": 9.0, "parts": parts, "collective_wait_s": wait, "other_s": other}
+
+    events = [init(0, {"optimizer_sanity_check": 1.5, "zero_optimizer": 0.2, "lr_scheduler": 0.01}, 0.3, 0.05),
+              init(1, {"optimizer_sanity_check": 1.2, "zero_optimizer": 0.4}, 0.9, 0.02)]
+    breakdown = results.ds_init_breakdown(events)
+    assert breakdown == {"optimizer_sanity_check": 1.5, "zero_optimizer": 0.4, "lr_scheduler": 0.01,
+                         "collective wait": 0.9, "other": 0.05}
+    assert results.ds_init_breakdown([{**events[0], "parts": None}]) is None
+
+    table = pd.DataFrame([{"kind": "restart", "preset": "tiny", "layout": "tp1pp1dp2", "engine": "torch",
+                           "ds_init_parts": parts} for parts in (breakdown, {**breakdown, "zero_optimizer": 0.6})])
+    [row] = analysis.ds_init_summary(table, top=1).to_dict("records")
+    assert row["optimizer_sanity_check"] == 1.5 and row["other stages"] == pytest.approx(0.5 + 0.01)
+    assert (row["collective wait"], row["other"]) == (0.9, 0.05)
+    assert row["parts_sum_s"] == pytest.approx(1.5 + 0.51 + 0.9 + 0.05)
