@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -124,24 +124,34 @@ class EventLog:
         self._file.write(json.dumps(record) + "\n")
         return record
 
-    @contextmanager
-    def span(self, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
-        extra: dict[str, Any] = {}
-        if self.watch is not None:
-            self.watch.span_begin()
-        start_wall, start = time.time(), time.perf_counter()
-        try:
-            yield extra
-        except BaseException as error:
-            extra["error"] = f"{type(error).__name__}: {error}"
-            raise
-        finally:
-            duration = time.perf_counter() - start
-            watched = self.watch.span_fields(start_wall) if self.watch is not None else {}
-            self.emit(event, start=start_wall, duration_s=duration, **fields, **watched, **extra)
+    def span(self, event: str, **fields: Any) -> AbstractContextManager[dict[str, Any]]:
+        return span_on([self], event, **fields)
 
     def close(self) -> None:
         self._file.close()
+
+
+@contextmanager
+def span_on(logs: Iterable[EventLog], event: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    """One timed span recorded in every log of ``logs`` (one rank's, or every rank a process runs when the work is
+    done once for all of them), with what the body put in the dict it gets, ``error`` if the body raised, and what
+    the first log's watch measured (the ranks of one process share their process's memory)."""
+    logs = list(logs)
+    watch = next((log.watch for log in logs if log.watch is not None), None)
+    extra: dict[str, Any] = {}
+    if watch is not None:
+        watch.span_begin()
+    start_wall, start = time.time(), time.perf_counter()
+    try:
+        yield extra
+    except BaseException as error:
+        extra["error"] = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        duration = time.perf_counter() - start
+        watched = watch.span_fields(start_wall) if watch is not None else {}
+        for log in logs:
+            log.emit(event, start=start_wall, duration_s=duration, **fields, **watched, **extra)
 
 
 # -- reading ---------------------------------------------------------------------------------------------------

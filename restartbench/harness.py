@@ -20,13 +20,13 @@ the engines and the storage modules are imported inside the functions: a rank's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from restartbench.errors import RankRefusal
-from restartbench.events import Event, EventLog, rank_errors
+from restartbench.events import Event, EventLog, rank_errors, span_on
 
 if TYPE_CHECKING:
     from restartbench.config import LaunchConfig
@@ -46,26 +46,9 @@ class NoCheckpoint(RankRefusal):
     pass
 
 
-@contextmanager
-def span_all(logs: Logs, event: str, **fields: Any) -> Iterator[dict[str, Any]]:
-    """One timed span recorded on every rank of ``logs`` (work the process does once for all of them), with what
-    the body put in the dict it gets, ``error`` if the body raised, and what the logs' watch measured (the ranks of
-    one process share it: their process's memory)."""
-    extra: dict[str, Any] = {}
-    watch = next((log.watch for log in logs.values() if log.watch is not None), None)
-    if watch is not None:
-        watch.span_begin()
-    start_wall, start = time.time(), time.perf_counter()
-    try:
-        yield extra
-    except BaseException as error:
-        extra["error"] = f"{type(error).__name__}: {error}"
-        raise
-    finally:
-        duration = time.perf_counter() - start
-        watched = watch.span_fields(start_wall) if watch is not None else {}
-        for log in logs.values():
-            log.emit(event, start=start_wall, duration_s=duration, **fields, **watched, **extra)
+def span_all(logs: Logs, event: str, **fields: Any) -> AbstractContextManager[dict[str, Any]]:
+    """One timed span recorded on every rank of ``logs`` (work the process does once for all of them)."""
+    return span_on(logs.values(), event, **fields)
 
 
 # -- saving --------------------------------------------------------------------------------------------------------
