@@ -3,6 +3,7 @@
     python -m restartbench.plan 70B tp8pp4dp2 --engine torch        # files per rank, counts per kind, totals
     python -m restartbench.plan 70B tp8pp4dp2 --engine dcp --json   # the same, as JSON
     python -m restartbench.plan --all-presets --layouts tp1pp1,tp8pp8 > docs/plan.md   # presets x layouts, engines
+    python -m restartbench.plan 70B tp8pp8 --universal   # and the universal checkpoint ds_to_universal.py makes of it
 
 Options are the run options of ``config-n-run.py`` (``--dtype``, ``--micro-batch``, ``--engine``, ...), plus
 ``--step`` (the checkpoint's iteration, default ``--save-interval``). Nothing is copied from DeepSpeed by hand:
@@ -44,6 +45,8 @@ from restartbench import engines, rundir, storage
 from restartbench.config import RunConfig, build_parser, config_from_parsed
 from restartbench.engines.base import load
 from restartbench.engines.deepspeed.predict import SIZE_TOLERANCE_BYTES
+from restartbench.engines.deepspeed.universal_predict import UniversalPlan, predict_universal
+from restartbench.engines.deepspeed.universal_predict import render_text as render_universal
 from restartbench.events import number_ranges
 from restartbench.launchers import choose_device
 from restartbench.layout import LayoutError, validate_layout
@@ -355,15 +358,17 @@ def render_all(dtype: str = "bf16", layouts: tuple[str, ...] = DOC_LAYOUTS) -> s
            "(`tests/test_predict.py`).", "",
            "| preset | layout | ranks | files | checkpoint | payload | per-rank max | layer | model | optimizer |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    plans, skipped = [], []
+    plans, skipped, cases = [], [], []
     for preset in PRESETS.values():
         for name in layouts:
             try:
-                plan = predict(_doc_config(preset.name, name, dtype, "torch"))
+                cfg = _doc_config(preset.name, name, dtype, "torch")
+                plan = predict(cfg)
             except LayoutError as error:
                 skipped.append(f"- {preset.name} {name}: {str(error).splitlines()[-1].strip(' -')}")
                 continue
             plans.append(plan)
+            cases.append((cfg, plan))
             t = plan.totals()
             kinds = t["by_kind"]
             out.append(f"| {plan.preset} | {plan.layout} | {plan.world_size} | {t['files']} | "
@@ -372,7 +377,7 @@ def render_all(dtype: str = "bf16", layouts: tuple[str, ...] = DOC_LAYOUTS) -> s
                        + " | ".join(_size(kinds[k]["bytes"]) for k in ("layer", "model", "optimizer")) + " |")
     out += ["", "Layouts that do not fit their preset:", "", *skipped, "", "## Files per rank", ""]
     out += [render_markdown(plan) for plan in plans]
-    return "\n".join(out) + "\n" + render_engines(*ENGINE_DOC_CASE, dtype)
+    return "\n".join(out) + "\n" + render_engines(*ENGINE_DOC_CASE, dtype) + "\n" + render_universal_table(cases)
 
 
 #: The checkpoint folder of docs/plan.md's plans (DCP pickles its path into ``.metadata``): the same wherever the
@@ -409,6 +414,29 @@ def render_engines(preset: str, layout: str, dtype: str) -> str:
     return "\n".join(out)
 
 
+def render_universal_table(cases: list[tuple[RunConfig, CheckpointPlan]]) -> str:
+    """docs/plan.md's last section: the universal checkpoint ds_to_universal.py makes of each checkpoint of DeepSpeed's
+    default engine listed above (``universal_row`` for each)."""
+    out = ["## Universal checkpoints", "",
+           "What DeepSpeed's `ds_to_universal.py --input_folder <checkpoints>/<tag> --output_folder "
+           "<checkpoints>/<tag>_universal` writes from each checkpoint of the first table "
+           "(`python -m restartbench.plan PRESET LAYOUT --universal` lists the files): per parameter its fp32 weights, "
+           "exp_avg and exp_avg_sq at full shape and Adam's step, the optimizer's common state, a copy of each model "
+           "file and `latest_universal`. "
+           "The temporary fragments (every rank's share of each parameter's states, in `<tag>_universal/tmp`) are "
+           "written, read back and removed during the conversion: bytes written besides the checkpoint's, and "
+           "disk room it needs at once. File sizes are torch.save's own, exact (`tests/test_universal.py`).", "",
+           "| preset | layout | files | universal checkpoint | payload | temporary fragments | fragment bytes |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    return "\n".join(out + [universal_row(cfg, plan) for cfg, plan in cases]) + "\n"
+
+
+def universal_row(cfg: RunConfig, plan: CheckpointPlan) -> str:
+    t = _universal(cfg, None, plan).totals()
+    return (f"| {plan.preset} | {plan.layout} | {t['files']} | {_size(t['bytes'])} | {_size(t['payload_bytes'])} | "
+            f"{t['fragment_files']} | {_size(t['fragment_bytes'])} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(prog="python -m restartbench.plan")
     parser.description = ("Print the files one checkpoint of a preset and layout writes, rank by rank, with their "
@@ -420,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Markdown for every preset x --layouts (docs/plan.md); preset and layout are ignored.")
     parser.add_argument("--layouts", default=",".join(DOC_LAYOUTS),
                         help="Comma-separated layouts for --all-presets (default: %(default)s).")
+    parser.add_argument("--universal", action="store_true",
+                        help="Also the universal checkpoint DeepSpeed's ds_to_universal.py makes of this checkpoint "
+                             "(into <tag>_universal): its files and bytes, and its temporary fragments' bytes "
+                             "(--engine torch only).")
     args = vars(parser.parse_args(argv))
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to the stdout of its import: keep stdout the plan's
         import deepspeed  # noqa: F401
@@ -427,12 +459,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.pop("all_presets"):
         print(render_all(args["model.dtype"], layouts), end="")
         return 0
-    step, as_json = args.pop("step"), args.pop("json")
+    step, as_json, universal = args.pop("step"), args.pop("json"), args.pop("universal")
     cfg = config_from_parsed(parser, args)
     if step is not None and step < 1:
         parser.error(f"--step must be at least 1 (got {step})")
+    if universal and cfg.engine.engine != "torch":
+        parser.error("--universal: ds_to_universal.py converts the checkpoints of DeepSpeed's default engine "
+                     f"(--engine torch), not {cfg.engine.engine!r}")
     try:
         plan = predict(cfg, step=step)
+        converted = _universal(cfg, step, plan) if universal else None
     except NotPredictedError:  # the plan's answer, not a mistake: said on stdout
         print(json.dumps({"engine": cfg.engine.engine, "predicted": False, "reason": NOT_PREDICTED[cfg.engine.engine]})
               if as_json else render_not_predicted(cfg), end="\n" if as_json else "")
@@ -440,8 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(plan.to_dict(), indent=1) if as_json else render_text(plan), end="\n" if as_json else "")
+    if as_json:
+        print(json.dumps({**plan.to_dict(), **({"universal": converted.to_dict()} if converted else {})}, indent=1))
+    else:
+        print(render_text(plan) + (f"\n{render_universal(converted)}" if converted else ""), end="")
     return 0
+
+
+def _universal(cfg: RunConfig, step: int | None, plan: CheckpointPlan) -> UniversalPlan:
+    """``--universal``: the conversion of the checkpoint ``plan`` predicts (its model files are copied as they are)."""
+    with _deepspeed_quiet():
+        return predict_universal(setup_for(cfg, step), plan.files)
 
 
 if __name__ == "__main__":

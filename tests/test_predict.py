@@ -1,6 +1,7 @@
 """restartbench.plan: every file of a checkpoint predicted without running, held to real runs file by file."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -344,14 +345,17 @@ def test_plan_cache_gives_back_the_prediction(tmp_path, monkeypatch):
 
 
 def test_docs_plan_md_is_what_the_generator_writes():
-    """docs/plan.md is `python -m restartbench.plan --all-presets > docs/plan.md`; its tiny sections and its lazy
-    engine section, regenerated here (the rest takes longer), must be in it verbatim: a stale document fails."""
-    from restartbench.plan import DOC_LAYOUTS, ENGINE_DOC_CASE, _doc_config, render_markdown
+    """docs/plan.md is `python -m restartbench.plan --all-presets > docs/plan.md`; its tiny sections, their universal
+    checkpoints' rows and its lazy engine section, regenerated here (the rest takes longer), must be in it verbatim: a
+    stale document fails."""
+    from restartbench.plan import DOC_LAYOUTS, ENGINE_DOC_CASE, _doc_config, render_markdown, universal_row
 
     doc = (ROOT / "docs" / "plan.md").read_text()
     assert "python -m restartbench.plan --all-presets --layouts " + ",".join(DOC_LAYOUTS) in doc
     for layout in ("tp1pp1dp1", "tp2pp2dp1", "tp1pp2dp2"):
         assert render_markdown(predict(config("tiny", layout))) in doc, f"regenerate docs/plan.md ({layout})"
+        cfg = _doc_config("tiny", layout, "bf16", "torch")
+        assert universal_row(cfg, predict(cfg)) in doc[doc.index("## Universal checkpoints"):], layout
     engines_section = doc[doc.index("## Engines: " + " ".join(ENGINE_DOC_CASE)):]
     assert render_markdown(predict(_doc_config(*ENGINE_DOC_CASE, "bf16", "lazy"))) in engines_section
     assert all(f"| {engine} |" in engines_section for engine in PREDICTORS)
@@ -663,3 +667,85 @@ def test_clip_grad_is_the_configs_gradient_clipping():
     setup = replace(setup, ds_config={**setup.ds_config, "gradient_clipping": 0.25})
     params = OrderedDict(weight=torch.empty((5,), dtype=torch.bfloat16, device="meta"))
     assert ZeroOptimizer(setup, params, dp_rank=0).state_dict()["clip_grad"] == 0.25
+
+
+# --- the universal checkpoint ds_to_universal.py makes (issue 19) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("preset", "layout"), [("tiny", "tp2pp2"), ("tiny", "tp1pp1dp2"), ("70B", "tp8pp8")])
+def test_universal_files_are_four_per_parameter_the_optimizer_state_and_the_model_files(preset, layout):
+    """One file per parameter x {fp32, exp_avg, exp_avg_sq, step} under <tag>_universal/zero, the optimizer's common
+    state, a copy of every model file (one per pipeline stage x tensor rank) and latest_universal; each state file
+    holds the parameter at full shape in fp32, the step file Adam's one fp32 step."""
+    from restartbench.engines.deepspeed.universal_predict import predict_universal
+    from restartbench.model import parameter_splits
+
+    cfg = config(preset, layout)
+    setup = setup_for(cfg)
+    plan = predict_universal(setup)
+    names = [name for name, _, _ in parameter_splits(setup.preset)]
+    stages_x_tp = setup.layout.pp * setup.layout.tp
+    expected = {f"step2_universal/zero/{name}/{state}.pt"
+                for name in names for state in ("fp32", "exp_avg", "exp_avg_sq", "step")}
+    expected |= {"step2_universal/zero/optimizer_state.pt", "latest_universal"}
+    expected |= {f"step2_universal/mp_rank_{mp:02d}_model_states.pt" for mp in range(stages_x_tp)}
+    assert {f.path for f in plan.files} == expected and len(plan.files) == 4 * len(names) + 2 + stages_x_tp
+
+    numel = dict(zip(names, (math.prod(shape) for shape in full_shapes(setup.preset).values())))
+    payload = {f.path: f.payload_bytes for f in plan.files}
+    for name in names:
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            assert payload[f"step2_universal/zero/{name}/{state}.pt"] == 4 * numel[name], (name, state)
+        assert payload[f"step2_universal/zero/{name}/step.pt"] == 4
+    model = {f.path.split("/")[1]: f.bytes for f in predict(cfg).files if f.kind == "model"}
+    assert {f.path.split("/")[1]: f.bytes for f in plan.files if f.kind == "model"} == model
+    assert next(f.bytes for f in plan.files if f.path == "latest_universal") == len("step2_universal")
+    assert all(f.bytes > f.payload_bytes for f in plan.files if f.kind != "metadata")
+
+
+@pytest.mark.parametrize(("preset", "layout"), [("tiny", "tp2pp2"), ("tiny", "tp2pp1dp2"), ("70B", "tp8pp8")])
+def test_universal_fragments_are_every_ranks_share_of_each_state(preset, layout):
+    """The temporary fragments hold each rank's ZeRO-1 share of every parameter's fp32, exp_avg and exp_avg_sq once
+    (a replicated parameter once per tensor rank, as each holds it whole), and one step tensor per fragment of a
+    parameter: their payload is the checkpoint's optimizer payload without the padding and the step counters."""
+    from restartbench.engines.deepspeed.universal_predict import predict_universal
+    from restartbench.model import parameter_splits
+
+    setup = setup_for(config(preset, layout))
+    plan = predict_universal(setup)
+    tp = setup.layout.tp
+    shapes = full_shapes(setup.preset)
+    shares = sum(math.prod(shapes[name]) * (tp if dim is None else 1)
+                 for name, dim, _ in parameter_splits(setup.preset))
+    states = Counter()
+    for f in plan.fragments:
+        parts = f.path.split("/")
+        assert parts[:2] == ["step2_universal", "tmp"] and int(parts[3]) < tp, f.path
+        states[parts[4].split(".")[0]] += f.payload_bytes
+    assert states == {"fp32": 4 * shares, "exp_avg": 4 * shares, "exp_avg_sq": 4 * shares,
+                      "step": 4 * sum(1 for f in plan.fragments if f.path.split("/")[4].startswith("step."))}
+    assert plan.fragment_bytes == sum(f.bytes for f in plan.fragments) > 3 * 4 * shares
+
+
+def test_plan_cli_lists_the_universal_checkpoint_with_torch_only():
+    plan = json.loads(plan_cli("tiny", "tp2pp2", "--dtype", "fp32", "--universal", "--json"))
+    universal = plan["universal"]
+    assert universal["folder"] == "step2_universal"
+    assert universal["totals"]["bytes"] == sum(f["bytes"] for f in universal["files"])
+    assert universal["totals"]["fragment_bytes"] > 0 and "fragments" not in universal
+    text = plan_cli("tiny", "tp2pp2", "--dtype", "fp32", "--universal")
+    assert f"universal checkpoint: {universal['totals']['bytes']:,} B in {universal['totals']['files']} files" in text
+    assert f"{universal['totals']['fragment_bytes']:,} B in {universal['totals']['fragment_files']} files" in text
+    refused = subprocess.run([sys.executable, "-m", "restartbench.plan", "tiny", "tp2pp2", "--engine", "lazy",
+                              "--universal"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert refused.returncode == 2 and "--engine torch" in refused.stderr
+
+
+def full_shapes(preset) -> dict[str, tuple[int, ...]]:
+    """Every parameter's full shape (PipelineModule name), the model built with tp 1 on the meta device."""
+    from restartbench.model import TensorParallel, layer_specs
+
+    with torch.device("meta"):
+        layers = [spec.build() for spec in layer_specs(preset, TensorParallel(1, 0), seed=0)]
+    return {f"{index}.{name}": tuple(p.shape) for index, layer in enumerate(layers)
+            for name, p in layer.named_parameters()}

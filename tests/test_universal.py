@@ -1,17 +1,20 @@
 """DeepSpeed's universal checkpoints (issue 19): the model declares how its parameters are split
 (``restartbench.model.universal_checkpoint_info``), DeepSpeed's default engine saves the declaration in every model
 file, and DeepSpeed's ``ds_to_universal.py``, run as DeepSpeed ships it, converts a study checkpoint into every
-parameter's fp32 weights and Adam moments at full shape, by name.
+parameter's fp32 weights and Adam moments at full shape, by name; the predictor's universal checkpoint
+(``restartbench.engines.deepspeed.universal_predict``) is what the converter writes, file by file and byte for byte.
 
 FastPersist's folders (``--engine fastpersist``) do not convert as they are: every data-parallel writer writes the
 model file, and the copies past the lowest writer keep FastPersist's suffix (``mp_rank_00_model_states.pt-1.2``),
 which ds_to_universal.py counts as model files: "RuntimeError: Checkpoint model-state file count 4 does not match
 pp_degree=2 * tp_degree=1." (DeepSpeed 0.19.8, tiny pp2dp2)."""
 
+import json
 import re
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import deepspeed.checkpoint
@@ -20,8 +23,11 @@ import torch
 from conftest import run_study
 from deepspeed.checkpoint import constants as uc
 
+from restartbench.config import RunConfig
+from restartbench.engines.deepspeed.universal_predict import predict_universal
 from restartbench.layout import parse_layout
 from restartbench.model import TensorParallel, layer_specs, parameter_splits, universal_checkpoint_info
+from restartbench.plan import setup_for
 from restartbench.presets import get_preset
 
 CONVERTER = Path(deepspeed.checkpoint.__file__).parent / "ds_to_universal.py"
@@ -110,26 +116,65 @@ def saved_state(folder: Path, tp: int) -> dict[str, dict[str, torch.Tensor]]:
     return gathered
 
 
+@dataclass
+class Conversion:
+    run: Path
+    folder: Path
+    """The run's checkpoint folder: the conversion reads ``step2`` and writes ``step2_universal`` beside it."""
+    before: dict[str, int]
+    """Every file in the checkpoint folder before the conversion (path relative to it -> bytes)."""
+
+
+def files_under(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+def ds_to_universal(source: Path, output: Path, *options: str) -> None:
+    """DeepSpeed's shipped converter, as a subprocess, one worker each (strict checks on)."""
+    convert = subprocess.run([sys.executable, str(CONVERTER), "--input_folder", str(source), "--output_folder",
+                              str(output), "--num_extract_workers", "1", "--num_merge_workers", "1", *options],
+                             capture_output=True, text=True, timeout=600)
+    assert convert.returncode == 0, convert.stdout[-2000:] + convert.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """layout -> the Conversion of a tiny fp32 run's step-2 checkpoint into ``<checkpoints>/step2_universal``, the
+    study's convention (made on first use)."""
+    made: dict[str, Conversion] = {}
+
+    def convert(layout: str) -> Conversion:
+        if layout not in made:
+            logs = tmp_path_factory.mktemp(f"universal-{layout}") / "logs"
+            proc, run = run_study(logs, "tiny", layout, "--dtype", "fp32", "--iters", "2", "--save-interval", "2",
+                                  "--baseline-mib", "0")
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            folder = run / "checkpoints"
+            before = files_under(folder)
+            ds_to_universal(folder / "step2", folder / "step2_universal")
+            made[layout] = Conversion(run, folder, before)
+        return made[layout]
+
+    return convert
+
+
+LAYOUTS = ["tp2pp2", "tp1pp1dp2"]
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("layout", ["tp2pp2", "tp1pp1dp2"])
-def test_deepspeeds_converter_gives_every_parameter_at_full_shape(tmp_path, layout):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_deepspeeds_converter_gives_every_parameter_at_full_shape(converted, layout):
     """A tiny fp32 run saves at iteration 2; DeepSpeed's ds_to_universal.py (the shipped file, strict checks on)
     writes one folder per parameter name, every one of them, with its fp32 weights and Adam moments at the model's
     full shape, equal to what the study checkpoint holds gathered by hand, and Adam's step 2."""
-    proc, run = run_study(tmp_path / "logs", "tiny", layout, "--dtype", "fp32", "--iters", "2",
-                          "--save-interval", "2", "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    source, output = run / "checkpoints" / "step2", tmp_path / "universal" / "step2"
-    convert = subprocess.run([sys.executable, str(CONVERTER), "--input_folder", str(source), "--output_folder",
-                              str(output), "--num_extract_workers", "1", "--num_merge_workers", "1"],
-                             capture_output=True, text=True, timeout=600)
-    assert convert.returncode == 0, convert.stdout[-2000:] + convert.stderr[-2000:]
+    conversion = converted(layout)
+    source, output = conversion.folder / "step2", conversion.folder / "step2_universal"
 
     shapes = full_shapes(TINY)
     zero = output / "zero"
     assert sorted(p.name for p in zero.iterdir() if p.is_dir()) == sorted(shapes)
     assert (zero / "optimizer_state.pt").is_file()
-    assert (output.parent / "latest_universal").read_text() == "step2"
+    assert (output.parent / "latest_universal").read_text() == "step2_universal"
     expected = saved_state(source, parse_layout(layout).tp)
     for name, shape in shapes.items():
         for state in STATES:
@@ -140,3 +185,24 @@ def test_deepspeeds_converter_gives_every_parameter_at_full_shape(tmp_path, layo
     for model_file in sorted(output.glob("mp_rank_*_model_states.pt")):  # copied from the study checkpoint
         declared = torch.load(model_file, weights_only=False)[uc.UNIVERSAL_CHECKPOINT_INFO]
         assert declared == universal_checkpoint_info(TINY), model_file.name
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_conversion_writes_exactly_the_predicted_files_and_fragments(converted, layout, tmp_path):
+    """The predictor's universal checkpoint (``python -m restartbench.plan ... --universal``) is the conversion's:
+    every predicted file, and no other, appears in the checkpoint folder with exactly the predicted bytes (the
+    temporary folder removed); converted again with ``--keep_temp_folder``, the fragments left in ``tmp`` are the
+    predicted ones, byte for byte."""
+    conversion = converted(layout)
+    cfg = RunConfig.from_dict(json.loads((conversion.run / "config.json").read_text()))
+    plan = predict_universal(setup_for(cfg))
+    after = files_under(conversion.folder)
+    assert {path: size for path, size in after.items() if path not in conversion.before} == \
+        {f.path: f.bytes for f in plan.files}
+    assert all(after[path] == size for path, size in conversion.before.items())  # the checkpoint left as it was
+
+    kept = tmp_path / "kept"
+    ds_to_universal(conversion.folder / "step2", kept / "step2_universal", "--keep_temp_folder")
+    assert files_under(kept) == {f.path: f.bytes for f in [*plan.files, *plan.fragments]}
+    assert sum(size for path, size in files_under(kept).items() if "/tmp/" in path) == plan.fragment_bytes
