@@ -65,6 +65,7 @@ from restartbench.results import (
     restore_attempts,
     since_checkpoint_start,
     training_peak_rss,
+    whole_cost,
 )
 from restartbench.rundir import RunFolderError, RunPlan
 
@@ -118,7 +119,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "slowdown_s": "sum over the overlapped iterations of (iteration time - iteration_s), an iteration's time being its "
                   "max over ranks less any lazy copy wait in it (already in the stall); 0 by construction for a "
                   "synchronous engine (the harness waits for durability before the next iteration)",
-    "cost_s": "the checkpoint's whole cost to training: stall_max_s + slowdown_s",
+    "cost_s": "the checkpoint's whole cost to training: stall_max_s + slowdown_s (a negative slowdown, noise, adds "
+              "nothing)",
     "background_seen": "True where on every rank training went on after the save and the files were durable before "
                        "the harness began waiting for them: the background work ended while training ran, so "
                        "slowdown_s covers it; False for phase 1's last save (waited for after training) and where the "
@@ -694,7 +696,8 @@ def checkpoint_summary(table: pd.DataFrame) -> pd.DataFrame:
     for column in _INTERFERENCE:
         seen, every = summary.pop(f"_seen_{column}"), summary.pop(f"_all_{column}")
         summary[column] = seen.where(summary["seen_checkpoints"] > 0, every)
-    summary["cost_s"] = summary["stall_s"] + summary["slowdown_s"]
+    summary["cost_s"] = [whole_cost(stall, slowdown) if pd.notna(stall) and pd.notna(slowdown) else None
+                         for stall, slowdown in zip(summary["stall_s"], summary["slowdown_s"])]
     after_stall = ["slowdown_s", "cost_s", "overlapped_iterations", "seen_checkpoints"]
     rest = [c for c in summary.columns if c not in after_stall]
     at = rest.index("stall_rank_spread_s") + 1

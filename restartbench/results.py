@@ -232,6 +232,12 @@ def background_windows(events: list[dict[str, Any]]) -> dict[tuple[str, int], tu
     return windows
 
 
+def whole_cost(stall: float | None, slowdown: float | None) -> float | None:
+    """A checkpoint's whole cost to training: its stall plus its slowdown, a negative slowdown (iterations faster
+    than the clean median: noise) counting as none."""
+    return stall + max(slowdown, 0.0) if stall is not None and slowdown is not None else None
+
+
 def clean_iteration_time(events: list[dict[str, Any]]) -> float | None:
     """Median phase-1 iteration time (max over ranks per step, step 1 left out) over the iterations that overlapped
     no checkpoint's background work (``background_windows``): training's pace without checkpointing."""
@@ -247,7 +253,9 @@ def interference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     - ``slowdown_s``: Σ (iteration time − the clean median) over them, an iteration's time being the max over ranks of
       its span less any wait of a lazy engine's optimizer step for the save's copies in it (``checkpoint.copy_wait``,
       already in the stall); None without a clean median (no iteration overlapped nothing);
-    - ``cost_s``: the stall (``checkpoints``' ``stall_max_s``) + ``slowdown_s``, the checkpoint's whole cost;
+    - ``cost_s``: the stall (``checkpoints``' ``stall_max_s``) + ``slowdown_s``, the checkpoint's whole cost; a
+      negative slowdown (the overlapped iterations ran faster than the clean median: noise, not a gain) adds
+      nothing, so the cost is never below the stall;
     - ``background_seen``: True where, on every rank, training went on after the save and the files were durable
       before the harness began waiting for them (``checkpoint.wait_durable``): the background work ended while
       training ran, so the slowdown covers it. False for phase 1's last save (no training after it: the harness
@@ -320,7 +328,7 @@ class _Interference:
             steps = [step for step, owner in self.owner.items() if owner == tag]
             slowdown = self._slowdown(steps)
             rows[tag] = {"overlapped_iterations": len(steps) if self.spans else None, "slowdown_s": slowdown,
-                         "cost_s": stall + slowdown if stall is not None and slowdown is not None else None,
+                         "cost_s": whole_cost(stall, slowdown),
                          "background_seen": seen.get(tag, False)}
         return rows
 

@@ -754,3 +754,11 @@ def test_deepspeed_initialize_in_its_stages_max_over_ranks_and_the_slowest_named
     assert row["optimizer_sanity_check"] == 1.5 and row["other stages"] == pytest.approx(0.5 + 0.01)
     assert (row["collective wait"], row["other"]) == (0.9, 0.05)
     assert row["parts_sum_s"] == pytest.approx(1.5 + 0.51 + 0.9 + 0.05)
+
+
+def test_a_negative_slowdown_is_noise_and_never_brings_the_cost_below_the_stall():
+    """Overlapped iterations that ran faster than the clean median (noise) gave a goodput C below zero and ended
+    summarize.py in a ValueError; the whole cost is the stall then."""
+    assert results.whole_cost(0.5, -0.2) == 0.5
+    assert results.whole_cost(0.5, 0.25) == 0.75
+    assert results.whole_cost(None, 0.25) is None and results.whole_cost(0.5, None) is None
