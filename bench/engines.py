@@ -152,7 +152,9 @@ def runnable(name: str, device: str) -> str | None:
 def run_engine(name: str, args: argparse.Namespace, logs: Path) -> dict:
     argv = [sys.executable, str(ROOT / "config-n-run.py"), args.preset, args.layout, "--dtype", args.dtype,
             "--iters", str(args.iters), "--save-interval", str(args.save_interval), "--engine", name,
-            "--logs", str(logs), *args.extra]
+            "--logs", str(logs), "--baseline-mib", str(args.probe_mb), *args.extra]
+    # the run's own storage baseline: one fio job per rank of the node, each the rank's share of the checkpoint up to
+    # --probe-mb (config-n-run.py's default cap of 64 MiB would fit a larger rank's share in the page cache)
     if args.checkpoint_dir:
         # the benchmark's own scratch target, one folder per engine: a rerun writes over its previous checkpoints
         argv += ["--checkpoint-dir", str(Path(args.checkpoint_dir) / name), "--reuse-checkpoint-dir"]
