@@ -14,8 +14,8 @@ An engine whose package is missing is reported by ``missing_requirements`` with 
 command that installs it.
 
 ``restartbench.config`` imports this package (the folders, their options, the engines' names), so neither this
-module nor a folder's ``__init__.py`` imports ``restartbench.config`` at run time: ``EngineConfig`` is a type hint
-here only.
+module nor a folder's ``__init__.py`` imports ``restartbench.config``: the registry takes the run's engine options
+as ``base.EngineOptions`` (what it reads of ``config.EngineConfig``), a folder as its own options class.
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from restartbench.engines.base import CheckpointEngine, EngineInfo, load
+from restartbench.engines.base import CheckpointEngine, EngineInfo, EngineOptions, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
-
-if TYPE_CHECKING:
-    from restartbench.config import EngineConfig
 
 _REGISTRY: dict[str, EngineInfo] = {}
 
@@ -101,7 +98,7 @@ def known_issue(name: str, device: str) -> str | None:
     return engine_info(name).known_issues.get(device)
 
 
-def ds_config_sections(options: EngineConfig) -> dict[str, Any]:
+def ds_config_sections(options: EngineOptions) -> dict[str, Any]:
     return engine_info(options.engine).ds_config(options)
 
 
@@ -126,7 +123,7 @@ def emulator_class(name: str) -> Any:
     return load(info.emulator)
 
 
-def create_engine(options: EngineConfig) -> CheckpointEngine:
+def create_engine(options: EngineOptions) -> CheckpointEngine:
     info = engine_info(options.engine)
     cls = getattr(importlib.import_module(info.module), info.cls)
     if not (isinstance(cls, type) and issubclass(cls, CheckpointEngine)):

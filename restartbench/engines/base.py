@@ -23,10 +23,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from restartbench.durability import fsync_files
 from restartbench.storage import StorageError
+
+
+class EngineOptions(Protocol):
+    """What the registry reads of the run's engine options (``restartbench.config.EngineConfig``, which this package
+    may not import: config imports the registry to gather the engine folders' options)."""
+
+    engine: str
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from restartbench.engines.base import EngineInfo
-
-if TYPE_CHECKING:  # restartbench.config imports the registry, so this package: no import of it at run time
-    from restartbench.config import EngineConfig
+from restartbench.engines.deepspeed.options import DeepSpeedOptions
 
 
-def _writer_block(decoupled: bool) -> Callable[[EngineConfig], dict[str, Any]]:
-    def block(options: EngineConfig) -> dict[str, Any]:
+def _writer_block(decoupled: bool) -> Callable[[DeepSpeedOptions], dict[str, Any]]:
+    def block(options: DeepSpeedOptions) -> dict[str, Any]:
         return {"checkpoint": {"writer": {"type": "fast", "decoupled": decoupled,
                                           "io_buffer_size": options.io_buffer_mb * 2**20,
                                           "io_buffer_double": True, "show_statistics": False,
