@@ -38,11 +38,17 @@ def parse_rank_args(argv: list[str] | None, description: str) -> RankArgs:
     parser.add_argument("--phase", required=True, choices=("train", "restore"))
     parser.add_argument("--attempt", type=int, default=1, help="restore attempt (1: the run's own restore)")
     parser.add_argument("--tag", help="restore this committed checkpoint instead of the one 'latest' names")
-    launch = {f.name: f for f in dataclasses.fields(LaunchConfig)}
-    for name in ATTEMPT_OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}", choices=launch[name].metadata["choices"],
-                            help=launch[name].metadata["doc"] + " Default: the run's config.json.")
+    add_attempt_options(parser)
     args = parser.parse_args(argv)
     if args.attempt < 1:
         parser.error(f"--attempt must be at least 1 (got {args.attempt})")
     return RankArgs(**vars(args))
+
+
+def add_attempt_options(parser: argparse.ArgumentParser) -> None:
+    """The launch options an attempt may choose (``ATTEMPT_OPTIONS``), with their choices and help from
+    ``LaunchConfig``: the same on the rank's command line and on ``./submit-job.sh --restore``'s."""
+    launch = {f.name: f for f in dataclasses.fields(LaunchConfig)}
+    for name in ATTEMPT_OPTIONS:
+        parser.add_argument(f"--{name.replace('_', '-')}", choices=launch[name].metadata["choices"],
+                            help=f"{launch[name].metadata['doc']} Default: as the run was configured (config.json).")

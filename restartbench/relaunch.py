@@ -12,7 +12,6 @@ verdict). Nothing appends to an earlier attempt's records; the run's status and 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
 import os
 import sys
@@ -22,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from restartbench import rundir, storage
-from restartbench.config import LaunchConfig, RunConfig
+from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.events import EVENTS_FOLDER, phase_record
 from restartbench.integrity import committed_tags
 from restartbench.launchers import LAUNCHERS, Launcher
 from restartbench.progress import say
-from restartbench.rank_args import ATTEMPT_OPTIONS
+from restartbench.rank_args import ATTEMPT_OPTIONS, add_attempt_options
 from restartbench.rundir import RunFolderError, RunPlan
 from restartbench.study import free_port, restart_record, run_phase
 
@@ -56,10 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 1)")
     parser.add_argument("--tag", help="restore this committed checkpoint (such as step2) instead of the one 'latest' "
                         "names")
-    launch = {f.name: f for f in dataclasses.fields(LaunchConfig)}
-    for name in ATTEMPT_OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}", choices=launch[name].metadata["choices"],
-                            help=f"{launch[name].metadata['doc']} Default: as the run was configured.")
+    add_attempt_options(parser)
     return parser
 
 
