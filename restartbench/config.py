@@ -57,6 +57,9 @@ class LayoutConfig:
 class TrainConfig:
     iters: int = opt(4, "Iterations of phase 1 (train and checkpoint) before the restart.", allowed=AT_LEAST_1)
     save_interval: int = opt(2, "Checkpoint every N iterations (and always after the last one).", allowed=AT_LEAST_1)
+    clean_iters: int = opt(2, "Iterations phase 1 runs after iteration K+1 once its last save's background work "
+                           "(copies, writes) has ended on every rank: the last save's slowdown is then measured as the "
+                           "others' are, against clean iterations.", allowed=AT_LEAST_0)
     micro_batch: int = opt(1, "Micro-batch size per rank.", allowed=AT_LEAST_1)
     grad_accum: int | None = opt(None, "Micro-batches per iteration; default: pp (each pipeline stage busy).",
                                  allowed=AT_LEAST_1)

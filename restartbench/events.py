@@ -38,13 +38,15 @@ class Event:
     STARTUP_ENGINE = "startup.engine"  # the checkpoint engine's own set-up; engine, what it set up, pinned_bytes
     STARTUP_WORKAROUND = "startup.workaround"  # the harness changed the rank's environment; note (what and why)
     # -- training --------------------------------------------------------------------------------------------------
-    TRAIN_ITERATION = "train.iteration"  # one iteration (span); step, loss, reference or first_after_restore
+    TRAIN_ITERATION = "train.iteration"  # one iteration (span); step, loss, reference, after_save, clean or
+    # first_after_restore
     # -- phase 1's checkpoints: each has tag and step -------------------------------------------------------------
     CHECKPOINT_BEGIN = "checkpoint.begin"  # a save starts (begun, never committed: a lost checkpoint); engine
     CHECKPOINT_SAVE = "checkpoint.save"  # the time save blocked training, the stall (span); engine
     CHECKPOINT_WORKAROUND = "checkpoint.workaround"  # the engine answered a DeepSpeed call its own way; note
     CHECKPOINT_COPY_WAIT = "checkpoint.copy_wait"  # a lazy engine's later wait for the save's copies; duration_s
-    CHECKPOINT_WAIT_DURABLE = "checkpoint.wait_durable"  # the harness waiting for this rank's files (span)
+    CHECKPOINT_WAIT_DURABLE = "checkpoint.wait_durable"  # the harness waiting for this rank's files (span);
+    # background_done: what the engine said of its background work as the wait began
     CHECKPOINT_DURABLE = "checkpoint.durable"  # this rank's files are stable; files, bytes, n_files; when, in s:
     # since_save_start_s from the rank's own save start, since_checkpoint_start_s from the first rank's (one clock)
     CHECKPOINT_CHECKSUM = "checkpoint.checksum"  # hashing this rank's files for the manifest (span)

@@ -95,14 +95,16 @@ def failed_share(rank: int, started: SaveStart, error: str) -> Share:
 
 
 def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, started: SaveStart,
-                  wait_until_durable: Callable[[], float], written: Callable[[], list[FileRecord]]) -> Share:
-    """Wait until the rank's files of ``tag`` are durable (``checkpoint.wait_durable``), then hash them for the
-    manifest (``checkpoint.checksum``). What fails is the share's error: every rank must learn of it."""
+                  wait_until_durable: Callable[[], float], written: Callable[[], list[FileRecord]],
+                  **wait_fields: Any) -> Share:
+    """Wait until the rank's files of ``tag`` are durable (``checkpoint.wait_durable``, with ``wait_fields``: what
+    the engine said of its background work as the wait began), then hash them for the manifest
+    (``checkpoint.checksum``). What fails is the share's error: every rank must learn of it."""
     from restartbench.engines.base import records_as_dicts
 
     share = Share(rank, started)
     try:
-        with log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag):
+        with log.span(Event.CHECKPOINT_WAIT_DURABLE, step=step, tag=tag, **wait_fields):
             share.durable_at = wait_until_durable()
         share.written = records_as_dicts(written(), store.location)
         with log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):

@@ -248,20 +248,21 @@ def interference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per phase-1 checkpoint tag, what its background work cost training beyond the stall:
 
     - ``overlapped_iterations``: iterations (steps) that overlapped its window on some rank (each counted for the
-      earliest checkpoint it overlapped); 0 for phase 1's last save, whose background work the harness waits for
-      after training;
+      earliest checkpoint it overlapped), phase 1's last save included: training goes on after it until its
+      background work has ended on every rank (``restartbench.train``);
     - ``slowdown_s``: Σ (iteration time − the clean median) over them, an iteration's time being the max over ranks of
       its span less any wait of a lazy engine's optimizer step for the save's copies in it (``checkpoint.copy_wait``,
       already in the stall); None without a clean median (no iteration overlapped nothing);
     - ``cost_s``: the stall (``checkpoints``' ``stall_max_s``) + ``slowdown_s``, the checkpoint's whole cost; a
       negative slowdown (the overlapped iterations ran faster than the clean median: noise, not a gain) adds
       nothing, so the cost is never below the stall;
-    - ``background_seen``: True where, on every rank, training went on after the save and the files were durable
-      before the harness began waiting for them (``checkpoint.wait_durable``): the background work ended while
-      training ran, so the slowdown covers it. False for phase 1's last save (no training after it: the harness
-      waits for its work after training, which is not training time), and where the harness waited while the work
-      still ran: a synchronous engine's wait right after save (no iteration between: its slowdown is 0), or an
-      asynchronous save still writing at the next save (the rest is in ``wait_durable_max_s``).
+    - ``background_seen``: True where, on every rank, training went on after the save and its background work had
+      ended before the harness began waiting for the files (``checkpoint.wait_durable``: the engine said so as the
+      wait began, ``background_done``, or the files were durable by then): the work ended while training ran, so
+      the slowdown covers it. False where the harness waited while the work still ran: a synchronous engine's wait
+      right after save (no iteration between: its slowdown is 0), an asynchronous save still writing at the next
+      save or after phase 1's last iterations (the rest is in ``wait_durable_max_s``), or an engine that cannot
+      tell without waiting (DeepSpeed's decoupled writer).
 
     Runs without phase-1 iterations (emulated) have None for the first three."""
     return _Interference(events).per_checkpoint()
@@ -339,17 +340,19 @@ class _Interference:
 
     def _seen(self) -> dict[str, bool]:
         """tag -> on every rank, training went on after the save (an iteration other than the reference began after
-        it) and the files were durable before the harness began waiting for them (no wait recorded: True)."""
-        waits = {(e["tag"], e["rank"]): e["start"] for e in _train(self.events, Event.CHECKPOINT_WAIT_DURABLE)}
+        it) and its background work had ended before the harness began waiting for the files: the engine said so
+        (``background_done``) or they were durable by then (no wait recorded: True)."""
+        waits = {(e["tag"], e["rank"]): e for e in _train(self.events, Event.CHECKPOINT_WAIT_DURABLE)}
         last: dict[int, float] = {}
         for e in _train(self.events, Event.TRAIN_ITERATION):
             if not e.get("reference"):
                 last[e["rank"]] = max(last.get(e["rank"], float("-inf")), e["start"])
         seen: dict[str, bool] = {}
         for (tag, rank), (low, high) in self.windows.items():
-            waited = waits.get((tag, rank))
+            wait = waits.get((tag, rank))
+            ended = wait is None or wait.get("background_done") is True or high <= wait["start"]
             went_on = last.get(rank, float("-inf")) >= low
-            seen[tag] = seen.get(tag, True) and went_on and (waited is None or high <= waited)
+            seen[tag] = seen.get(tag, True) and went_on and ended
         return seen
 
 

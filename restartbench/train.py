@@ -1,7 +1,9 @@
 """The program every rank runs: ``python -m restartbench.train --run-dir DIR --phase train|restore``.
 
 Phase ``train`` trains K iterations, checkpointing every I, then runs iteration K+1 (the
-uninterrupted run's next step) and records its loss and the state it leaves.
+uninterrupted run's next step) and records its loss and the state it leaves. It trains on while
+the last save's background work runs on some rank, then ``clean_iters`` iterations more: every
+save's slowdown of training is measured against clean iterations, the last one's included.
 Phase ``restore`` is a fresh launch: it restores the latest committed checkpoint, proves the
 state equal to what was saved, runs iteration K+1 and proves loss and state equal to phase 1's.
 
@@ -135,8 +137,33 @@ class RankRun:
             self._say(f"train: iteration {step}/{train.iters} loss {loss:.4f}")
             if self.ckpt_engine.saves_state and (step % train.save_interval == 0 or step == train.iters):
                 self._checkpoint(step)
-        self._commit_pending()
         self._reference_step(train.iters + 1)
+        self._train_after_last_save(train.iters + 2)
+
+    def _train_after_last_save(self, step: int) -> None:
+        """Iterations from ``step`` on while the last save's background work runs on some rank (``after_save``; at
+        most K of them, then the harness waits for it and the analysis marks that save's slowdown unseen), its
+        commit, then ``clean_iters`` iterations (``clean``) that overlap no save."""
+        train, overlapped = self.cfg.train, 0
+        while overlapped < train.iters and self.pending is not None and not self._background_done_everywhere():
+            self._iteration(step + overlapped, after_save=True)
+            overlapped += 1
+        self._commit_pending()
+        for clean in range(train.clean_iters):
+            self._iteration(step + overlapped + clean, clean=True)
+        self._say(f"train: {overlapped} iteration(s) while the last save's background work ran, then "
+                  f"{train.clean_iters} clean")
+
+    def _background_done_everywhere(self) -> bool:
+        """Whether the pending save's background work has ended on every rank, or an engine cannot tell without
+        waiting (``background_done`` None: training stops and the harness waits). A collective."""
+        import torch
+        import torch.distributed as dist
+
+        done = self.ckpt_engine.background_done()
+        flag = torch.tensor([0 if done is False else 1], dtype=torch.int32, device=self.engine.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def _checkpoint(self, step: int) -> None:
         """Save (the stall); a synchronous engine is then made durable and committed at once,
@@ -150,6 +177,10 @@ class RankRun:
         hang_before_save(self.log, tag)
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
         arm_save_fault(self.log, tag)
+        if self.cfg.launch.verify:  # the state the save writes, digested before it: outside its spans and its window
+            from restartbench.verify import training_state_digest, write_digest
+
+            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
         save_start = harness.begin_save(self.log, step, tag, engine=self.cfg.engine.engine)
         error = None
         try:
@@ -163,10 +194,6 @@ class RankRun:
             error = f"{type(failure).__name__}: {failure}"
             dist.barrier()  # the healthy ranks are in DeepSpeed's closing barrier of save_checkpoint
         self.pending = (step, tag, save_start, error)
-        if self.cfg.launch.verify and error is None:  # the state as saved; taken outside the timed spans
-            from restartbench.verify import training_state_digest, write_digest
-
-            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
         if not self.ckpt_engine.asynchronous or error is not None:
             self._commit_pending()
 
@@ -179,7 +206,8 @@ class RankRun:
         self.pending = None
         if error is None:
             share = harness.durable_share(self.log, self.store, self.rank, step, tag, save_start,
-                                          self.ckpt_engine.wait_until_durable, self.ckpt_engine.written)
+                                          self.ckpt_engine.wait_until_durable, self.ckpt_engine.written,
+                                          background_done=self.ckpt_engine.background_done())
         else:
             share = harness.failed_share(self.rank, save_start, error)
         errors = harness.settle({self.rank: self.log}, self.store, [share], step, tag,

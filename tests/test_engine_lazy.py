@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import relaunch, run_study
 
+from restartbench import results
 from restartbench.config import EngineConfig
 from restartbench.engines.lazy import copies, restore
 from restartbench.engines.lazy import format as fmt
@@ -238,6 +239,13 @@ def test_two_data_parallel_ranks_restore_exactly(tmp_path):
     assert header["values"]["engine"]["global_steps"] == 4 and header["dp"] == 1
     loads = [e for e in read_events(run_dir) if e["event"] == "restore.load"]
     assert all(e["bytes"] > 0 for e in loads)
+    # Training went on after the last save until its background work had ended on both ranks, then 2 clean
+    # iterations: that save's slowdown is measured like any other's.
+    steps = [e for e in read_events(run_dir, "train", 0) if e["event"] == "train.iteration"]
+    assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)) and steps[4].get("reference") is True
+    tail = [("after_save" if e.get("after_save") else "clean" if e.get("clean") else None) for e in steps[5:]]
+    assert tail == ["after_save"] * (len(tail) - 2) + ["clean", "clean"], tail
+    assert results.interference(read_events(run_dir))["step4"]["background_seen"] is True
     # The host buffer is allocated at engine set-up, in every launch, large enough for every save (the
     # optimizer state DeepSpeed creates at initialisation is already there): no save allocates it.
     setups = {(e["phase"], e["rank"]): e for e in read_events(run_dir) if e["event"] == "startup.engine"}

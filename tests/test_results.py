@@ -711,13 +711,32 @@ def test_the_table_and_the_summary_carry_the_whole_cost(tmp_path):
     assert sorted(cost.tolist()) == pytest.approx([0.035, 1.835]) and basis == "stall + slowdown"
 
 
-def test_the_last_saves_background_is_never_seen(tmp_path):
-    """No training follows phase 1's last save: even where the harness recorded no wait for it (its work ended
-    before), it overlapped nothing it could slow, so it is left out of the summaries' slowdown."""
+def test_a_save_no_training_followed_is_never_seen(tmp_path):
+    """No training followed step8 (as phase 1's last save before the harness trained on after it): even where the
+    harness recorded no wait for it (its work ended before), it overlapped nothing it could slow, so it is left out
+    of the summaries' slowdown."""
     events = [e for e in read_events(write_overlap_run(tmp_path / "logs", "lazy"))
               if not (e["event"] == "checkpoint.wait_durable" and e["tag"] == "step8")]
     costs = results.interference(events)
     assert (costs["step4"]["background_seen"], costs["step8"]["background_seen"]) == (True, False)
+
+
+def test_a_save_whose_engine_said_its_work_had_ended_as_the_wait_began_is_seen(tmp_path):
+    """Training went on after step8 (iteration 10), and its files were durable only inside the harness's wait (DCP's
+    async write ends in training, the harness's fsync of the folder in the wait): unseen by the clock alone, seen
+    where the engine said its background work had ended as the wait began (``background_done``), never where it
+    said it had not."""
+    events = read_events(write_overlap_run(tmp_path / "logs", "lazy"))
+    events += [{"event": "train.iteration", "phase": "train", "rank": rank, "start": 200.0, "duration_s": 1.0,
+                "step": 10} for rank in (0, 1)]
+
+    def said(done):
+        return [{**e, "background_done": done} if e["event"] == "checkpoint.wait_durable" and e["tag"] == "step8"
+                else e for e in events]
+
+    assert results.interference(events)["step8"]["background_seen"] is False
+    assert results.interference(said(True))["step8"]["background_seen"] is True
+    assert results.interference(said(False))["step8"]["background_seen"] is False
 
 
 def test_the_restarts_memory_peak_and_the_resume_spike_against_steady_training():

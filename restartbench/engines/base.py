@@ -135,6 +135,12 @@ class CheckpointEngine(abc.ABC):
         """Block until this rank's bytes of the last save are on stable storage (fsync'd, or uploaded); return
         the ``time.perf_counter()`` at which they were. Raises what went wrong in the save's background work."""
 
+    def background_done(self) -> bool | None:
+        """Whether the last save's background work (copies, writes) has ended, asked without waiting: phase 1 runs
+        iterations after its last save until it has on every rank. A synchronous engine's ``save`` leaves none (True);
+        an asynchronous engine that cannot tell without waiting answers None, and the harness then waits for it."""
+        return None if self.asynchronous else True
+
     @abc.abstractmethod
     def written(self) -> list[FileRecord]:
         """The files this rank wrote for the last save, with their sizes (final once durable)."""

@@ -313,6 +313,9 @@ class AsyncDCPEngine(DCPEngine):
     def _mark_written(self, _future: Any) -> None:
         self._done_at = time.perf_counter()
 
+    def background_done(self) -> bool:
+        return self._future is None or self._future.done()
+
     def wait_until_durable(self) -> float:
         """Wait for the background write (raising its error, if any), then make this rank's files durable
         (fsync them in a folder; in S3 the completed uploads already are)."""

@@ -212,6 +212,9 @@ class LazyEngine(CheckpointEngine):
             raise flush.error
         return flush.durable_at
 
+    def background_done(self) -> bool:
+        return self._flush is None or self._flush.done()
+
     def written(self) -> list[FileRecord]:
         return list(self._flush.records) if self._flush else []
 

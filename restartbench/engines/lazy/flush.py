@@ -85,6 +85,10 @@ class Flush:
     def join(self) -> None:
         self._thread.join()
 
+    def done(self) -> bool:
+        """The writes (and the copies they wait for) have ended, well or not: ``join`` would not wait."""
+        return not self._thread.is_alive()
+
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     """Write all of ``view`` at ``offset`` (``os.pwrite`` may write less than asked)."""
