@@ -128,8 +128,8 @@ class LazyEngine(CheckpointEngine):
         buffer = self._buffer_for(plan, pinned=cuda)
         folder = Path(save_dir) / tag
         folder.mkdir(parents=True, exist_ok=True)
-        meta = file_meta(layout, tag)
-        heads = {f.name: encode_header(f, meta, state.values if f.kind == "optim" else {}) for f in plan.files}
+        heads = {f.name: encode_header(f, file_meta(layout, tag, state, f.kind),
+                                       state.values if f.kind == "optim" else {}) for f in plan.files}
         self._copies = CopyProgress(plan, state.tensors, buffer, self.chunk,
                                     self._side_stream(state) if cuda else None)
         self._copies_tag = tag

@@ -29,7 +29,10 @@ FILE_ALIGN = 4096
 """The data region starts on, and is padded to, a multiple of this (page and O_DIRECT friendly)."""
 ENTRY_ALIGN = 64
 """Each tensor starts on a multiple of this inside the data region."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 adds what a load in another parallel layout needs (``layout``, ``params``, ``zero``: docs/lazy-format.md);
+version 1 files still load in the layout they were written in."""
+READABLE_VERSIONS = (1, 2)
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -178,12 +181,20 @@ def decode_header(raw: bytes, source: str = "<bytes>") -> tuple[dict[str, Any], 
     if len(raw) < PREAMBLE.size + length:
         raise LazyFormatError(f"{source}: header cut short ({len(raw)} bytes, header needs {PREAMBLE.size + length})")
     header = json.loads(raw[PREAMBLE.size:PREAMBLE.size + length])
-    if header.get("version") != FORMAT_VERSION:
-        raise LazyFormatError(f"{source}: format version {header.get('version')}, this reader knows {FORMAT_VERSION}")
+    if header.get("version") not in READABLE_VERSIONS:
+        raise LazyFormatError(f"{source}: format version {header.get('version')}, this reader knows "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}")
     return header, data_offset
 
 
 def read_header(path: str | Path) -> tuple[dict[str, Any], int]:
+    """(header, data offset) of a file, refused when the file is shorter than its header says."""
+    header, data_offset, _ = read_header_counted(path)
+    return header, data_offset
+
+
+def read_header_counted(path: str | Path) -> tuple[dict[str, Any], int, int]:
+    """``read_header`` and the bytes it read (preamble and header JSON)."""
     with open(path, "rb") as handle:
         raw = handle.read(PREAMBLE.size)
         if len(raw) == PREAMBLE.size and raw[:8] == MAGIC:
@@ -193,7 +204,7 @@ def read_header(path: str | Path) -> tuple[dict[str, Any], int]:
     if size < data_offset + header["data_bytes"]:
         raise LazyFormatError(f"{path}: {size} bytes, the header says {data_offset + header['data_bytes']} "
                               "(truncated: an interrupted save?)")
-    return header, data_offset
+    return header, data_offset, len(raw)
 
 
 # -- plain values: JSON with tags for what JSON cannot say -----------------------------------------------

@@ -27,7 +27,7 @@ def lazy_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
     for rank, coord, state in training_states(setup):
         layout, captured = lazy_capture(setup, rank, coord, state)
         for f in make_plan(captured.groups).files:
-            _, data_offset = encode_header(f, file_meta(layout, setup.tag),
+            _, data_offset = encode_header(f, file_meta(layout, setup.tag, captured, f.kind),
                                            captured.values if f.kind == "optim" else {})
             files.append(PlannedFile(f"{setup.tag}/{f.name}", rank, "model" if f.kind == "model" else "optimizer",
                                      sum(e.spec.nbytes for e in f.entries), data_offset + f.data_bytes))
@@ -38,10 +38,12 @@ def lazy_capture(setup: ShardSetup, rank: int, coord: Any, state: TrainingState)
     """(the lazy engine's ``RankLayout`` of ``rank``, its ``capture`` of the rank's state), each tensor spec on the
     device the run's state lives on; the tensors are the state's own (meta tensors for a ``training_states`` one)."""
     from restartbench.engines.lazy.capture import RankLayout, capture
+    from restartbench.model import parameter_splits
 
     layout = RankLayout(coord.pipe, coord.model, coord.data, setup.layout.dp,
-                        dp_src=rank - coord.data * setup.layout.tp, dp_group=None)
-    captured = capture(state, layout)
+                        dp_src=rank - coord.data * setup.layout.tp, dp_group=None, tp_size=setup.layout.tp,
+                        pp_size=setup.layout.pp, rank=rank)
+    captured = capture(state, layout, tp_dims={name: dim for name, dim, _ in parameter_splits(setup.preset)})
     return layout, replace(captured, groups=_lazy_on_device(captured.groups, setup.device))
 
 
