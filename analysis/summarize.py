@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"tables in {out}")
         return 0
     outputs = write_outputs(collected, out, failures_per_gpu_hour=args.failures_per_gpu_hour, gpus=args.gpus)
-    console.print(f"tables (study.csv/.parquet, ranks, files, excluded, goodput), plots (PNG, SVG) and the report in "
-                  f"{out}")
+    console.print(f"tables (study.csv/.parquet, ranks, files, excluded, goodput, restart_spans, restart_memory), "
+                  f"plots (PNG, SVG) and the report in {out}")
     console.print(f"report: {outputs.report}")
     return 0
 

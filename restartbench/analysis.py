@@ -1,7 +1,7 @@
 """Tables across many run folders (used by analysis/summarize.py, the report and the notebooks).
 
 ``collect(root)`` finds every run folder under ``root`` (a folder holding ``metadata.json``;
-run folders are not searched inside), and returns a ``Collected`` with four tables:
+run folders are not searched inside), and returns a ``Collected`` with six tables:
 
 - ``table()``: the tidy table, one row per run × event: ``kind == "checkpoint"`` (one per
   checkpoint tag) or ``kind == "restart"`` (one per restore attempt: the run's own restore is
@@ -11,6 +11,10 @@ run folders are not searched inside), and returns a ``Collected`` with four tabl
   kept rather than averaged away.
 - ``file_table()``: every checkpoint file (tag, path, bytes, kind, writing rank), from
   ``inventory.json`` (or, without one, from the ``checkpoint.durable`` events).
+- ``span_table()``: every restore attempt's spans per rank on the restart's clock (seconds since the rank's launch):
+  the restart's parts and the harness's verify, each with its host RSS at the start and its peak (``SPAN_COLUMNS``).
+- ``memory_table()``: every restore attempt's host RSS over time per rank (the ``rank.memory`` timeline, thinned
+  by the rank as it wrote it) on the same clock, each sample with the part it fell in (``MEMORY_COLUMNS``).
 - ``excluded_table()``: runs left out, each with a ``status`` and a reason:
   ``skipped`` (the run itself was skipped, e.g. an optional engine not installed: by design),
   ``failed``, ``incomplete`` (never finished) or ``unreadable`` (a malformed file, named).
@@ -59,6 +63,7 @@ from restartbench.results import (
     attempt_events,
     checkpoints,
     clean_iteration_time,
+    ds_init_breakdown,
     file_kind,
     interference,
     restart,
@@ -166,6 +171,9 @@ TABLE_COLUMNS: dict[str, str] = {
                  "iteration)",
     **{column: f"critical path: '{label}' of the critical rank (the path parts add up to restart_s)"
        for column, label in PATH_COLUMNS},
+    "path_ds_init_parts": "the critical rank's deepspeed.initialize in its stages, {stage: seconds}, with 'collective "
+                          "wait' and 'other' (they add up to the time the call was timed: path_ds_init_s less what "
+                          "the span does around it, reading ds_config.json)",
     "restores_checkpoint": "False for engine none: a relaunch that restores nothing (the start-up floor)",
     "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
@@ -193,6 +201,30 @@ RANK_COLUMNS: dict[str, str] = {
     "files": "files written by this rank", "restart_s": "launch -> end of this rank's first resumed iteration",
     "bytes_read": "bytes this rank read", "files_read": "files this rank read",
     "read_deserialize_s": "time inside this rank's file reads",
+    "ds_init_parts": "this rank's deepspeed.initialize in its stages, {stage: seconds}, with 'collective wait' and "
+                     "'other' (restartbench.ds_init_timing)",
+}
+
+#: Columns of ``span_table()``: one row per restore attempt, rank and span.
+SPAN_COLUMNS: dict[str, str] = {
+    "run_id": "run folder relative to the collected root", "preset": "model preset", "layout": "parallel layout",
+    "engine": "checkpoint engine", "attempt": "restore attempt", "rank": "rank",
+    "part": "the restart part (launch, imports, dist init, model build, ds init, engine setup, ckpt load, 1st iter) "
+            "or verify (the harness's exactness check)",
+    "start_s": "seconds from the rank's launch to the span's start (the restart's clock)",
+    "end_s": "seconds from the rank's launch to the span's end",
+    "start_rss_bytes": "the rank's host RSS as the span began (None for launch: before the process ran)",
+    "peak_rss_bytes": "the largest host RSS sampled during the span (restartbench.memwatch, unthinned)",
+}
+
+#: Columns of ``memory_table()``: one row per restore attempt, rank and memory sample.
+MEMORY_COLUMNS: dict[str, str] = {
+    "run_id": "run folder relative to the collected root", "preset": "model preset", "layout": "parallel layout",
+    "engine": "checkpoint engine", "attempt": "restore attempt", "rank": "rank",
+    "t_s": "seconds from the rank's launch (the restart's clock: the span table's and the restart parts')",
+    "rss_bytes": "the process's host RSS (/proc/self/statm) at that time",
+    "part": "the span of span_table the sample fell in (None: between spans)",
+    "resolution_s": "the sampling interval; the timeline the rank recorded keeps an even selection of the samples",
 }
 
 SETUP_KEYS = ("dtype", "device", "storage", "client", "nodes")
@@ -217,6 +249,8 @@ class Collected:
     rows: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -229,6 +263,12 @@ class Collected:
     def file_table(self) -> pd.DataFrame:
         return _frame(self.files, dict.fromkeys(("run_id", "run", "preset", "layout", "engine", "tag", "path",
                                                    "bytes", "kind", "rank")))
+
+    def span_table(self) -> pd.DataFrame:
+        return _frame(self.spans, SPAN_COLUMNS)
+
+    def memory_table(self) -> pd.DataFrame:
+        return _frame(self.memory, MEMORY_COLUMNS)
 
     def excluded_table(self) -> pd.DataFrame:
         rows = [{"run_id": _run_id(e.run, self.root), "run": str(e.run), "status": e.status, "reason": e.reason,
@@ -318,8 +358,9 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         "baseline_tool": baseline.get("tool"),
     }
     ident = {key: common[key] for key in ("run_id", "run", "preset", "layout", "engine")}
+    where = {key: common[key] for key in ("run_id", "preset", "layout", "engine")}  # spans, samples: many rows
 
-    rows, ranks, files = [], [], []  # kept only once the whole run has been read
+    rows, ranks, files, spans, memory = [], [], [], [], []  # kept only once the whole run has been read
     per_rank = rank_checkpoints(events)
     costs = interference(events)
     for row in checkpoints(events):
@@ -339,10 +380,15 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         row["read_limit"] = limit_note(row["read_pct_of_storage"], row["cache"])
         rows.append({**common, "kind": "restart", **row, **critical_path(attempt_ranks, info["total_s"])})
         ranks.extend({**ident, **r} for r in attempt_ranks)
+        attempt_spans = restart_spans(events, attempt)
+        spans.extend({**where, **s} for s in attempt_spans)
+        memory.extend({**where, **m} for m in restart_memory(events, attempt, attempt_spans))
     files = [{**ident, **entry} for entry in _run_files(run_dir, events)]
     collected.rows.extend(rows)
     collected.ranks.extend(ranks)
     collected.files.extend(files)
+    collected.spans.extend(spans)
+    collected.memory.extend(memory)
 
 
 def _resume_spike(restore_peak: int | None, training_peak: int | None) -> dict[str, Any]:
@@ -470,8 +516,8 @@ def rank_checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
-    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, bytes read, and
-    ``ready_s`` (launch -> start of its first resumed iteration)."""
+    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, bytes read,
+    ``ready_s`` (launch -> start of its first resumed iteration) and its ``deepspeed.initialize`` in stages."""
     labels = dict(RESTART_PARTS)
     columns = {label: column for column, label in RESTART_PART_COLUMNS}
     rows: dict[int, dict[str, Any]] = {}
@@ -480,7 +526,7 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
                                           "restart_s": None,
                                           "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
                                           "verify_s": None, "bytes_read": None, "files_read": None,
-                                          "read_deserialize_s": None, "_launch": None})
+                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None})
         name = e["event"]
         if name == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
             continue
@@ -495,6 +541,8 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
                        read_deserialize_s=e.get("read_deserialize_s"))
         elif name == Event.RESTORE_VERIFY:
             row["verify_s"] = e["duration_s"]
+        elif name == Event.STARTUP_DS_INITIALIZE:
+            row["ds_init_parts"] = ds_init_breakdown([e])
     for row in rows.values():
         launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
         row["restart_s"] = end - launch if launch is not None and end is not None else None
@@ -502,18 +550,87 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
     return [rows[rank] for rank in sorted(rows)]
 
 
+#: The spans of a restore the memory figure marks: the restart's parts and the harness's exactness check.
+SPAN_PARTS = (*RESTART_PARTS, (Event.RESTORE_VERIFY, "verify"))
+
+
+def restart_spans(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
+    """One row per rank and span (``SPAN_PARTS``) of one restore attempt, on the restart's clock: seconds since the
+    rank's launch (its ``process.start`` span's start), with the RSS at the span's start and its peak. A rank
+    without a launch record has none."""
+    restore = attempt_events(events, attempt)
+    launches = _launches(restore)
+    labels = dict(SPAN_PARTS)
+    rows = []
+    for e in restore:
+        if e["event"] not in labels or e["rank"] not in launches:
+            continue
+        if e["event"] == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
+            continue
+        start = e["start"] - launches[e["rank"]]
+        rows.append({"attempt": attempt, "rank": e["rank"], "part": labels[e["event"]], "start_s": start,
+                     "end_s": start + e["duration_s"], "start_rss_bytes": e.get("start_rss_bytes"),
+                     "peak_rss_bytes": e.get("peak_rss_bytes")})
+    return sorted(rows, key=lambda r: (r["rank"], r["start_s"]))
+
+
+def restart_memory(events: list[dict[str, Any]], attempt: int, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per memory sample of each rank's ``rank.memory`` timeline of one restore attempt, moved from the
+    process's clock (seconds since ``process_start``) to the restart's (since the rank's launch), each with the span of
+    ``spans`` (``restart_spans``' rows of the attempt) it fell in. Records without a timeline give none."""
+    restore = attempt_events(events, attempt)
+    launches = _launches(restore)
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for span in spans:
+        by_rank.setdefault(span["rank"], []).append(span)
+    rows = []
+    for e in restore:
+        if e["event"] != Event.RANK_MEMORY or e["rank"] not in launches or not e.get("timeline"):
+            continue
+        offset = e["process_start"] - launches[e["rank"]]
+        for since_start, rss in e["timeline"]:
+            t = since_start + offset
+            rows.append({"attempt": attempt, "rank": e["rank"], "t_s": t, "rss_bytes": rss,
+                         "part": _part_at(by_rank.get(e["rank"], []), t), "resolution_s": e.get("resolution_s")})
+    return rows
+
+
+def _launches(restore: list[dict[str, Any]]) -> dict[int, float]:
+    """rank -> its launch (wall clock): the start of its ``process.start`` span, the restart's zero."""
+    return {e["rank"]: e["start"] for e in restore if e["event"] == Event.PROCESS_START}
+
+
+def _part_at(spans: list[dict[str, Any]], t: float) -> str | None:
+    """The span (of one rank) that holds time ``t``; at the boundary of two, the later."""
+    holding = [s for s in spans if s["start_s"] <= t <= s["end_s"]]
+    return max(holding, key=lambda s: s["start_s"])["part"] if holding else None
+
+
+def max_over_ranks(samples: pd.DataFrame) -> pd.DataFrame:
+    """One restore attempt's ``memory_table`` rows as one line, ``t_s`` and ``rss_bytes``: at each rank's sample time
+    the largest RSS of any rank, each rank holding its last sample until its next (ranks sample at their own times);
+    a rank counts from its first sample to its last."""
+    if samples.empty:
+        return pd.DataFrame(columns=["t_s", "rss_bytes"])
+    wide = samples.pivot_table(index="t_s", columns="rank", values="rss_bytes", aggfunc="max").sort_index()
+    held = wide.ffill().where(wide.bfill().notna())
+    return held.max(axis=1).rename("rss_bytes").rename_axis("t_s").reset_index()
+
+
 def critical_path(ranks: list[dict[str, Any]], total: float | None) -> dict[str, Any]:
-    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``."""
+    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``, and its
+    ``deepspeed.initialize`` in stages (``path_ds_init_parts``)."""
     ready = [r for r in ranks if r["ready_s"] is not None]
     if not ready or total is None:
-        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}}
+        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}, "path_ds_init_parts": None}
     rank = max(ready, key=lambda r: r["ready_s"])
     by_label = {label: rank[column] for column, label in RESTART_PART_COLUMNS}
     path = {label: by_label.get(label) for label in PATH_PARTS if label not in ("verify", "gaps", "1st iter")}
     path["verify"] = rank["verify_s"]
     path["1st iter"] = max(total - rank["ready_s"], 0.0)
     path["gaps"] = max(rank["ready_s"] - sum(v for k, v in path.items() if v is not None and k != "1st iter"), 0.0)
-    return {"path_rank": rank["rank"], **{column: path.get(label) for column, label in PATH_COLUMNS}}
+    return {"path_rank": rank["rank"], **{column: path.get(label) for column, label in PATH_COLUMNS},
+            "path_ds_init_parts": rank["ds_init_parts"]}
 
 
 def _run_files(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -751,23 +868,36 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
                      keys)
 
 
+def typical_restarts(table: pd.DataFrame) -> pd.DataFrame:
+    """Per preset, layout (, varying setup) and engine: the one timed restore attempt whose restart is nearest its
+    configuration's median (the first in the table on a tie): the restart a figure of one restart draws."""
+    keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
+    timed = table[(table["kind"] == "restart") & table["restart_s"].notna()] if not table.empty else table
+    if timed.empty:
+        return timed
+    distance = (timed["restart_s"] - timed.groupby(keys, dropna=False)["restart_s"].transform("median")).abs()
+    nearest = timed.assign(_distance=distance).sort_values("_distance", kind="stable")
+    return sort_rows(nearest.groupby(keys, dropna=False, sort=False).head(1).drop(columns="_distance"), keys)
+
+
 def _verdict_counts(verdicts: pd.Series) -> str:
     """'3 exact, 1 refused': each verdict of the attempts with its count, most frequent first."""
     counts = verdicts.astype(object).fillna("unknown").value_counts()
     return ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
 
 
-def ds_init_summary(table: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+def ds_init_summary(table: pd.DataFrame, top: int = 5, column: str = "ds_init_parts") -> pd.DataFrame:
     """Per preset, layout (, varying setup) and engine: ``deepspeed.initialize``'s stages as medians over runs and
-    restore attempts (each the max over ranks): the ``top`` slowest stages by name, the rest as ``other stages``,
-    then ``collective wait`` and ``other``, and ``parts_sum_s``, their sum: each part comes from its slowest rank,
-    so the sum can exceed any one rank's call. Empty where no restart timed the stages."""
+    restore attempts: the ``top`` slowest stages by name, the rest as ``other stages``, then ``collective wait`` and
+    ``other``, and ``parts_sum_s``, their sum. From ``ds_init_parts`` (the default) each stage is its max over ranks,
+    so the sum can exceed any one rank's call; from ``path_ds_init_parts`` the stages are the critical rank's, those
+    of the restart figure's ds init bar. Empty where no restart timed the stages."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
-    restarts = table[(table["kind"] == "restart") & table["ds_init_parts"].notna()] \
-        if not table.empty and "ds_init_parts" in table.columns else table.iloc[0:0]
+    restarts = table[(table["kind"] == "restart") & table[column].notna()] \
+        if not table.empty and column in table.columns else table.iloc[0:0]
     if restarts.empty:
         return pd.DataFrame(columns=[*keys, "parts_sum_s"])
-    parts = pd.DataFrame(restarts["ds_init_parts"].tolist(), index=restarts.index).fillna(0.0)
+    parts = pd.DataFrame(restarts[column].tolist(), index=restarts.index).fillna(0.0)
     medians = parts.join(restarts[keys]).groupby(keys, dropna=False).median().reset_index()
     fixed = [c for c in ("collective wait", "other") if c in medians]
     stages = [c for c in medians.columns if c not in (*keys, *fixed)]

@@ -1,6 +1,7 @@
 """Figures and the self-contained HTML report, built from the tables of ``restartbench.analysis``.
 
-Every figure function takes the tables (``Collected.table()``, ``rank_table()``, ``file_table()``)
+Every figure function takes the tables (``Collected.table()``, ``rank_table()``, ``file_table()``, ``span_table()``,
+``memory_table()``)
 and returns a matplotlib Figure, so that ``analysis/summarize.py``, the report and the notebooks
 draw the same thing. ``write_outputs(collected, out)`` writes the tables, every figure (PNG and
 SVG) and ``report.html`` (figures inlined as PNG, no external file needed).
@@ -145,8 +146,10 @@ def _empty(message: str) -> Figure:
 HEADER_IN = 1.0  # inches above the axes for the title, subtitle and legend
 
 
-def _header(fig: Figure, title: str, subtitle: str, handles: list, ncol: int, fontsize: float = 8.5) -> None:
-    """Title, one-line subtitle and the legend above the axes (at fixed distances in inches), then lay out the axes."""
+def _header(fig: Figure, title: str, subtitle: str, handles: list, ncol: int, fontsize: float = 8.5,
+            header_in: float = HEADER_IN) -> None:
+    """Title, one-line subtitle and the legend above the axes (at fixed distances in inches; ``header_in`` for them
+    all, more than ``HEADER_IN`` for a legend of more than two rows), then lay out the axes."""
     height = fig.get_figheight()
     fig.suptitle(title, fontsize=13, fontweight="bold", x=0.01, ha="left", y=1 - 0.1 / height, va="top")
     fig.text(0.01, 1 - 0.42 / height, subtitle, fontsize=9, ha="left", va="top", color="#333333")
@@ -154,7 +157,7 @@ def _header(fig: Figure, title: str, subtitle: str, handles: list, ncol: int, fo
         fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.005, 1 - 0.6 / height), ncol=ncol,
                    fontsize=fontsize, frameon=False, handlelength=1.4, columnspacing=1.1)
     fig.tight_layout()
-    fig.subplots_adjust(top=1 - (HEADER_IN + 0.3) / height)  # tight_layout leaves room for the suptitle only
+    fig.subplots_adjust(top=1 - (header_in + 0.3) / height)  # tight_layout leaves room for the suptitle only
 
 
 # -- figures -------------------------------------------------------------------------------------------
@@ -241,13 +244,15 @@ def _bar_values(rows: pd.DataFrame, column: str) -> pd.Series:
 
 def plot_restart_phases(table: pd.DataFrame) -> Figure:
     """Per preset/layout and engine: the restart's critical path as stacked bars (the parts of the last rank ready to
-    train, median over runs), the total (max over ranks) as a marker; engine none (nothing restored) is the start-up
-    floor."""
+    train, median over runs), the total (max over ranks) as a marker, and beneath the ds init part its stages
+    (``analysis.ds_init_summary`` of the critical rank), collective waits hatched; engine none (nothing restored) is
+    the start-up floor."""
     restarts = table[table["kind"] == "restart"] if not table.empty else table
     if restarts.empty:
         return _empty("No restarts measured.")
     summary = analysis.restart_summary(table)
     keys = [k for k in analysis.group_keys(table) if k != "engine"]
+    stages = _ds_init_stages(table, summary)
     facets = list(summary.groupby(keys, dropna=False, sort=False).groups)
     facets = [f if isinstance(f, tuple) else (f,) for f in facets]
     shown, total_rows = [], 0
@@ -257,26 +262,35 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
             break
         shown.append(f)
         total_rows += n
-    heights = [0.55 * len(_subset(summary, keys, f)) + 0.75 for f in shown]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(11, sum(heights) + 0.5 + HEADER_IN), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
     path_columns = [(c, label) for c, label in analysis.PATH_COLUMNS if c in summary]
+    names = list(dict.fromkeys(name for row_stages in stages for name in row_stages))
+    legend = len(path_columns) + 1 + len(names)  # parts, total, stages
+    ncol = legend if legend <= 11 else math.ceil(legend / 3)
+    header = HEADER_IN + 0.2 * max(0, math.ceil(legend / ncol) - 2)  # a third row of the legend
+    row_height = 0.75 if names else 0.55  # room for the ds init strip beneath a bar
+    heights = [row_height * len(_subset(summary, keys, f)) + 0.75 for f in shown]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, sum(heights) + 0.5 + header), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
     sums = summary[[c for c, _ in path_columns]].fillna(0).sum(axis=1) if path_columns else summary["restart_s"]
     xmax = float(np.nanmax([*summary["restart_s"].to_numpy(dtype=float), *sums.to_numpy(dtype=float), 1e-3]))
     for ax, values in zip(axes[:, 0], shown):
-        part = _subset(summary, keys, values).reset_index(drop=True)
+        rows = _subset(summary, keys, values)
+        part = rows.reset_index(drop=True)
         y = np.arange(len(part))[::-1]
-        for yi, (_, row) in zip(y, part.iterrows()):
+        for yi, (_, row), row_stages in zip(y, part.iterrows(), [stages[i] for i in rows.index]):
             left = 0.0
             for column, label in path_columns:
                 width = row[column]
                 if width is None or pd.isna(width) or width <= 0:
                     continue
-                ax.barh(yi, width, left=left, color=PART_COLORS.get(label, "#bbbbbb"), height=0.62,
-                        edgecolor="white", linewidth=0.6, hatch="xx" if label in ("verify", "gaps") else None)
+                bar = ax.barh(yi, width, left=left, color=PART_COLORS.get(label, "#bbbbbb"), height=0.62,
+                              edgecolor="white", linewidth=0.6, hatch="xx" if label in ("verify", "gaps") else None)
+                bar.patches[0].set_gid(f"part:{label}")
                 if width >= 0.07 * xmax:
                     ax.text(left + width / 2, yi, f"{label}\n{fmt_s(width)}", ha="center", va="center", fontsize=7,
                             color="white" if label in _DARK_PARTS else "black")
+                if label == "ds init" and row_stages:
+                    _ds_init_strip(ax, yi, left, width, row_stages, xmax)
                 left += width
             if pd.notna(row["restart_s"]):
                 ax.plot([row["restart_s"]], [yi], marker="D", color="black", markersize=5, zorder=4)
@@ -295,7 +309,7 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
             ax.axvline(floor.iloc[0], color="black", ls="--", lw=0.9)
             ax.text(floor.iloc[0], len(part) - 0.45, " start-up floor (engine none)", fontsize=7.5, va="bottom")
         ax.set_xlim(0, xmax * 1.12)
-        ax.set_ylim(-0.6, len(part) - 0.2)
+        ax.set_ylim(-0.75 if names else -0.6, len(part) - 0.2)
         ax.set_title(f"{_config_label(part.iloc[0], keys)} · {part.iloc[0]['ranks']} ranks", fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
         ax.set_axisbelow(True)
@@ -303,11 +317,144 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
     handles = [Patch(facecolor=PART_COLORS[label], hatch="xx" if label in ("verify", "gaps") else None,
                      edgecolor="white", label=label) for _, label in path_columns]
     handles.append(plt.Line2D([], [], marker="D", ls="", color="black", label="total"))
+    handles.extend(Patch(label=STAGE_LABELS.get(name, name), **_stage_style(name, names.index(name)))
+                   for name in names)
     more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
+    strip = "; under ds init: its stages" if names else ""
     _header(fig, "Where restart time goes: relaunch → end of the first resumed iteration",
             "the parts of the last rank ready to train (all ranks wait for it); orange: reading the checkpoint, "
-            f"blue: start-up any relaunch pays{more}", handles, len(handles), 7.5)
+            f"blue: start-up{strip}{more}", handles, ncol, 7.5, header)
     return fig
+
+
+#: The ds init strip's work stages, slowest first (purples), the rest, and what was not work.
+STAGE_COLORS = ("#3f007d", "#54278f", "#6a51a3", "#807dba", "#9e9ac8", "#bcbddc")
+WAIT_STAGE, REST_STAGE = "collective wait", "other"
+STAGE_LABELS = {WAIT_STAGE: "collective wait (for other ranks)", REST_STAGE: "other (in no timed stage)"}
+
+
+def _stage_style(name: str, index: int) -> dict[str, Any]:
+    """How a stage of deepspeed.initialize is drawn: work in purples, its untimed rest grey, waiting in
+    collectives hatched red on white, so that waiting for other ranks never looks like work."""
+    if name == WAIT_STAGE:
+        return {"facecolor": "white", "edgecolor": "#cb181d", "hatch": "////"}
+    if name == REST_STAGE:
+        return {"facecolor": "#d9d9d9", "edgecolor": "white"}
+    return {"facecolor": STAGE_COLORS[min(index, len(STAGE_COLORS) - 1)], "edgecolor": "white"}
+
+
+def _ds_init_stages(table: pd.DataFrame, summary: pd.DataFrame) -> list[dict[str, float]]:
+    """Per row of ``summary`` (restart_summary), the critical rank's deepspeed.initialize stages, {name: median s},
+    work first (slowest first, then ``other stages``), then ``other`` and ``collective wait``; {} where not timed."""
+    stages = analysis.ds_init_summary(table, column="path_ds_init_parts")
+    keys = analysis.group_keys(table)
+    names = [c for c in stages.columns if c not in (*keys, "parts_sum_s", WAIT_STAGE, REST_STAGE)]
+    names += [c for c in (REST_STAGE, WAIT_STAGE) if c in stages.columns]
+    merged = summary[keys].merge(stages, on=keys, how="left")
+    return [{name: float(row[name]) for name in names if pd.notna(row[name]) and row[name] > 0}
+            for _, row in merged.iterrows()]
+
+
+def _ds_init_strip(ax, yi: float, left: float, width: float, stages: dict[str, float], xmax: float) -> None:
+    """Beneath the ds init bar, its stages as shares of it (the medians of the stages need not add up to the median
+    of the call), each labelled with its own median where it is wide enough."""
+    total = sum(stages.values())
+    order = list(stages)
+    for name, seconds in stages.items():
+        share = width * seconds / total
+        bar = ax.barh(yi - 0.42, share, left=left, height=0.2, linewidth=0.5, **_stage_style(name, order.index(name)))
+        bar.patches[0].set_gid(f"ds init stage:{name}")
+        if share >= 0.0065 * xmax * (len(name) + 8):  # about a 6-point character's width per character
+            dark = name not in (WAIT_STAGE, REST_STAGE) and order.index(name) < 4
+            ax.text(left + share / 2, yi - 0.42, f"{name} {fmt_s(seconds)}", ha="center", va="center", fontsize=6,
+                    color="white" if dark else "black")
+        left += share
+
+
+def plot_restart_memory(table: pd.DataFrame, memory: pd.DataFrame, spans: pd.DataFrame) -> Figure:
+    """Per preset/layout and engine: one restart's host RSS over time (``memory_table``; the restore attempt nearest
+    its configuration's median restart, ``analysis.typical_restarts``), the max over ranks as a black line and each
+    rank's as a grey one, the critical rank's restart parts shaded (``span_table``), steady training's peak dashed and
+    the restart's own peak (unthinned) dotted."""
+    drawn = analysis.typical_restarts(table)
+    if not drawn.empty and not memory.empty:
+        drawn = drawn.merge(memory[["run_id", "attempt"]].drop_duplicates(), on=["run_id", "attempt"])
+    if drawn.empty or memory.empty:
+        return _empty("No memory over time: no restart recorded its ranks' timelines (rank.memory).")
+    keys = [k for k in analysis.group_keys(table) if k != "engine"]
+    shown = drawn.head(MAX_FACETS)
+    fig, axes = _grid(len(shown), 2, 11 / min(2, len(shown)), 3.4)
+    labels: dict[str, None] = {}
+    for ax, (_, row) in zip(axes, shown.iterrows()):
+        samples, row_spans = _of_attempt(memory, row), _of_attempt(spans, row)
+        critical = row["path_rank"] if pd.notna(row["path_rank"]) else samples["rank"].min()
+        end = row["restart_s"] if pd.notna(row["restart_s"]) else samples["t_s"].max()
+        labels.update(dict.fromkeys(_shade_parts(ax, row_spans[row_spans["rank"] == critical], end)))
+        _memory_lines(ax, samples, row, end)
+        cache = f"{row['cache']} cache" if isinstance(row["cache"], str) else "nothing read"
+        title = f"{_config_label(row, keys)} · {row['engine']} · {cache}"
+        ax.set_title(title + (f" · attempt {row['attempt']:.0f}" if row["attempt"] > 1 else ""), fontsize=9.5)
+    handles = [Patch(color=PART_COLORS.get(label, "#bbbbbb"), alpha=0.35, label=label) for label in labels]
+    handles += [plt.Line2D([], [], color="black", lw=1.6, label="max over ranks"),
+                plt.Line2D([], [], color="#888888", lw=0.7, label="one rank"),
+                plt.Line2D([], [], color="#d62728", ls="--", label="steady training's peak"),
+                plt.Line2D([], [], color="black", ls=":", label="restart's peak (unthinned)")]
+    more = f"; {len(drawn) - len(shown)} more in restart_memory.csv" if len(drawn) > len(shown) else ""
+    _header(fig, "Host memory during the restart: relaunch → end of the first resumed iteration",
+            f"{_sampling(memory)}; shaded: the critical rank's restart parts; each configuration's median restart"
+            f"{more}", handles, min(len(handles), 8), 7.5)
+    return fig
+
+
+def _of_attempt(frame: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    return frame[(frame["run_id"] == row["run_id"]) & (frame["attempt"] == row["attempt"])]
+
+
+def _shade_parts(ax, spans: pd.DataFrame, end: float) -> list[str]:
+    """One rank's restart parts as shaded spans (a line where too short to see), named at the top where wide enough
+    (``end``: the axis' end); the parts drawn."""
+    top = ax.get_xaxis_transform()  # x in seconds, y in axes fractions
+    for _, span in spans.iterrows():
+        color = PART_COLORS.get(span["part"], "#bbbbbb")
+        ax.axvspan(span["start_s"], span["end_s"], color=color, alpha=0.35, lw=0, gid=f"part:{span['part']}")
+        if span["end_s"] - span["start_s"] < 0.005 * end:
+            ax.axvline(span["start_s"], color=color, lw=0.8)
+        if span["end_s"] - span["start_s"] >= 0.08 * end:
+            ax.text((span["start_s"] + span["end_s"]) / 2, 0.97, span["part"], transform=top, ha="center", va="top",
+                    fontsize=6.5)
+    return list(spans["part"])
+
+
+def _memory_lines(ax, samples: pd.DataFrame, row: pd.Series, end: float) -> None:
+    """Each rank's RSS (up to 16 ranks), the max over ranks, and the two peaks, from the relaunch to ``end``."""
+    if samples["rank"].nunique() <= 16:
+        for _, rank in samples.groupby("rank"):
+            ax.plot(rank["t_s"], rank["rss_bytes"], color="#888888", lw=0.7, alpha=0.8)
+    envelope = analysis.max_over_ranks(samples)
+    ax.plot(envelope["t_s"], envelope["rss_bytes"], color="black", lw=1.6, gid="max over ranks")
+    part = f" ({row['peak_rss_part']})" if isinstance(row["peak_rss_part"], str) else ""
+    # (value, color, style, name, where the name goes): training's on the left, over the launch (no samples yet)
+    peaks = [(row["train_peak_rss_bytes"], "#d62728", "--", "training peak", 0.0, "left"),
+             (row["restore_peak_rss_bytes"], "black", ":", f"restart peak{part}", end * 1.02, "right")]
+    for value, color, style, what, x, align in peaks:
+        if pd.notna(value):
+            ax.axhline(value, color=color, ls=style, lw=1.1)
+            ax.text(x, value, f" {what} {fmt_bytes(value)} ", color=color, fontsize=7, ha=align, va="bottom")
+    top = np.nanmax([samples["rss_bytes"].max(), *[float(v) for v, *_ in peaks if pd.notna(v)]])
+    ax.set_xlim(0, end * 1.02)
+    ax.set_ylim(0, top * 1.25)  # room for the parts' names above the peaks
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_bytes(v) if v > 0 else "0"))
+    ax.set_xlabel("seconds from the relaunch", fontsize=8)
+    ax.set_ylabel("host RSS", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _sampling(memory: pd.DataFrame) -> str:
+    """What was measured, from the samples: host RSS, the sampling rate, and how far apart the kept points are."""
+    resolution = memory["resolution_s"].dropna()
+    rate = f" sampled at {1 / resolution.median():.0f} Hz" if not resolution.empty else ""
+    kept = memory.sort_values("t_s").groupby(["run_id", "attempt", "rank"])["t_s"].diff().median()
+    return f"host RSS{rate} (drawn: a point every ~{fmt_s(kept)} per rank)"
 
 
 def plot_files_per_rank(files: pd.DataFrame, table: pd.DataFrame | None = None) -> Figure:
@@ -534,7 +681,27 @@ FIGURES: dict[str, tuple[str, str]] = {
                        "<i>verify</i> is the harness's exactness check and <i>gaps</i> the time between measured "
                        "spans. Engine <code>none</code> restores nothing: its bar is the <b>start-up floor</b> (dashed "
                        "line). Each label gives the restore's page-cache state (<code>cache</code> field of the "
-                       "<code>restore.load</code> event): <i>warm</i> means the files may have come from memory."),
+                       "<code>restore.load</code> event): <i>warm</i> means the files may have come from memory. "
+                       "The thin strip under <i>ds init</i> splits <code>deepspeed.initialize</code> into DeepSpeed's "
+                       "own set-up stages as the critical rank timed them (<code>restartbench/ds_init_timing.py</code>;"
+                       " each stage its own time, nested stages taken out), in purples the five slowest stages and "
+                       "the rest of them, in grey the call's time in no timed stage, hatched red the time spent inside "
+                       "collectives (barrier, broadcast, <code>new_group</code>...): mostly waiting for slower ranks, "
+                       "not work. The strip gives each stage's share of the bar (medians over runs; a label its "
+                       "median)."),
+    "restart_memory": ("Host memory during the restart",
+                       "What the restart holds in host memory from the relaunch to the end of the first resumed "
+                       "iteration: each rank's resident set size (RSS, <code>/proc/self/statm</code>, sampled by a "
+                       "thread of the rank, <code>restartbench/memwatch.py</code>) as a grey line, their <b>max over "
+                       "ranks</b> in black, for the restore attempt nearest each configuration's median restart. The "
+                       "shaded spans are the restart parts of the critical rank (the one the restart figure's bar "
+                       "follows; a part too short to shade is a line). A rank records its timeline thinned to at most "
+                       "a few hundred points, so a spike shorter than the gap between two points can be missing from "
+                       "the lines; the dotted line is the restart's peak from every sample (the largest span peak of "
+                       "any rank and part, named). The dashed red line is steady training's peak: the largest RSS of "
+                       "any rank in a phase-1 iteration. A restart peak above it is memory that resuming needs and "
+                       "training does not (where jobs run out of memory on resume). Host memory only: a GPU's memory "
+                       "is not in it. Each title gives the restore's page-cache state (cold or warm)."),
     "files_per_rank": ("Files and bytes per rank",
                        "Bytes each rank wrote for one checkpoint (the last of the latest run), split by file kind, "
                        "with the number of files above the bar. Uneven bars show which ranks carry the I/O (for "
@@ -569,6 +736,7 @@ def figures(collected: Collected, failures_per_gpu_hour: float = goodput.LLAMA3_
     return {
         "checkpoint_cost": plot_checkpoint_cost(table, ranks),
         "restart_phases": plot_restart_phases(table),
+        "restart_memory": plot_restart_memory(table, collected.memory_table(), collected.span_table()),
         "files_per_rank": plot_files_per_rank(files, table),
         "throughput": plot_throughput(table),
         "checkpoint_size": plot_size_check(analysis.size_check(table, files)),
@@ -731,6 +899,7 @@ def write_outputs(collected: Collected, out: Path, *, title: str | None = None,
         "files_per_rank": analysis.files_per_rank(files), "file_inventory": files,
         "excluded": collected.excluded_table(),
         "goodput": analysis.goodput_table(table, failures_per_gpu_hour, gpus),
+        "restart_spans": collected.span_table(), "restart_memory": collected.memory_table(),
     }
     for name, frame in tables.items():
         outputs.tables[f"{name}.csv"] = _write(frame, out / f"{name}.csv")
@@ -824,8 +993,10 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
     glossary = "".join(f"<dt><code>{esc(k)}</code></dt><dd>{esc(v)}</dd>" for k, v in analysis.TABLE_COLUMNS.items())
     parts.append("<h2>Tables</h2><p>Everything above comes from <code>study.csv</code> / <code>study.parquet</code> "
                  "(one row per run × checkpoint or restart), <code>ranks.*</code> (the same per rank), "
-                 "<code>files.csv</code>, <code>files_per_rank.csv</code>, <code>file_inventory.*</code> and "
-                 "<code>excluded.csv</code>, written next to this report.</p>"
+                 "<code>files.csv</code>, <code>files_per_rank.csv</code>, <code>file_inventory.*</code>, "
+                 "<code>restart_spans.csv</code> and <code>restart_memory.csv</code> (every restore's spans and "
+                 "memory samples per rank, seconds from the relaunch) and <code>excluded.csv</code>, written next to "
+                 "this report.</p>"
                  f"<details><summary>Columns of study.csv</summary><dl class='defs'>{glossary}</dl></details>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -925,7 +1096,19 @@ def _figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: 
                "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None, "cache": None,
                "exact": None}
         view = _view(summary, fmt).rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
-        return "<p>Per configuration (medians over runs; each part max over ranks):</p>" + _html_table(view)
+        stages = analysis.ds_init_summary(table, column="path_ds_init_parts")
+        stage_view = _view(stages, {c: fmt_s for c in stages.columns if c not in analysis.group_keys(table)})
+        return ("<p>Per configuration (medians over runs; each part max over ranks):</p>" + _html_table(view)
+                + _details(f"deepspeed.initialize in its stages, the critical rank's (the strip; {len(stages)} rows)",
+                           _html_table(stage_view)))
+    if name == "restart_memory":
+        drawn = analysis.typical_restarts(table)
+        view = _view(drawn, {"run_id": None, "attempt": "{:.0f}", "cache": None, "restart_s": fmt_s,
+                             "restore_peak_rss_bytes": fmt_bytes, "peak_rss_part": None,
+                             "train_peak_rss_bytes": fmt_bytes, "resume_spike": "{:.2f}×"},
+                     keys=analysis.group_keys(table))
+        return ("<p>The restarts drawn (per-rank samples in <code>restart_memory.csv</code>, each part's span and "
+                "peak in <code>restart_spans.csv</code>):</p>" + _html_table(view))
     if name == "files_per_rank":
         summary = analysis.file_summary(files)
         view = _view(summary, {"kind": None, "files_per_checkpoint": "{:.0f}", "files_per_rank_max": None,
@@ -996,6 +1179,8 @@ DISPLAY_NAMES = {
     "stall_s_slowest_rank": "slowest (stall)", "durable_s_min": "durable min", "durable_s_max": "durable max",
     "durable_s_slowest_rank": "slowest (durable)", "bytes_min": "bytes min", "bytes_max": "bytes max",
     "files_min": "files min", "files_max": "files max", "baseline_tool": "tool",
+    "restore_peak_rss_bytes": "restart peak", "peak_rss_part": "peak in", "train_peak_rss_bytes": "training peak",
+    "resume_spike": "restart / training peak", "parts_sum_s": "sum",
 }
 
 
