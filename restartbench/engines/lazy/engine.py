@@ -34,10 +34,13 @@ Restore reads with threads (``os.preadv`` scatter reads, straight into the tenso
 holds on CPU, through the pinned buffer on CUDA) and restores in place; optimizer moments that
 do not exist yet in a fresh process are created where the optimizer would create them. With
 ``dp_read_once`` only data-parallel rank 0 reads the module file and broadcasts it to its replicas.
+A checkpoint written in another parallel layout (tp, pp or dp; its file names say which) is resharded as it is
+read, each rank reading only the byte ranges that hold its elements (``reshard.py``).
 
 The engine's parts, in this folder: ``format.py`` (the save plan and the file format, pure),
 ``capture.py`` (what a rank saves), ``copies.py`` (the host buffer and the copies into it),
-``flush.py`` (the streamed writer), ``restore.py`` (header checks, plain state, parallel reads);
+``flush.py`` (the streamed writer), ``restore.py`` (header checks, plain state, parallel reads),
+``reshard.py`` (the load in another layout);
 this module ties them together in ``LazyEngine``.
 
 The capture shares its module and counter reads with the DCP and TorchSnapshot engines
@@ -59,6 +62,7 @@ from restartbench.engines.lazy.capture import Capture, RankLayout, capture, file
 from restartbench.engines.lazy.copies import CopyProgress, HostBuffer
 from restartbench.engines.lazy.flush import Flush
 from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, encode_header, make_plan, plan_signature
+from restartbench.engines.lazy.reshard import layout_name, load_resharded, saved_sizes
 from restartbench.engines.lazy.restore import (
     broadcast_tensors,
     check_same_names,
@@ -224,9 +228,24 @@ class LazyEngine(CheckpointEngine):
     # -- load ---------------------------------------------------------------------------
 
     def load(self, ds_engine: Any, load_dir: str, tag: str) -> None:
-        module = {f"module.{k}": v for k, v in ds_engine.module.state_dict().items()}
-        self.load_into(rank_layout(ds_engine), load_dir, tag, module,
-                       lambda header: restore_plain_and_targets(ds_engine, header["values"], header["tensors"]))
+        """Restore ``<load_dir>/<tag>``: in the layout that wrote it, each rank reads its own files whole; in another
+        layout (tp, pp or dp differ, as the file names say) each rank reads the byte ranges it needs
+        (``restartbench.engines.lazy.reshard``)."""
+        layout = rank_layout(ds_engine)
+        folder = Path(load_dir) / tag
+        saved = saved_sizes(folder)
+        if saved is not None and saved[0] != layout.sizes:
+            sizes, missing = saved
+            if missing:
+                raise LazyRestoreError(f"checkpoint {tag}: its file names say layout {layout_name(sizes)}, but "
+                                       f"{len(missing)} of its files are missing: {missing[:4]}")
+            self._read = []
+            self._read = load_resharded(ds_engine, layout, folder, sizes, io_threads=self.io_threads, chunk=self.chunk,
+                                        dp_read_once=self.options.dp_read_once)
+        else:
+            module = {f"module.{k}": v for k, v in ds_engine.module.state_dict().items()}
+            self.load_into(layout, load_dir, tag, module,
+                           lambda header: restore_plain_and_targets(ds_engine, header["values"], header["tensors"]))
         if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
             ds_engine.optimizer._link_all_hp_params()
 
@@ -239,6 +258,11 @@ class LazyEngine(CheckpointEngine):
         self._read = []
         optim_path = folder / layout.optim_file
         header, data_offset = checked_header(optim_path, tag)
+        saved = header.get("layout")
+        if saved is not None and (saved["tp"], saved["pp"], saved["dp"]) != layout.sizes:
+            written = layout_name((saved["tp"], saved["pp"], saved["dp"]))
+            raise LazyRestoreError(f"{optim_path}: written in layout {written}, this rank is of "
+                                   f"{layout_name(layout.sizes)}")
         jobs = [(optim_path, data_offset, header, optim_targets(header))]
         reads_module = not self.options.dp_read_once or layout.dp == 0
         if reads_module:

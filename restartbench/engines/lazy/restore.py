@@ -101,15 +101,7 @@ def _restore_optimizer(optimizer: Any, saved: dict[str, Any], specs: dict[str, T
 def _restore_torch_optimizer(inner: torch.optim.Optimizer, saved: dict[str, Any],
                              specs: dict[str, TensorSpec], targets: dict[str, torch.Tensor]) -> None:
     """Hyperparameters of each group (lr included: the scheduler set it) and each parameter's state, in place."""
-    if len(saved["param_groups"]) != len(inner.param_groups):
-        raise LazyRestoreError(f"{len(saved['param_groups'])} optimizer parameter groups saved, "
-                               f"{len(inner.param_groups)} here")
-    params = [p for group in inner.param_groups for p in group["params"]]
-    for group, saved_group in zip(inner.param_groups, saved["param_groups"]):
-        if len(saved_group["params"]) != len(group["params"]):
-            raise LazyRestoreError(f"a parameter group of {len(saved_group['params'])} parameters was saved, "
-                                   f"this optimizer's has {len(group['params'])} (a different layout?)")
-        group.update({k: v for k, v in saved_group.items() if k != "params"})
+    params = _restore_param_groups(inner, saved)
     for index, state in saved["state"].items():
         live = inner.state[params[index]]
         for key, value in state.items():
@@ -129,6 +121,53 @@ def _target(live: Any, spec: TensorSpec, param: torch.Tensor) -> torch.Tensor:
     return torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
 
 
+def _restore_param_groups(inner: torch.optim.Optimizer, saved: dict[str, Any]) -> list[torch.Tensor]:
+    """Each group's hyperparameters (lr included: the scheduler set it), in place; the optimizer's parameters in
+    state_dict order."""
+    if len(saved["param_groups"]) != len(inner.param_groups):
+        raise LazyRestoreError(f"{len(saved['param_groups'])} optimizer parameter groups saved, "
+                               f"{len(inner.param_groups)} here")
+    for group, saved_group in zip(inner.param_groups, saved["param_groups"]):
+        if len(saved_group["params"]) != len(group["params"]):
+            raise LazyRestoreError(f"a parameter group of {len(saved_group['params'])} parameters was saved, "
+                                   f"this optimizer's has {len(group['params'])} (a different layout?)")
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
+    return [p for group in inner.param_groups for p in group["params"]]
+
+
+LAYOUT_KEYS = ("single_partition_of_fp32_groups", "group_paddings", "param_alignment_paddings", "partition_count",
+               "param_slice_mappings")
+"""Entries of a DeepSpeed ZeRO optimizer's state_dict that follow from the parallel layout (the fp32 partition, its
+padding, the data-parallel size, each parameter's fragment of the partition): a load in another layout keeps the
+live ones and fills the partition element by element (restartbench.engines.lazy.reshard)."""
+
+
+def restore_plain(ds_engine: Any, values: dict[str, Any]) -> None:
+    """The plain state of an optimizer file, set on a live engine of another parallel layout: each parameter
+    group's hyperparameters, the wrapped torch optimizer's plain per-parameter state, DeepSpeed's flags and loss
+    scaler (compared or set as a same-layout restore does), the scheduler and the step counters. Tensors and
+    ``LAYOUT_KEYS`` are left to the reshard; a saved tensor anywhere else has no rule and is refused."""
+    optimizer = ds_engine.optimizer
+    if optimizer is not None:
+        saved = decode_value(values["optimizer"])
+        if "base_optimizer_state" not in saved or not hasattr(optimizer, "optimizer"):
+            raise LazyRestoreError("a load in another layout restores DeepSpeed ZeRO optimizer states only (the "
+                                   "saved or the live optimizer is not one)")
+        inner = optimizer.optimizer
+        params = _restore_param_groups(inner, saved["base_optimizer_state"])
+        for index, state in saved["base_optimizer_state"]["state"].items():
+            live = inner.state[params[index]]
+            live.update({key: value for key, value in state.items() if not isinstance(value, TensorRef)})
+        current = optimizer.state_dict()
+        for key, value in saved.items():
+            if key != "base_optimizer_state" and key not in LAYOUT_KEYS:
+                _restore_entry(optimizer, key, value, current.get(key, _MISSING), f"optimizer.{key}", {}, {})
+    if ds_engine.lr_scheduler is not None:
+        ds_engine.lr_scheduler.load_state_dict(decode_value(values["lr_scheduler"]))
+    for key, value in values["engine"].items():
+        setattr(ds_engine, key, value)
+
+
 _MISSING = object()
 
 
@@ -138,6 +177,8 @@ def _restore_entry(owner: Any, key: str, saved: Any, live: Any, name: str,
     plain values set as attributes, objects (the loss scaler) updated attribute by attribute, the rest compared."""
     for sub_name, sub_saved, sub_live in _leaves(name, saved, live):
         if isinstance(sub_saved, TensorRef):
+            if sub_saved.name not in specs:
+                raise LazyRestoreError(f"{sub_name}: a saved tensor this restore has no place for")
             spec = specs[sub_saved.name]
             if not fits(sub_live, spec):
                 raise LazyRestoreError(f"{sub_name}: saved {spec}, this optimizer holds {_describe(sub_live)}")
@@ -259,14 +300,14 @@ def _read_batch(fd: int, batch: list[Place], buffer: torch.Tensor | None) -> int
             views.append(memoryview(bytearray(place.offset - cursor)))
         views.append(memoryview(place.host_bytes(buffer).numpy()))
         cursor = place.offset + place.nbytes
-    got = _preadv_all(fd, views, batch[0].offset)
+    got = preadv_all(fd, views, batch[0].offset)
     for place in batch:
         if place.staged is not None:
             byte_view(place.target).copy_(place.host_bytes(buffer))
     return got
 
 
-def _preadv_all(fd: int, views: list[memoryview], offset: int) -> int:
+def preadv_all(fd: int, views: list[memoryview], offset: int) -> int:
     """Read exactly the views' total length at ``offset``; a short file is an error naming the shortfall."""
     want = sum(v.nbytes for v in views)
     views = [v.cast("B") for v in views if v.nbytes]
