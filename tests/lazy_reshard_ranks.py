@@ -2,9 +2,11 @@
 scenario ``A:B1,B2`` (dtype ``fp32`` or ``bf16``), build the tiny model in layout A, train 2 iterations, save with
 the lazy engine (tag ``<A>``) and record the digest of the training state and iteration 3's loss; then for each B,
 build the model in layout B, load tag A (a load in another layout), save it (tag ``<A>-<B>``), run iteration 3;
-build A again, load tag ``<A>-<B>`` and compare the digest with A's. Writes ``rank<N>.json`` into the output folder:
-each load's files and bytes read, this rank's coordinates, the digest's differences and the losses. Then the loads
-that must be refused (another preset, another dtype), each error's text recorded.
+build A again, load tag ``<A>-<B>`` and compare the digest with A's. The layout-independent digest of the
+full-shape state (``restartbench.consolidated``) is compared right after the load in B, too. Writes
+``rank<N>.json`` into the output folder: each load's files and bytes read, this rank's coordinates, the digests'
+differences and the losses. Then the loads that must be refused (another preset, another dtype), each error's text
+recorded.
 
     torchrun --nproc-per-node 4 tests/lazy_reshard_ranks.py OUT CKPT fp32:tp2pp2dp1:tp1pp2dp2,tp1pp1dp4 ...
 
@@ -23,6 +25,7 @@ import torch.distributed as dist
 
 from restartbench import runtime
 from restartbench.config import EngineConfig
+from restartbench.consolidated import consolidated_digest
 from restartbench.data import micro_batches
 from restartbench.engines.lazy.engine import LazyEngine
 from restartbench.layout import parse_layout
@@ -106,7 +109,7 @@ def main() -> int:
         for step in (1, 2):
             iteration(engine, step)
         saver = save(engine, ckpt, first)
-        digest = training_state_digest(engine)
+        digest, full = training_state_digest(engine), consolidated_digest(engine)
         record = {"a": first, "dtype": dtype, "coords_a": coords(engine), "loss_ref": iteration(engine, 3),
                   "bs": []}
         del saver, engine
@@ -114,7 +117,8 @@ def main() -> int:
             engine = build(other, dtype)
             read_a = load(engine, ckpt, first)
             save(engine, ckpt, f"{first}-{other}")
-            entry = {"b": other, "coords_b": coords(engine), "read_a": read_a, "loss_b": iteration(engine, 3)}
+            entry = {"b": other, "coords_b": coords(engine), "read_a": read_a,
+                     "full_problems": compare(full, consolidated_digest(engine)), "loss_b": iteration(engine, 3)}
             engine = build(first, dtype)
             entry["read_b"] = load(engine, ckpt, f"{first}-{other}")
             entry["problems"] = compare(digest, training_state_digest(engine))

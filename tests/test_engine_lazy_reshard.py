@@ -3,7 +3,8 @@
 A per-rank digest proves a restore in the layout it was saved in; across layouts ranks hold different shards, so
 the proof is a round trip: train in layout A, save (tag A), load in layout B, save again (tag A-B), load that in
 layout A and compare every rank's digest of the training state (module, ZeRO fp32 partitions, Adam moments and step,
-scheduler, counters) with A's, bit for bit. One launch of 4 gloo ranks (tests/lazy_reshard_ranks.py) runs
+scheduler, counters) with A's, bit for bit; in B itself the layout-independent digest of the full-shape state
+(restartbench/consolidated.py) must be A's. One launch of 4 gloo ranks (tests/lazy_reshard_ranks.py) runs
 tp2pp2dp1 fp32 through tp1pp2dp2 and tp1pp1dp4 (tensor, pipeline and data-parallel sizes each change, both ways),
 and tp2pp1dp2 bf16 through tp1pp2dp2. Each load's reads are held to an oracle computed here with numpy from the
 two checkpoints' headers, element by element: the files a rank opens are exactly those holding its elements, and
@@ -70,6 +71,15 @@ def test_round_trip_through_another_layout_gives_every_rank_its_state_bit_for_bi
     assert sorted(set(trips)) == [("tp2pp1dp2", "tp1pp2dp2"), ("tp2pp2dp1", "tp1pp1dp4"), ("tp2pp2dp1", "tp1pp2dp2")]
     for rank, scenario, entry in loads(reports):
         assert entry["problems"] == [], (rank, scenario["a"], entry["b"])
+
+
+@pytest.mark.multirank
+def test_the_state_loaded_in_another_layout_is_the_saved_state_at_full_shape(launched):
+    """Right after the load in B: every parameter's fp32 weights and Adam moments gathered to full shape, the
+    optimizer's step and hyperparameters, the scheduler and the counters (restartbench.consolidated) are A's."""
+    _, reports = launched
+    for rank, scenario, entry in loads(reports):
+        assert entry["full_problems"] == [], (rank, scenario["a"], entry["b"])
 
 
 @pytest.mark.multirank
