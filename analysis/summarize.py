@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(_ds_init_table(table))
     if (table["kind"] == "restart").sum() > table.loc[table["kind"] == "restart", "run_id"].nunique():
         console.print(_attempt_table(table))
+    if "restore_layout" in table.columns and (table["restore_layout"].notna()
+                                              & (table["restore_layout"] != table["layout"])).any():
+        console.print(_relayout_table(table))
     console.print(_file_table(collected.file_table()))
     rates = analysis.goodput_table(table, args.failures_per_gpu_hour, args.gpus)
     console.print(_goodput_table(rates, analysis.goodput_assumptions(args.failures_per_gpu_hour, args.gpus)))
@@ -216,6 +219,23 @@ def _attempt_table(table: pd.DataFrame) -> Table:
                  "Restore attempts: each its own row (1: the run's own restore; 2, 3...: ./submit-job.sh --restore); "
                  "total and ckpt load max over ranks; refused and failed attempts have no time",
                  {**formats, "total": fmt_s, "ckpt load": fmt_s})
+
+
+def _relayout_table(table: pd.DataFrame) -> Table:
+    summary = analysis.relayout_summary(table).rename(columns={
+        "layout": "saved on", "restore_layout": "restarted on", "restart_s": "total", "restart_convert_s": "convert",
+        "restart_ckpt_load_s": "ckpt load", "convert_bytes_read": "convert read", "convert_bytes_written":
+        "convert wrote", "convert_files_written": "files written", "bytes_read": "load read"})
+    formats = {"attempts": "{}", "verdicts": None, "skip_reason": None, "total": fmt_s, "convert": fmt_s,
+               "ckpt load": fmt_s, "convert read": fmt_bytes, "convert wrote": fmt_bytes, "files written": "{:.0f}",
+               "load read": fmt_bytes, "loss_diff": "{:+.2e}"}
+    return _rich(summary, "Restarts on another layout (--restore-layout) beside the same layout's: medians over "
+                          "attempts, max over ranks; convert = the engine's offline conversion (DeepSpeed's "
+                          "ds_to_universal.py, run by rank 0 while the others wait) with what it read and wrote; "
+                          "ckpt load after a conversion reads what it has just written (page cache); load read = "
+                          "what the engine's load reported reading; loss diff = iteration K+1's loss less the "
+                          "uninterrupted run's; exactness is on the consolidated state (verdicts); skipped = the "
+                          "engine cannot restart there (skip reason)", formats)
 
 
 def _goodput_table(rates: pd.DataFrame, assumptions: str) -> Table:

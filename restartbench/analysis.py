@@ -59,6 +59,7 @@ from restartbench.events import CHECKPOINT_PREFIX, EVENTS_FOLDER, Event, EventFi
 from restartbench.layout import parse_layout
 from restartbench.presets import get_preset
 from restartbench.results import (
+    RELAYOUT_CONVERSION,
     RESTART_PARTS,
     attempt_events,
     checkpoints,
@@ -83,8 +84,8 @@ RESTART_PART_COLUMNS = [(f"restart_{label.replace(' ', '_')}_s", label) for _eve
 #: The restart's critical path: the parts of the rank that was last ready to train (its first resumed iteration
 #: started last; every rank waits for it there), in launch order. ``verify`` is the harness's exactness check and
 #: ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
-PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "ckpt load", "verify", "gaps",
-              "1st iter")
+PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "convert", "ckpt load",
+              "verify", "gaps", "1st iter")
 PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_PARTS]
 
 #: Columns of the tidy table and what each holds (also the glossary of the report).
@@ -151,7 +152,8 @@ TABLE_COLUMNS: dict[str, str] = {
                   "is its 'corrected' save duration (save start -> fsync'd, no model set-up or device load in it)",
     "attempt": "restore attempt: 1 is the run's own restore, 2, 3... its restore-only relaunches (--restore)",
     "verdict": "how the attempt ended: exact, not exact, not verified (verification off, or engine none), refused (a "
-               "damaged checkpoint, none to restore: no restart time) or failed (no restart time)",
+               "damaged checkpoint, none to restore: no restart time), failed (no restart time) or skipped (the "
+               "engine cannot restart on the layout asked for: skip_reason)",
     "requested_tag": "the checkpoint the attempt asked for with --tag (None: the one 'latest' names)",
     "restore_peak_rss_bytes": "the restart's peak host memory: the largest RSS any rank had in any restart part "
                               "(sampled at 100 Hz by restartbench.memwatch; a shorter spike can be missed)",
@@ -188,6 +190,13 @@ TABLE_COLUMNS: dict[str, str] = {
              "byte resident) or warm (some bytes may be served from memory)",
     "resident_fraction": "largest share of the checkpoint's pages resident in any node's page cache at restore start",
     "exact": "restore verified exact (None: not verified or nothing restored)",
+    "restore_layout": "the layout the restart ran on: the run's own, or another (--restore-layout: proved on the "
+                      "consolidated state, see restartbench.consolidated)",
+    "loss_diff": "a restart on another layout: iteration K+1's loss less the uninterrupted run's (reduction order "
+                 "changes with tp and dp; None on the run's own layout, where the loss must be equal)",
+    **{f"convert_{name}": f"the engine's offline conversion for another layout (rank 0): {name.replace('_', ' ')}"
+       for name in RELAYOUT_CONVERSION},
+    "skip_reason": "a restart the engine cannot make on another layout (verdict skipped, nothing launched): why",
 }
 
 RANK_COLUMNS: dict[str, str] = {
@@ -376,6 +385,7 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         attempt_ranks = rank_restarts(events, attempt)
         row = {**_restart_row(info, attempt_ranks), "requested_tag": requested.get(attempt),
                **_resume_spike(info["peak_rss_bytes"], training_peak)}
+        row["restore_layout"] = row["restore_layout"] or common["layout"]
         row["read_pct_of_storage"] = _percent(row["read_MBps"], common["baseline_read_MBps"])
         row["read_limit"] = limit_note(row["read_pct_of_storage"], row["cache"])
         rows.append({**common, "kind": "restart", **row, **critical_path(attempt_ranks, info["total_s"])})
@@ -383,12 +393,21 @@ def _collect_run(run_dir: Path, root: Path, collected: Collected, baselines: _Ba
         attempt_spans = restart_spans(events, attempt)
         spans.extend({**where, **s} for s in attempt_spans)
         memory.extend({**where, **m} for m in restart_memory(events, attempt, attempt_spans))
+    rows.extend({**common, "kind": "restart", **entry} for entry in _skipped_restarts(meta))
     files = [{**ident, **entry} for entry in _run_files(run_dir, events)]
     collected.rows.extend(rows)
     collected.ranks.extend(ranks)
     collected.files.extend(files)
     collected.spans.extend(spans)
     collected.memory.extend(memory)
+
+
+def _skipped_restarts(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Restarts metadata.json records as skipped (an engine that cannot restart on another layout; nothing was
+    launched): a row each, with the reason and no times."""
+    return [{"attempt": entry.get("attempt"), "verdict": "skipped", "skip_reason": entry.get("reason"),
+             "restore_layout": entry.get("restore_layout"), "restores_checkpoint": False}
+            for entry in meta.get("restarts") or [] if isinstance(entry, dict) and entry.get("verdict") == "skipped"]
 
 
 def _resume_spike(restore_peak: int | None, training_peak: int | None) -> dict[str, Any]:
@@ -489,6 +508,8 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
         "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
         "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
         "peak_rss_part": info["peak_rss_part"], "ds_init_parts": info["ds_init"],
+        "restore_layout": info["restore_layout"], "loss_diff": info["loss_diff"],
+        **{f"convert_{name}": info[f"convert_{name}"] for name in RELAYOUT_CONVERSION},
     }
 
 
@@ -838,9 +859,10 @@ def _seen_columns(ckpt: pd.DataFrame) -> pd.DataFrame:
 def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per preset, layout (, varying setup) and engine: medians over runs and their restore attempts of the restart
     and each part (max over ranks). Attempts that restored nothing (refused, failed) are counted in ``attempts`` and
-    ``verdicts`` but have no times in the medians: their start-up was cut short."""
+    ``verdicts`` but have no times in the medians: their start-up was cut short. Restarts on another layout are left
+    out (``relayout_summary``)."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
-    restarts = table[table["kind"] == "restart"] if not table.empty else table
+    restarts = same_layout_restarts(table)
     if restarts.empty:
         return pd.DataFrame(columns=[*keys, "runs", "attempts", "restart_s"])
     verdicts = restarts.groupby(keys, dropna=False).agg(attempts=("run_id", "size"),
@@ -868,11 +890,46 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
                      keys)
 
 
+def same_layout_restarts(table: pd.DataFrame) -> pd.DataFrame:
+    """The restart rows of restarts on the run's own layout."""
+    if table.empty:
+        return table
+    restarts = table[table["kind"] == "restart"]
+    if "restore_layout" not in restarts.columns:
+        return restarts
+    return restarts[restarts["restore_layout"].isna() | (restarts["restore_layout"] == restarts["layout"])]
+
+
+#: The columns of ``relayout_summary``, each a median over the attempts that restarted (max over ranks).
+RELAYOUT_COLUMNS = ("restart_s", "restart_convert_s", "restart_ckpt_load_s", "convert_bytes_read",
+                    "convert_bytes_written", "convert_files_written", "bytes_read", "loss_diff")
+
+
+def relayout_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per preset, layout (the one saved on), engine and the layout restarted on (the run's own included, for
+    comparison): attempts, verdicts (skipped ones with their reason) and the medians of ``RELAYOUT_COLUMNS``: a
+    conversion plus load set against a restart on the same layout, or a direct reshard at load."""
+    keys = [*(group_keys(table) if not table.empty else ["preset", "layout", "engine"]), "restore_layout"]
+    if table.empty or "restore_layout" not in table.columns:
+        return pd.DataFrame(columns=[*keys, "attempts", "verdicts", *RELAYOUT_COLUMNS])
+    restarts = table[table["kind"] == "restart"]
+    counted = restarts.groupby(keys, dropna=False).agg(
+        attempts=("run_id", "size"), verdicts=("verdict", _verdict_counts),
+        skip_reason=("skip_reason", lambda s: next(iter(s.dropna()), None)) if "skip_reason" in restarts else
+        ("verdict", lambda s: None)).reset_index()
+    timed = restarts[restarts["restart_s"].notna()]
+    medians = timed.groupby(keys, dropna=False).agg(
+        **{column: (column, "median") for column in RELAYOUT_COLUMNS if column in timed}).reset_index()
+    summary = counted.merge(medians, on=keys, how="left")
+    return sort_rows(summary[[*summary.columns.drop("skip_reason"), "skip_reason"]], keys)
+
+
 def typical_restarts(table: pd.DataFrame) -> pd.DataFrame:
     """Per preset, layout (, varying setup) and engine: the one timed restore attempt whose restart is nearest its
     configuration's median (the first in the table on a tie): the restart a figure of one restart draws."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
-    timed = table[(table["kind"] == "restart") & table["restart_s"].notna()] if not table.empty else table
+    restarts = same_layout_restarts(table)
+    timed = restarts[restarts["restart_s"].notna()] if not restarts.empty else restarts
     if timed.empty:
         return timed
     distance = (timed["restart_s"] - timed.groupby(keys, dropna=False)["restart_s"].transform("median")).abs()

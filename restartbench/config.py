@@ -147,6 +147,10 @@ class LaunchConfig:
     master_port: int = opt(0, "Rendezvous port; 0 = a free port on one node, 29500 across nodes.",
                            allowed=Allowed(low=0, high=65535))
     verify: bool = opt(True, "Prove the restore: checksums at save vs load, resumed loss vs uninterrupted loss.")
+    consolidated_digest: bool = opt(
+        False, "With --verify, record at each save the digest of the consolidated state (every parameter's fp32 "
+        "weights and Adam moments at full shape, by name; gathered over the ranks, so it costs collectives): the "
+        "proof of a restart on another layout (./submit-job.sh --restore RUN --restore-layout LAYOUT).")
     memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
     phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.",
                                allowed=AT_LEAST_1)

@@ -30,7 +30,7 @@ from restartbench.events import Event, EventLog, rank_errors, span_on
 
 if TYPE_CHECKING:
     from restartbench.config import LaunchConfig
-    from restartbench.engines.base import FileRecord
+    from restartbench.engines.base import Converter, FileRecord
     from restartbench.integrity import Store
     from restartbench.memwatch import MemoryWatch
 
@@ -43,6 +43,10 @@ class CorruptCheckpoint(RankRefusal):
 
 
 class NoCheckpoint(RankRefusal):
+    pass
+
+
+class ConversionFailed(RuntimeError):
     pass
 
 
@@ -284,6 +288,28 @@ def page_cache_before_load(store: Store, tag: str, wanted: str) -> dict[str, Any
     if store.remote:  # every byte comes over the network: no page cache to evict or measure
         return {"cache": "remote", "resident_fraction": None, "cache_requested": wanted}
     return pagecache.before_restore(store.location, tag, wanted)
+
+
+def convert(log: EventLog, converter: Converter, load_dir: str, tag: str) -> str:
+    """The engine's offline conversion of ``tag`` for another layout, run once by rank 0 while the others wait, as
+    the ``restore.convert`` span on every rank with what it read and wrote; returns the tag to load. A collective."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    with log.span(Event.RESTORE_CONVERT, tag=tag) as extra:
+        outcome: list[Any] = [None]
+        if dist.get_rank() == 0:
+            try:
+                outcome = [dataclasses.asdict(converter.convert(load_dir, tag))]
+            except Exception as failure:  # noqa: BLE001 - every rank must learn of it
+                outcome = [f"{type(failure).__name__}: {failure}"]
+        dist.broadcast_object_list(outcome, src=0)
+        if isinstance(outcome[0], str):
+            raise ConversionFailed(f"the conversion of {tag} for another layout failed on rank 0: {outcome[0]}")
+        converted = dict(outcome[0])
+        extra.update(converted_tag=converted.pop("tag"), **converted)
+    return extra["converted_tag"]
 
 
 def timed_load(log: EventLog, tag: str, cache: dict[str, Any], load: Callable[[], tuple[list[FileRecord], Any]],

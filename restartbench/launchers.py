@@ -43,9 +43,10 @@ class Launcher:
         return (f"--launcher {self.name} --submit needs {self.submit_command!r}, which is not on PATH here; run on a "
                 "login node of the cluster, or leave out --submit to only write the job script")
 
-    def phase_command(self, run_dir: Path, phase: str, nnodes: int, rank_args: tuple[str, ...] = ()) -> list[str]:
-        """The command that runs ``launch.sh PHASE [RANK_ARGS]`` once on every node of the run."""
-        script = str(Path(run_dir) / "launch.sh")
+    def phase_command(self, launch_dir: Path, phase: str, nnodes: int, rank_args: tuple[str, ...] = ()) -> list[str]:
+        """The command that runs ``launch.sh PHASE [RANK_ARGS]`` (in ``launch_dir``: the run folder, or a restart
+        layout's folder in it) once on every node of the run."""
+        script = str(Path(launch_dir) / "launch.sh")
         if self.name == "slurm":
             return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
                     f"--cpus-per-task={os.environ.get('SLURM_CPUS_PER_TASK', '1')}",

@@ -10,6 +10,7 @@ wrong with which numbers and what to change.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -122,6 +123,18 @@ def validate_layout(spec: LayoutSpec | str, preset: ModelPreset, world_size: int
     if problems:
         raise LayoutError(f"layout {layout.name} does not fit {preset.name}:\n  - " + "\n  - ".join(problems))
     return layout
+
+
+def restore_grad_accum(saved: Layout, saved_grad_accum: int, new: Layout) -> int:
+    """Micro-batches per rank and iteration on ``new`` that keep the run's global batch (dp × grad_accum micro-batches
+    of the same samples, ``restartbench.data``), so a restart on another layout resumes the same training."""
+    micro_batches = saved.dp * saved_grad_accum
+    if micro_batches % new.dp:
+        raise LayoutError(f"the run's global batch is {micro_batches} micro-batches (dp={saved.dp} × "
+                          f"{saved_grad_accum} per rank); {new.name} has dp={new.dp}, which does not divide it, so a "
+                          f"restart there would train on another batch; choose dp among {_divisors(micro_batches)}, "
+                          f"or train the run with --grad-accum a multiple of {new.dp // math.gcd(new.dp, saved.dp)}")
+    return micro_batches // new.dp
 
 
 def _divisors(n: int) -> str:

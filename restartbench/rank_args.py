@@ -23,6 +23,9 @@ class RankArgs:
     """1: the run's own restore; 2, 3...: restore-only relaunches, each with records of its own."""
     tag: str | None
     """The committed checkpoint to restore; None: the one ``latest`` names."""
+    restore_layout: str | None
+    """A restart on another layout (its canonical name): the launch's plan and DeepSpeed JSON are in
+    ``layouts/<layout>/`` of the run folder; None: the run's own layout."""
     on_corrupt: str | None
     restore_cache: str | None
 
@@ -38,6 +41,7 @@ def parse_rank_args(argv: list[str] | None, description: str) -> RankArgs:
     parser.add_argument("--phase", required=True, choices=("train", "restore"))
     parser.add_argument("--attempt", type=int, default=1, help="restore attempt (1: the run's own restore)")
     parser.add_argument("--tag", help="restore this committed checkpoint instead of the one 'latest' names")
+    parser.add_argument("--restore-layout", help="restart on this layout, planned in layouts/<layout>/")
     add_attempt_options(parser)
     args = parser.parse_args(argv)
     if args.attempt < 1:

@@ -7,6 +7,11 @@ layout, cold (its page cache evicted first) unless ``--restore-cache warm``, wit
 ``restarts`` (start, end, exit code, the options it chose, the checkpoint it restored, whether it fell back, its
 verdict). Nothing appends to an earlier attempt's records; the run's status and phase 1's records stay as they were.
 ``analysis/summarize.py`` gives each attempt its own restart row, and the medians over them.
+
+``--restore-layout LAYOUT`` restarts on another parallel layout (tp, pp, dp; the run's global batch kept): its plan,
+DeepSpeed JSON and launch script go to ``layouts/<layout>/``; the engine restores there by its converter (DeepSpeed's
+universal checkpoints) or at load, and an engine that can do neither is recorded as a ``skipped`` attempt with the
+reason, without a launch.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from restartbench import rundir, storage
+from restartbench import engines, rundir, storage
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.events import EVENTS_FOLDER, phase_record
@@ -29,7 +34,7 @@ from restartbench.launchers import LAUNCHERS, Launcher
 from restartbench.progress import say
 from restartbench.rank_args import ATTEMPT_OPTIONS, add_attempt_options
 from restartbench.rundir import RunFolderError, RunPlan
-from restartbench.study import free_port, restart_record, run_phase
+from restartbench.study import free_port, plan_layout_restart, prepare_layout_restart, restart_record, run_phase
 
 LOCK_FILE = ".restore.lock"
 """Held while a relaunch runs: two at once would share the checkpoint's page cache and the run's port."""
@@ -39,7 +44,8 @@ FINISHED = ("complete", "failed")
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    chosen = {name: getattr(args, name) for name in ("tag", *ATTEMPT_OPTIONS) if getattr(args, name) is not None}
+    chosen = {name: getattr(args, name) for name in ("tag", "restore_layout", *ATTEMPT_OPTIONS)
+              if getattr(args, name) is not None}
     try:
         return relaunch(args.run_dir, args.repeat, chosen)
     except (StudyError, RunFolderError) as refusal:
@@ -55,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 1)")
     parser.add_argument("--tag", help="restore this committed checkpoint (such as step2) instead of the one 'latest' "
                         "names")
+    parser.add_argument("--restore-layout", metavar="LAYOUT", help="restart on another parallel layout (such as "
+                        "pp2dp2 or dp4), keeping the run's global batch; default: the run's own")
     add_attempt_options(parser)
     return parser
 
@@ -74,9 +82,36 @@ def relaunch(run_dir: Path, repeat: int, chosen: dict[str, Any]) -> int:
     launcher = _launcher_here(plan)
     verdicts = []
     with _only_relaunch(run_dir):
+        if chosen.get("restore_layout"):
+            plan, chosen = _on_layout(cfg, plan, chosen)
+            if plan is None:
+                return _skipped(run_dir, meta, chosen, engines.engine_info(cfg.engine.engine).not_resharded)
         for _ in range(repeat):
             verdicts.append(_attempt(run_dir, cfg, plan, launcher, chosen, meta))
     return 0 if all(v in ("exact", "not verified") for v in verdicts) else 1
+
+
+def _on_layout(cfg: RunConfig, plan: RunPlan, chosen: dict[str, Any]) -> tuple[RunPlan | None, dict[str, Any]]:
+    """The plan of the restarts on the layout ``chosen`` names, written into the run folder (None: the engine cannot
+    restart on another layout), and ``chosen`` with the layout's canonical name. A layout the run cannot restart on
+    is refused whatever the engine."""
+    changed, layout_plan = plan_layout_restart(cfg, plan, chosen["restore_layout"])
+    chosen = {**chosen, "restore_layout": layout_plan.layout_name}
+    if not engines.engine_info(cfg.engine.engine).reshards:
+        return None, chosen
+    prepare_layout_restart(changed, layout_plan)
+    return layout_plan, chosen
+
+
+def _skipped(run_dir: Path, meta: dict[str, Any], chosen: dict[str, Any], reason: str) -> int:
+    """Record a restart the engine cannot make as a ``skipped`` attempt, with the reason; nothing is launched."""
+    attempt = next_attempt(run_dir, meta)
+    meta.setdefault("restarts", []).append({"attempt": attempt, "record": None, **chosen, "verdict": "skipped",
+                                            "reason": reason})
+    rundir.write_json(run_dir / rundir.METADATA, meta)
+    say(f"restore attempt {attempt}: skipped (--restore-layout {chosen['restore_layout']}): engine "
+        f"{meta.get('engine')} {reason}")
+    return 0
 
 
 def _restartable(run_dir: Path, tag: str | None) -> tuple[RunConfig, RunPlan, dict[str, Any]]:
@@ -136,7 +171,8 @@ def _attempt(run_dir: Path, cfg: RunConfig, plan: RunPlan, launcher: Launcher, c
     restarts.append({"attempt": attempt, "record": record, **chosen, "verdict": "running"})
     rundir.write_json(run_dir / rundir.METADATA, meta)
     env = {"RB_MASTER_PORT": str(free_port())} if plan.nnodes == 1 else {}
-    result = run_phase(run_dir, record, launcher.phase_command(run_dir, "restore", plan.nnodes, rank_args),
+    launch_dir = rundir.launch_folder(run_dir, chosen.get("restore_layout"))
+    result = run_phase(run_dir, record, launcher.phase_command(launch_dir, "restore", plan.nnodes, rank_args),
                        cfg.launch.phase_timeout_s, env)
     restarts[-1] = restart_record(run_dir, attempt, result, chosen)
     rundir.write_json(run_dir / rundir.METADATA, meta)
@@ -160,11 +196,13 @@ def _event_file_names(run_dir: Path) -> list[str]:
 
 
 def _summary(entry: dict[str, Any]) -> str:
-    what = f"restore attempt {entry['attempt']}: {entry['verdict']}"
+    on = f" on {entry['restore_layout']}" if entry.get("restore_layout") else ""
+    what = f"restore attempt {entry['attempt']}{on}: {entry['verdict']}"
     if entry["restart_s"] is None:  # run_phase said why
         return f"{what}; its records: events/{entry['record']}-rank*.jsonl, {entry['record']}.stderr.log"
     fell_back = f", fell back from {entry['fell_back_from']}" if entry["fell_back_from"] else ""
-    cache = "read from the object store" if entry["cache"] == "remote" else f"{entry['cache']} page cache"
+    cache = {"remote": "read from the object store", "converted": "loaded from what the conversion had just written"
+             }.get(entry["cache"], f"{entry['cache']} page cache")
     source = f"from {entry['tag']}{fell_back} ({cache})" if entry["tag"] else "without a checkpoint"
     return (f"{what} {source}: {entry['restart_s']:.2f} s from launch to the end of the first resumed iteration "
             "(max over ranks)")

@@ -44,11 +44,16 @@ def template_environment() -> jinja2.Environment:
     return env
 
 
-def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]:
-    """The DeepSpeed JSON of a run, parsed (also what the checkpoint plan puts in its files)."""
+def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int,
+                     extra_sections: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The DeepSpeed JSON of a run, parsed (also what the checkpoint plan puts in its files); ``extra_sections``:
+    what a restart on another layout adds (an engine's converter's), merged into the engine's sections key by key."""
+    sections = engines.ds_config_sections(cfg.engine)
+    for name, values in (extra_sections or {}).items():
+        sections[name] = {**sections.get(name, {}), **values}
     ds_text = template_environment().get_template("ds_config.json.j2").render(
         micro_batch=cfg.train.micro_batch, grad_accum=grad_accum, dp=dp, dtype=cfg.model.dtype,
-        lr=cfg.train.lr, engine_sections=engines.ds_config_sections(cfg.engine),
+        lr=cfg.train.lr, engine_sections=sections,
     )
     try:
         return json.loads(ds_text)
@@ -56,12 +61,14 @@ def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int) -> dict[str, Any]
         raise StudyError(f"templates/ds_config.json.j2 rendered invalid JSON: {error}") from None
 
 
-def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str = TRAIN_ENTRY) -> Rendered:
+def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str = TRAIN_ENTRY,
+           extra_sections: dict[str, dict[str, Any]] | None = None) -> Rendered:
     """The DeepSpeed JSON, launch script and job script of a run. ``label``: what the scripts call its engine (the
-    job name, the header), default the engine itself; ``entry``: the module every rank runs."""
+    job name, the header), default the engine itself; ``entry``: the module every rank runs; ``extra_sections``: see
+    ``render_ds_config``."""
     env = template_environment()
     label = label or cfg.engine.engine
-    ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"])
+    ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"], extra_sections)
     launch = env.get_template("launch.sh.j2").render(
         preset=cfg.model.preset, layout=plan.layout_name, engine=label, world_size=plan.world_size,
         nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,

@@ -33,9 +33,10 @@ from restartbench.engines import engine_names
 MAX_FACETS = 24
 MAX_ROWS = 60
 KIND_COLORS = {"layer": "#4C72B0", "model": "#8172B3", "optimizer": "#DD8452", "other": "#999999"}
-PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out
+PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out (an offline conversion before it too)
     "launch": "#c6dbef", "imports": "#9ecae1", "dist init": "#6baed6", "model build": "#4292c6",
-    "ds init": "#2171b5", "engine setup": "#08519c", "ckpt load": "#e6550d", "verify": "#bdbdbd", "gaps": "#e0e0e0",
+    "ds init": "#2171b5", "engine setup": "#08519c", "convert": "#fdae6b", "ckpt load": "#e6550d",
+    "verify": "#bdbdbd", "gaps": "#e0e0e0",
     "1st iter": "#31a354",
 }
 _DARK_PARTS = ("model build", "ds init", "engine setup", "ckpt load", "1st iter")
@@ -987,6 +988,7 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
                      f"</figcaption></figure>")
         parts.append(_goodput_html(goodput_rows, assumptions) if name == "goodput"
                      else _figure_tables(name, collected, table, ranks, files))
+    parts.append(_relayout_html(table))
     parts.append(_excluded_html(collected))
     if collected.warnings:
         parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in collected.warnings) + "</ul>")
@@ -1182,6 +1184,23 @@ DISPLAY_NAMES = {
     "restore_peak_rss_bytes": "restart peak", "peak_rss_part": "peak in", "train_peak_rss_bytes": "training peak",
     "resume_spike": "restart / training peak", "parts_sum_s": "sum",
 }
+
+
+def _relayout_html(table: pd.DataFrame) -> str:
+    """Restarts on another layout beside the same layout's, per engine (empty where none was measured)."""
+    summary = analysis.relayout_summary(table)
+    if summary.empty or (summary["restore_layout"] == summary["layout"]).all():
+        return ""
+    return ("<h2>Restarts on another layout</h2><p>Per engine, the layout phase 1 saved on (<code>layout</code>) and "
+            "the one restarted on (<code>restore_layout</code>; the run's own is the comparison): medians over "
+            "attempts of the restart and its parts, max over ranks. <code>restart_convert_s</code> is the engine's "
+            "offline conversion (DeepSpeed's <code>ds_to_universal.py</code>, run by rank 0 while the others wait) "
+            "with what it read and wrote; a load after it reads what it has just written (page cache), where an "
+            "engine that reshards at load reads the checkpoint as written. Exactness is on the consolidated state "
+            "(every parameter's fp32 weights and Adam moments at full shape): see <code>verdicts</code>; "
+            "<code>loss_diff</code> is iteration K+1's loss less the uninterrupted run's (the reduction order "
+            "changes with tp and dp). A skipped restart says why the engine cannot make it.</p>"
+            + _html_table(summary))
 
 
 def _html_table(frame: pd.DataFrame) -> str:

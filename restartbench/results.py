@@ -33,6 +33,7 @@ RESTART_PARTS = (
     (Event.STARTUP_MODEL_BUILD, "model build"),
     (Event.STARTUP_DS_INITIALIZE, "ds init"),  # deepspeed.initialize
     (Event.STARTUP_ENGINE, "engine setup"),  # the checkpoint engine's own start-up (imports, process groups)
+    (Event.RESTORE_CONVERT, "convert"),  # an offline conversion for another layout (DeepSpeed's universal checkpoint)
     (Event.RESTORE_LOAD, "ckpt load"),
     (Event.TRAIN_ITERATION, "1st iter"),
 )
@@ -123,7 +124,22 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "verdict": verdict(restore),
         **_restart_memory(restore),
         "ds_init": ds_init_breakdown(restore),
+        **_relayout(restore, results),
     }
+
+
+def _relayout(restore: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A restart on another layout: the layout (None: the run's own), iteration K+1's loss less the uninterrupted
+    run's, and what the engine's offline conversion read and wrote (rank 0 converts; None without one)."""
+    result = results[0] if results else {}
+    converted = next((e for e in restore if e["event"] == Event.RESTORE_CONVERT and e.get("bytes_read") is not None),
+                     {})
+    return {"restore_layout": result.get("restore_layout"), "loss_diff": result.get("loss_diff"),
+            **{f"convert_{name}": converted.get(name) for name in RELAYOUT_CONVERSION}}
+
+
+#: What a ``restore.convert`` event says the conversion read and wrote (``restartbench.engines.base.Conversion``).
+RELAYOUT_CONVERSION = ("files_read", "bytes_read", "files_written", "bytes_written")
 
 
 def ds_init_breakdown(records: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -172,11 +188,14 @@ def attempt_events(events: list[dict[str, Any]], attempt: int) -> list[dict[str,
 
 def verdict(restore: list[dict[str, Any]]) -> str:
     """How one restore attempt ended, from its events: exact, not exact, not verified (verification off, or engine
-    none, which restores nothing), refused (a rank refused: a damaged checkpoint, none to restore) or failed."""
+    none, which restores nothing), refused (a rank refused: a damaged checkpoint, none to restore) or failed. A proof
+    that found a difference is ``not exact``, although the ranks then stop with an error: that error is its outcome."""
     results = [e for e in restore if e["event"] == Event.RESTORE_RESULT]
     errors = [e for e in restore if e["event"] == Event.PHASE_ERROR]
     if any(e.get("refused") for e in errors):
         return "refused"
+    if any(e.get("verified") and not e.get("exact") for e in results):
+        return "not exact"
     if errors or not results:
         return "failed"
     if not results[0].get("verified"):

@@ -9,6 +9,7 @@ A run folder ``<logs>/<preset>/<layout>/<engine>/<stamp>`` holds::
     events/<phase>-rank<NNNNN>.jsonl   every rank's timed events, written and read by restartbench.events only
     <phase>.stdout.log, <phase>.stderr.log
     runtime.json, inventory.json, baseline.json
+    layouts/<layout>/  plan.json, ds_config.json and launch.sh of a restart on another layout (--restore-layout)
     checkpoints/     unless --checkpoint-dir points elsewhere
 """
 
@@ -30,6 +31,7 @@ LAUNCH_SCRIPT = "launch.sh"
 RUNTIME = "runtime.json"
 INVENTORY = "inventory.json"
 CHECKPOINTS = "checkpoints"
+LAYOUTS = "layouts"
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
 STAMP_SUFFIX_BYTES = 3
 """Random bytes after the time in a run folder's name (6 hex digits): launches in the same second differ."""
@@ -55,6 +57,12 @@ def create_run_folder(path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir()
+
+
+def launch_folder(run_dir: str | Path, restore_layout: str | None = None) -> Path:
+    """Where a launch's plan.json, ds_config.json and launch.sh are: the run folder itself, or for a restart on
+    another layout (``restore_layout``, a canonical layout name), ``layouts/<layout>/`` inside it."""
+    return Path(run_dir) if restore_layout is None else Path(run_dir) / LAYOUTS / restore_layout
 
 
 def phase_log(run_dir: str | Path, phase: str, stream: str) -> Path:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from restartbench.launchers import (
     resolve_launcher,
     set_parent_death_signal,
 )
-from restartbench.layout import LayoutError, validate_layout
+from restartbench.layout import Layout, LayoutError, restore_grad_accum, validate_layout
 from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
 from restartbench.progress import PREFIX, say
 from restartbench.render import REPO_ROOT, Rendered, render
@@ -87,6 +87,38 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     if not cfg.launch.dry_run and cfg.launch.memory_check:
         _check_memory(preset, plan, memory.total)
     return plan
+
+
+def plan_layout_restart(cfg: RunConfig, plan: RunPlan, layout_name: str) -> tuple[RunConfig, RunPlan]:
+    """The config and plan of a restart of a run (``cfg``, ``plan``) on another layout: the same run folder,
+    checkpoints and device, the layout's ranks on as many nodes, and the run's global batch (``restore_grad_accum``),
+    so that the restart resumes the same training. Refused, saying why, where the layout does not fit the model or the
+    batch, or is the run's own."""
+    saved = Layout(**plan.layout)
+    try:
+        new = validate_layout(layout_name, _preset(cfg))
+        grad_accum = restore_grad_accum(saved, plan.grad_accum, new)
+    except LayoutError as error:
+        raise StudyError(f"--restore-layout {layout_name}: {error}") from None
+    if new == saved:
+        raise StudyError(f"--restore-layout {layout_name} is the run's own layout ({saved.name}); leave it out to "
+                         "restart on the same layout")
+    changed = replace(cfg, layout=replace(cfg.layout, layout=new.name, nproc_per_node=None, nnodes=plan.nnodes),
+                      train=replace(cfg.train, grad_accum=grad_accum))
+    return changed, plan_run(changed)
+
+
+def prepare_layout_restart(changed: RunConfig, layout_plan: RunPlan) -> None:
+    """Write the plan, DeepSpeed JSON (with what the engine's converter adds, such as ``load_universal``) and launch
+    script of a restart on another layout (``plan_layout_restart``) into ``layouts/<layout>/`` of the run folder."""
+    converter = engines.converter(changed.engine.engine)
+    rendered = render(changed, layout_plan, extra_sections=converter.ds_config if converter else None)
+    folder = rundir.launch_folder(layout_plan.run_dir, layout_plan.layout_name)
+    folder.mkdir(parents=True, exist_ok=True)
+    layout_plan.save(folder)
+    (folder / rundir.DS_CONFIG).write_text(rendered.ds_config_text)
+    (folder / rundir.LAUNCH_SCRIPT).write_text(rendered.launch_script)
+    (folder / rundir.LAUNCH_SCRIPT).chmod(0o755)
 
 
 def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, Any] | None]:

@@ -6,6 +6,9 @@ the last save's background work runs on some rank, then ``clean_iters`` iteratio
 save's slowdown of training is measured against clean iterations, the last one's included.
 Phase ``restore`` is a fresh launch: it restores the latest committed checkpoint, proves the
 state equal to what was saved, runs iteration K+1 and proves loss and state equal to phase 1's.
+On another layout (``--restore-layout``) the engine restores by its offline conversion (timed as
+``restore.convert``) or at load; the proof is then on the consolidated state (``restartbench.consolidated``),
+and iteration K+1's loss is recorded against phase 1's (reduction order changes with tp and dp).
 
 Only the standard library is imported at module level: the time to import torch and
 DeepSpeed is one of the restart phases measured here.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 PROCESS_START = time.time()
 
@@ -70,7 +74,10 @@ class RankRun:
         self.cfg = args.attempt_config(RunConfig.load(args.run_dir / rundir.CONFIG))
         self.run_dir, self.rank, self.log, self.watch = args.run_dir, rank, log, watch
         self.phase, self.requested_tag = log.phase, args.tag
-        self.plan = rundir.RunPlan.load(self.run_dir)
+        self.launch_dir = rundir.launch_folder(self.run_dir, args.restore_layout)
+        self.plan = rundir.RunPlan.load(self.launch_dir)
+        self.saved_layout = rundir.RunPlan.load(self.run_dir).layout_name
+        """The layout phase 1 trained and saved on; ``self.plan``'s is this launch's."""
         self.ckpt_dir = self.plan.checkpoint_dir
         from restartbench.storage import open_store
 
@@ -109,7 +116,7 @@ class RankRun:
         with self.log.span(Event.STARTUP_DS_INITIALIZE) as initialized:
             from restartbench.ds_init_timing import timed_stages
 
-            ds_config = rundir.read_json(self.run_dir / rundir.DS_CONFIG)
+            ds_config = rundir.read_json(self.launch_dir / rundir.DS_CONFIG)
             with timed_stages() as stages:
                 self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                        config=ds_config)
@@ -178,9 +185,7 @@ class RankRun:
         self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
         arm_save_fault(self.log, tag)
         if self.cfg.launch.verify:  # the state the save writes, digested before it: outside its spans and its window
-            from restartbench.verify import training_state_digest, write_digest
-
-            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
+            self._digest_saved_state(tag)
         save_start = harness.begin_save(self.log, step, tag, engine=self.cfg.engine.engine)
         error = None
         try:
@@ -196,6 +201,19 @@ class RankRun:
         self.pending = (step, tag, save_start, error)
         if not self.ckpt_engine.asynchronous or error is not None:
             self._commit_pending()
+
+    def _digest_saved_state(self, tag: str) -> None:
+        """This rank's digest of ``tag``'s state and, with ``--consolidated-digest``, the consolidated one (a
+        collective; rank 0 writes it): the proofs of a restore on this layout and on another."""
+        from restartbench.verify import training_state_digest, write_digest
+
+        write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
+        if self.cfg.launch.consolidated_digest:
+            from restartbench.consolidated import consolidated_digest, write_consolidated
+
+            whole = consolidated_digest(self.engine)
+            if self.rank == 0:
+                write_consolidated(self.run_dir, tag, whole)
 
     def _commit_pending(self) -> None:
         """Wait until the pending save is durable on this rank; if it is on every rank, write the manifest
@@ -235,18 +253,68 @@ class RankRun:
         step = _step_of(tag)
         cache = harness.page_cache_before_load(self.store, tag, self.cfg.launch.restore_cache)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
-                  "cache)")
+                  "cache)" + (f", saved on {self.saved_layout}, onto {self.plan.layout_name}" if self.relayout else ""))
         kill_in_load(self.log)
+        if self.relayout:
+            return self._restore_on_another_layout(tag, cache)
         harness.timed_load(self.log, tag, cache, lambda: self._load(tag), engine=self.cfg.engine.engine)
         problems = self._verify_restored(tag) if self.cfg.launch.verify else []
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:
             problems += self._verify_resumed(step + 1, loss)
-        harness.record_result(self.log, tag, problems, loss, self.cfg.launch.verify)
+        self._end_restore(tag, problems, loss, self.cfg.launch.verify,
+                          f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
+                          + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+
+    @property
+    def relayout(self) -> bool:
+        """This launch restores on another layout than phase 1 saved on."""
+        return self.plan.layout_name != self.saved_layout
+
+    def _restore_on_another_layout(self, tag: str, cache: dict) -> None:
+        """Convert (the engine's offline pass, if it has one), load, prove on the consolidated state, and run
+        iteration K+1, whose loss is recorded against the uninterrupted run's (not required equal: the reduction
+        order changes with tp and dp)."""
+        from restartbench.engines import converter
+
+        step, conversion = _step_of(tag), converter(self.cfg.engine.engine)
+        load_tag = harness.convert(self.log, conversion, self.ckpt_dir, tag) if conversion else tag
+        if conversion:  # the load reads what the conversion has just written
+            cache = {**cache, "cache": "converted", "resident_fraction": None}
+        harness.timed_load(self.log, tag, cache, lambda: self._load(load_tag), engine=self.cfg.engine.engine,
+                           restore_layout=self.plan.layout_name, saved_layout=self.saved_layout)
+        problems, verified = self._verify_consolidated(tag)
+        loss = self._iteration(step + 1, first_after_restore=True)
+        reference = self._reference_loss(step + 1, rank=0)  # every rank has the loss; this layout's ranks are others
+        proof = "consolidated state verified" if verified else "state not verified"
+        self._end_restore(tag, problems, loss, verified,
+                          f"restore: resumed on {self.plan.layout_name} at iteration {step + 1}, loss {loss:.6f} "
+                          f"({loss - reference:+.2e} from the uninterrupted run's on {self.saved_layout}; {proof})",
+                          restore_layout=self.plan.layout_name, saved_layout=self.saved_layout,
+                          reference_loss=reference, loss_diff=loss - reference)
+
+    def _verify_consolidated(self, tag: str) -> tuple[list[str], bool]:
+        """The consolidated state after the load against phase 1's at the save (a collective); not verified where
+        verification is off or phase 1 recorded none (``--consolidated-digest``)."""
+        from restartbench.consolidated import compare, consolidated_digest, consolidated_path, read_consolidated
+
+        if not self.cfg.launch.verify:
+            return [], False
+        if not consolidated_path(self.run_dir, tag).exists():
+            self._say(f"restore: {tag} is not verified on {self.plan.layout_name}: phase 1 recorded no consolidated "
+                      "digest (run it with --consolidated-digest)")
+            return [], False
+        with self.log.span(Event.RESTORE_VERIFY, tag=tag, consolidated=True):
+            return compare(read_consolidated(self.run_dir, tag), consolidated_digest(self.engine)), True
+
+    def _end_restore(self, tag: str, problems: list[str], loss: float, verified: bool, said: str,
+                     **fields: Any) -> None:
+        """Record the restore's result (``fields``: what a restore on another layout adds) and say ``said``; raise if
+        not exact."""
+        harness.record_result(self.log, tag, problems, loss, verified, **fields)
         if problems:
             raise RestoreMismatch(f"rank {self.rank}: restore of {tag} is not exact:\n  " + "\n  ".join(problems))
-        self._say(f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
-                  + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+        self._say(said)
 
     def _load(self, tag: str) -> tuple[list, None]:
         """The engine's load into the live engine: the files it read; nothing to hand back."""
@@ -279,11 +347,13 @@ class RankRun:
             problems += compare(read_digest(self.run_dir, name, self.rank), module_digest(self.engine))
         return problems
 
-    def _reference_loss(self, step: int) -> float:
-        for record in read_events(self.run_dir, "train", self.rank):
+    def _reference_loss(self, step: int, rank: int | None = None) -> float:
+        """Phase 1's loss of iteration ``step`` on ``rank`` (default: this rank)."""
+        rank = self.rank if rank is None else rank
+        for record in read_events(self.run_dir, "train", rank):
             if record["event"] == Event.TRAIN_ITERATION and record.get("step") == step:
                 return record["loss"]
-        raise RestoreMismatch(f"phase 1 recorded no iteration {step} on rank {self.rank}")
+        raise RestoreMismatch(f"phase 1 recorded no iteration {step} on rank {rank}")
 
     # -- shared --------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 
 from restartbench import engines
 from restartbench.config import EngineConfig
-from restartbench.engines.base import CheckpointEngine
+from restartbench.engines.base import CheckpointEngine, load
 from restartbench.engines.deepspeed.engine import ObjectStoreTorchEngine, TorchEngine
 from restartbench.engines.none.engine import NoCheckpoint
 from restartbench.storage import LocalStore, ObjectLocation, ObjectStore, S3Settings, StorageError
@@ -92,7 +92,8 @@ def test_the_optional_hooks_have_defaults_the_harness_can_call():
 def test_create_engine_refuses_a_class_outside_the_contract(monkeypatch, cls_name):
     monkeypatch.setitem(engines._REGISTRY, "impostor",
                         engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine",
-                                           not_predicted="a test double", not_emulated="a test double"))
+                                           not_predicted="a test double", not_emulated="a test double",
+                                           not_resharded="a test double"))
     with pytest.raises(TypeError, match=rf"engine 'impostor' is registered with {__name__}\.{cls_name}, which is "
                                         r"not a subclass of restartbench\.engines\.base\.CheckpointEngine"):
         engines.create_engine(EngineConfig(engine="impostor"))
@@ -128,6 +129,24 @@ def test_a_registry_entry_names_its_predictor_and_emulator_or_says_why_not(refs)
     with pytest.raises(ValueError,
                        match="give either a (predictor|emulator) or, in not_(predicted|emulated), the reason"):
         engines.EngineInfo("half", "m", "C", "an entry missing a predictor or an emulator, or with both", **refs)
+
+
+@pytest.mark.parametrize("how", [{}, {"converter": "m:C", "reshards_at_load": True},
+                                 {"reshards_at_load": True, "not_resharded": "why"}])
+def test_a_registry_entry_says_how_it_restarts_on_another_layout_exactly_once(how):
+    with pytest.raises(ValueError, match="say how it restarts on another layout"):
+        engines.EngineInfo("half", "m", "C", "an entry", not_predicted="why", not_emulated="why", **how)
+
+
+def test_every_registered_engine_restarts_on_another_layout_or_says_why_not():
+    """The converters named are importable ``Converter``s; an engine that cannot says why, in words."""
+    for name in engines.engine_names():
+        info = engines.engine_info(name)
+        if info.converter:
+            converter = load(info.converter)
+            assert callable(converter.convert) and isinstance(converter.ds_config, dict), name
+        assert info.reshards == (not info.not_resharded) and (info.reshards or len(info.not_resharded) > 40), name
+    assert engines.engine_info("torch").converter and engines.engine_info("none").reshards_at_load
 
 
 def test_every_registered_engine_is_predicted_and_emulated_or_says_why_not():

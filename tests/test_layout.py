@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from restartbench.layout import Layout, LayoutError, layout_problems, parse_layout, validate_layout
+from restartbench.layout import (
+    Layout,
+    LayoutError,
+    layout_problems,
+    parse_layout,
+    restore_grad_accum,
+    validate_layout,
+)
 from restartbench.presets import PRESETS
 
 
@@ -93,3 +100,20 @@ def test_every_problem_is_listed_one_per_line():
     assert lines[1:] == ["  - " + problem for problem in layout_problems(Layout(3, 3, 1), preset)]
     assert any(line == "  - tiny: hidden 65 is not divisible by its 4 heads" for line in lines)
     assert len(lines) == 1 + 6  # layers, heads, kv-heads, hidden, vocabulary, ffn
+
+
+@pytest.mark.parametrize(("saved", "grad_accum", "new", "expected"), [
+    (Layout(2, 2, 1), 2, Layout(1, 2, 2), 1),  # tp2pp2 -> pp2dp2: 2 micro-batches, one per replica
+    (Layout(1, 1, 2), 2, Layout(1, 1, 4), 1),
+    (Layout(1, 1, 4), 1, Layout(1, 1, 2), 2),  # dp4 -> dp2: each replica takes two
+    (Layout(2, 1, 2), 3, Layout(1, 2, 1), 6),
+])
+def test_a_restart_on_another_layout_keeps_the_global_batch(saved, grad_accum, new, expected):
+    assert restore_grad_accum(saved, grad_accum, new) == expected
+    assert new.dp * expected == saved.dp * grad_accum
+
+
+def test_a_restart_layout_whose_dp_does_not_divide_the_global_batch_is_refused_with_the_choices():
+    with pytest.raises(LayoutError, match=r"global batch is 2 micro-batches \(dp=1 × 2 per rank\); tp1pp1dp4 has "
+                                          r"dp=4, which does not divide it.*choose dp among 1, 2"):
+        restore_grad_accum(Layout(2, 2, 1), 2, Layout(1, 1, 4))

@@ -159,7 +159,12 @@ STEP6 = {
     "durable_rank_max_s": 0.80, "committed_s": 0.95, "bytes": 17_000_000, "files": 11, "bytes_per_rank_max": 9_000_000,
 }
 RESTART_PARTS = {"launch": 1.50, "imports": 2.50, "dist init": 0.30, "model build": 0.40, "ds init": 3.20,
-                 "engine setup": 0.05, "ckpt load": 0.90, "1st iter": 0.90}
+                 "engine setup": 0.05, "convert": None, "ckpt load": 0.90, "1st iter": 0.90}  # convert: none
+
+
+#: A restart on the run's own layout: no other layout, no conversion.
+NO_RELAYOUT = {"restore_layout": None, "loss_diff": None, "convert_files_read": None, "convert_bytes_read": None,
+               "convert_files_written": None, "convert_bytes_written": None}
 
 
 # -- restartbench.results ----------------------------------------------------------------------------------------
@@ -177,7 +182,7 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
         "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
         "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact", "peak_rss_bytes": None,
-        "peak_rss_part": None, "ds_init": None})
+        "peak_rss_part": None, "ds_init": None, **NO_RELAYOUT})
 
 
 def test_a_restore_is_exact_only_if_every_rank_restored_exactly(tmp_path):
@@ -232,12 +237,14 @@ def test_restart_row_of_the_table(run):
     row = table_row(run, "restart", RESTORED)
     expected = {
         "restart_s": 8.41, "restart_min_s": 7.32, "restart_rank": 2,
-        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS},
+        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS
+           if RESTART_PARTS[label] is not None},
         "restores_checkpoint": True, "bytes_read": 13_000_000, "files_read": 17, "read_deserialize_max_s": 0.65,
         "read_MBps": 13 / 0.90, "read_pct_of_storage": 100 * (13 / 0.90) / 130.0,
         "load_MiBps": 13_000_000 / 2**20 / 0.90, "cache": "warm", "resident_fraction": 0.25, "exact": True,
     }
     assert {column: row[column] for column in expected} == pytest.approx(expected)
+    assert pd.isna(row["restart_convert_s"]) and row["restore_layout"] == row["layout"], "no conversion, same layout"
 
 
 def test_critical_path_is_the_last_rank_ready_and_adds_up_to_the_restart(run):
@@ -245,8 +252,8 @@ def test_critical_path_is_the_last_rank_ready_and_adds_up_to_the_restart(run):
     # rank 3 started its first iteration last (7.68 s after launch); the rest of the 8.41 s is that iteration
     path = {"launch": 1.10, "imports": 2.10, "dist init": 0.15, "model build": 0.30, "ds init": 3.20,
             "engine setup": 0.03, "ckpt load": 0.60, "verify": 0.10, "gaps": 0.10, "1st iter": 0.73}
-    assert row["path_rank"] == 3
-    assert {label: row[column] for column, label in analysis.PATH_COLUMNS} == pytest.approx(path)
+    assert row["path_rank"] == 3 and pd.isna(row["path_convert_s"])
+    assert {label: row[column] for column, label in analysis.PATH_COLUMNS if label != "convert"} == pytest.approx(path)
 
 
 def test_rank_table_keeps_every_ranks_own_figures(run):
@@ -277,7 +284,8 @@ def test_summaries_the_console_prints(run):
     restart = analysis.restart_summary(table).iloc[0].to_dict()
     expected = {
         "runs": 1, "restart_s": 8.41, "rank_spread_s": 8.41 - 7.32,
-        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS},
+        **{column: RESTART_PARTS[label] for column, label in analysis.RESTART_PART_COLUMNS
+           if RESTART_PARTS[label] is not None},
         "bytes_read": 13_000_000, "read_MBps": 13 / 0.90, "read_pct_of_storage": 100 * (13 / 0.90) / 130.0,
         "cache": "warm", "exact": True,
     }
@@ -508,11 +516,12 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
     write_plan(run_dir, run_dir / "checkpoints")
     info = results.restart(read_events(run_dir))
     assert info == {"total_s": 5.5, "parts": {"launch": 1.0, "imports": 2.0, "dist init": 0.25, "model build": 0.5,
-                                              "ds init": 1.25, "engine setup": None, "ckpt load": None,
+                                              "ds init": 1.25, "engine setup": None, "convert": None,
+                                              "ckpt load": None,
                                               "1st iter": 0.5},
                     "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
                     "resident_fraction": None, "exact": None, "verdict": "not verified", "peak_rss_bytes": None,
-                    "peak_rss_part": None, "ds_init": None}
+                    "peak_rss_part": None, "ds_init": None, **NO_RELAYOUT}
     assert results.summarize_run(run_dir) == [
         ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
          "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "
@@ -595,6 +604,8 @@ def test_records_of_two_launches_in_one_attempt_are_refused_not_mixed(run):
     ([{"event": "restore.result", "verified": True, "exact": True}] * 2, "exact"),
     ([{"event": "restore.result", "verified": True, "exact": True},
       {"event": "restore.result", "verified": True, "exact": False}], "not exact"),
+    # every rank records what its proof found, then stops with the mismatch: the attempt is not exact, not failed
+    ([{"event": "restore.result", "verified": True, "exact": False}, {"event": "phase.error"}], "not exact"),
 ])
 def test_an_attempts_verdict(records, verdict):
     assert results.verdict(records) == verdict

@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from restartbench.engines.base import CheckpointEngine, EngineInfo, EngineOptions, load
+from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -100,6 +100,13 @@ def known_issue(name: str, device: str) -> str | None:
 
 def ds_config_sections(options: EngineOptions) -> dict[str, Any]:
     return engine_info(options.engine).ds_config(options)
+
+
+def converter(name: str) -> Converter | None:
+    """The engine's offline conversion for a restart on another layout (``EngineInfo.converter``), imported; None
+    where it has none."""
+    ref = engine_info(name).converter
+    return load(ref) if ref else None
 
 
 def launch_env(name: str, device: str) -> dict[str, str]:

@@ -70,6 +70,15 @@ class EngineInfo:
     """``module:Class`` of the engine's ``restartbench.emulator.Emulator`` (how ``--emulate`` goes through it), or
     None with ``not_emulated`` saying why."""
     not_emulated: str = ""
+    converter: str | None = None
+    """``module:attribute`` of the engine's offline conversion (a ``Converter``): how a restart on another parallel
+    layout (``--restore-layout``) makes the checkpoint loadable there before the load, as DeepSpeed's universal
+    checkpoints do. None where ``reshards_at_load``, or ``not_resharded`` says why not."""
+    reshards_at_load: bool = False
+    """The engine's ``load`` itself restores a checkpoint written on another layout, each new rank reading what it
+    needs, with no offline pass."""
+    not_resharded: str = ""
+    """Why a restart of this engine's checkpoints on another layout is skipped (recorded with the attempt)."""
 
     def __post_init__(self) -> None:
         for ref, reason, why in (("predictor", "not_predicted", self.not_predicted),
@@ -77,6 +86,37 @@ class EngineInfo:
             if (getattr(self, ref) is None) == (not why):
                 raise ValueError(f"engine {self.name!r}: give either a {ref} or, in {reason}, the reason it has "
                                  "none (not both, not neither)")
+        if [self.converter is not None, self.reshards_at_load, bool(self.not_resharded)].count(True) != 1:
+            raise ValueError(f"engine {self.name!r}: say how it restarts on another layout: a converter, "
+                             "reshards_at_load, or in not_resharded the reason it cannot (exactly one)")
+
+    @property
+    def reshards(self) -> bool:
+        """A restart on another layout is measured (by conversion, or at load); else skipped (``not_resharded``)."""
+        return not self.not_resharded
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What an offline conversion did: the tag to load on the new layout, and what it read and wrote."""
+
+    tag: str
+    files_read: int
+    bytes_read: int
+    files_written: int
+    bytes_written: int
+    command: list[str]
+    """The converter's command line, as it ran."""
+
+
+class Converter(Protocol):
+    """An engine's offline conversion for a restart on another layout (``EngineInfo.converter``)."""
+
+    ds_config: dict[str, Any]
+    """Sections the DeepSpeed JSON of the new layout gains (such as ``{"checkpoint": {"load_universal": true}}``)."""
+
+    def convert(self, load_dir: str, tag: str) -> Conversion:
+        """Convert ``<load_dir>/<tag>`` for any layout; one process runs it, while the others wait."""
 
 
 def load(ref: str) -> Any:

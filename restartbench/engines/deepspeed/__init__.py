@@ -70,10 +70,16 @@ _NOT_EMULATED = ("its writer is not emulated: --emulate goes through DeepSpeed's
 
 ENGINES = (
     EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous",
-               object_store=True, predictor=f"{_PREDICT}:TORCH", emulator=f"{_EMULATE}:TorchFiles"),
+               object_store=True, predictor=f"{_PREDICT}:TORCH", emulator=f"{_EMULATE}:TorchFiles",
+               converter="restartbench.engines.deepspeed.universal:UNIVERSAL"),
     EngineInfo("fastpersist", _DS, "FastPersistEngine", "DeepSpeed FastPersist writer: aligned buffers, libaio",
                ds_config=_writer_block(False), launch_env=_writer_env, system_check=_libaio_missing,
-               predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED),
+               predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED,
+               not_resharded="FastPersist's checkpoints do not convert with DeepSpeed's ds_to_universal.py as they "
+                             "are: every data-parallel writer writes the model file, and the copies keep FastPersist's "
+                             "suffix (mp_rank_00_model_states.pt-1.2), which the converter counts as model files "
+                             "('Checkpoint model-state file count 4 does not match pp_degree=2 * tp_degree=1', "
+                             "DeepSpeed 0.19.8, tiny pp2dp2)"),
     EngineInfo("decoupled", _DS, "DecoupledEngine", "DeepSpeed decoupled writer: background writer processes",
                ds_config=_writer_block(True), launch_env=_writer_env, system_check=_libaio_missing,
                known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED},
@@ -81,7 +87,9 @@ ENGINES = (
                              "writer processes refuse the non-leaf fp32 partitions: 'Cowardly refusing to serialize "
                              "non-leaf tensor'), so no checkpoint of it exists to hold a prediction to; were it fixed, "
                              "it would write DeepSpeed's files (see --engine torch)",
-               not_emulated=_NOT_EMULATED),
+               not_emulated=_NOT_EMULATED,
+               not_resharded="as shipped its saves fail with ZeRO-1 in a PipelineEngine, so no checkpoint of it "
+                             "exists to restart from, on any layout"),
     EngineInfo("datastates", _DS, "DataStatesEngine",
                "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
                ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
@@ -91,5 +99,8 @@ ENGINES = (
                not_predicted="DeepSpeed's DataStates-LLM engine needs the datastates package, which is not on PyPI "
                              "and is not installed here (built from https://github.com/DataStates/datastates-llm with "
                              "CMake, nanobind and CUDA); its files are not predicted",
-               not_emulated=_NOT_EMULATED),
+               not_emulated=_NOT_EMULATED,
+               not_resharded="its checkpoints (DeepSpeed's files, written through DataStates-LLM) have never been "
+                             "converted with ds_to_universal.py here: the datastates package is not installed on the "
+                             "machines this ran on"),
 )

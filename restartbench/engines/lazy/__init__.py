@@ -7,5 +7,6 @@ ENGINES = (
     EngineInfo("lazy", "restartbench.engines.lazy.engine", "LazyEngine",
                "restartbench's lazy engine: reused host buffer, copies overlapped with the next fwd/bwd, "
                "streamed fsync'd flush", predictor="restartbench.engines.lazy.predict:PREDICTOR",
-               emulator="restartbench.engines.lazy.emulate:LazyFiles"),
+               emulator="restartbench.engines.lazy.emulate:LazyFiles",
+               reshards_at_load=True),  # each new rank reads the byte ranges it needs (lazy/reshard.py)
 )
