@@ -151,6 +151,10 @@ class LaunchConfig:
         False, "With --verify, record at each save the digest of the consolidated state (every parameter's fp32 "
         "weights and Adam moments at full shape, by name; gathered over the ranks, so it costs collectives): the "
         "proof of a restart on another layout (./submit-job.sh --restore RUN --restore-layout LAYOUT).")
+    restore_layout: str | None = opt(
+        None, "Run the restore phase on this layout instead of the run's own (such as pp2dp2 or dp4; the global "
+        "batch is kept): DeepSpeed's universal checkpoint for torch, a reshard at load for lazy, a skipped restart "
+        "with the reason for engines that cannot. Turns on --consolidated-digest, the proof.")
     memory_check: bool = opt(True, "Refuse to launch when the estimated memory per rank exceeds what the machine has.")
     phase_timeout_s: int = opt(3600, "Give up on a phase (and mark the run failed) after this many seconds.",
                                allowed=AT_LEAST_1)

@@ -34,7 +34,14 @@ from restartbench.launchers import LAUNCHERS, Launcher
 from restartbench.progress import say
 from restartbench.rank_args import ATTEMPT_OPTIONS, add_attempt_options
 from restartbench.rundir import RunFolderError, RunPlan
-from restartbench.study import free_port, plan_layout_restart, prepare_layout_restart, restart_record, run_phase
+from restartbench.study import (
+    free_port,
+    plan_layout_restart,
+    prepare_layout_restart,
+    restart_record,
+    run_phase,
+    skipped_restart,
+)
 
 LOCK_FILE = ".restore.lock"
 """Held while a relaunch runs: two at once would share the checkpoint's page cache and the run's port."""
@@ -106,8 +113,7 @@ def _on_layout(cfg: RunConfig, plan: RunPlan, chosen: dict[str, Any]) -> tuple[R
 def _skipped(run_dir: Path, meta: dict[str, Any], chosen: dict[str, Any], reason: str) -> int:
     """Record a restart the engine cannot make as a ``skipped`` attempt, with the reason; nothing is launched."""
     attempt = next_attempt(run_dir, meta)
-    meta.setdefault("restarts", []).append({"attempt": attempt, "record": None, **chosen, "verdict": "skipped",
-                                            "reason": reason})
+    meta.setdefault("restarts", []).append(skipped_restart(attempt, chosen, reason))
     rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"restore attempt {attempt}: skipped (--restore-layout {chosen['restore_layout']}): engine "
         f"{meta.get('engine')} {reason}")

@@ -434,10 +434,15 @@ def summarize_run(run_dir: Path) -> list[str]:
     info = restart(events)
     if info and info["total_s"] is not None:
         parts = ", ".join(f"{label} {value:.2f}" for label, value in info["parts"].items() if value is not None)
-        exact = {True: "restore exact (state and resumed loss verified)", False: "RESTORE NOT EXACT",
+        proof = "state and resumed loss verified" if info["restore_layout"] is None else (
+            f"consolidated state verified; resumed loss {info['loss_diff']:+.2e} from the uninterrupted run's")
+        exact = {True: f"restore exact ({proof})", False: "RESTORE NOT EXACT",
                  None: "restore not verified"}[info["exact"]]
-        cache = "read from S3" if remote else f"{info['cache']} page cache"
+        cache = "read from S3" if remote else {"converted": "loaded from what the conversion had just written"}.get(
+            info["cache"], f"{info['cache']} page cache")
         source = f"from {info['tag']} ({cache})" if info["tag"] else "without a checkpoint (engine none)"
+        if info["restore_layout"]:
+            source += f" on {info['restore_layout']}"
         lines.append(f"restart {source}: {info['total_s']:.2f} s from launch to end of first iteration "
                      f"(max over ranks); parts (s, max over ranks): {parts}")
         lines.append(exact)

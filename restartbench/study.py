@@ -104,7 +104,7 @@ def plan_layout_restart(cfg: RunConfig, plan: RunPlan, layout_name: str) -> tupl
         raise StudyError(f"--restore-layout {layout_name} is the run's own layout ({saved.name}); leave it out to "
                          "restart on the same layout")
     changed = replace(cfg, layout=replace(cfg.layout, layout=new.name, nproc_per_node=None, nnodes=plan.nnodes),
-                      train=replace(cfg.train, grad_accum=grad_accum))
+                      train=replace(cfg.train, grad_accum=grad_accum), paths=replace(cfg.paths, run_dir=plan.run_dir))
     return changed, plan_run(changed)
 
 
@@ -253,11 +253,16 @@ def free_port() -> int:
 
 def dry_run(cfg: RunConfig) -> int:
     plan = plan_run(cfg)
+    relayout = _own_restart_layout(cfg, plan)
     rendered = render(cfg, plan)
     print(f"# run folder (not created): {plan.run_dir}")
     print(f"# {plan.world_size} ranks = {plan.nnodes} node(s) x {plan.nproc_per_node}, {plan.device}/{plan.backend}")
     print(f"# estimated memory per rank: {plan.memory_per_rank_estimate}")
     print(f"# estimated checkpoint size: {plan.checkpoint_bytes_estimate / GiB:.2f} GiB")
+    if cfg.launch.restore_layout:
+        print(f"# restore phase on {cfg.launch.restore_layout}: " + (
+            f"{relayout[1].world_size} ranks, layouts/{cfg.launch.restore_layout}/" if relayout else
+            f"skipped, engine {cfg.engine.engine} {engines.engine_info(cfg.engine.engine).not_resharded}"))
     print("# --- ds_config.json ---")
     print(rendered.ds_config_text, end="")
     print("# --- launch.sh ---")
@@ -276,14 +281,28 @@ def run_study(cfg: RunConfig) -> int:
     launcher = check_launcher(cfg, plan)
     if _optional_engine_missing(cfg, plan):
         return 0
+    relayout = _own_restart_layout(cfg, plan)
     rendered = render(cfg, plan)
     run_dir = prepare_run_dir(cfg, plan, rendered)
+    if relayout is not None:
+        prepare_layout_restart(*relayout)
     meta = run_metadata(cfg, plan)
     rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"run folder {run_dir}")
     if launcher.job_template and not launcher.inside_allocation():
         return hand_to_batch_system(cfg, launcher, run_dir, rendered, meta)
     return execute(run_dir)
+
+
+def _own_restart_layout(cfg: RunConfig, plan: RunPlan) -> tuple[RunConfig, RunPlan] | None:
+    """With ``--restore-layout``: the config and plan of the run's restore on that layout (checked before the run
+    folder exists; None where the engine cannot restart there and the restore is skipped), the layout's name made
+    canonical and the consolidated digest, its proof, turned on in ``cfg``."""
+    if cfg.launch.restore_layout is None:
+        return None
+    changed, layout_plan = plan_layout_restart(cfg, plan, cfg.launch.restore_layout)
+    cfg.launch.restore_layout, cfg.launch.consolidated_digest = layout_plan.layout_name, True
+    return (changed, layout_plan) if engines.engine_info(cfg.engine.engine).reshards else None
 
 
 def check_launcher(cfg: RunConfig, plan: RunPlan) -> Launcher:
@@ -324,12 +343,19 @@ def execute(run_dir: Path) -> int:
     elif cfg.storage.baseline_mib > 0:
         record_for_run(run_dir, plan, cfg.storage.baseline_mib)
     status, error = "complete", None
+    relayout = {"restore_layout": cfg.launch.restore_layout} if cfg.launch.restore_layout else {}
     for phase in PHASES:
-        result = run_phase(run_dir, phase, launcher.phase_command(run_dir, phase, plan.nnodes),
+        if phase == "restore" and relayout and not engines.engine_info(cfg.engine.engine).reshards:
+            meta["restarts"] = [skipped_restart(1, relayout, engines.engine_info(cfg.engine.engine).not_resharded)]
+            say(f"restore on {cfg.launch.restore_layout}: skipped, engine {cfg.engine.engine} "
+                f"{meta['restarts'][0]['reason']}")
+            break
+        launch_dir, nnodes, rank_args = _phase_launch(run_dir, plan, phase, relayout)
+        result = run_phase(run_dir, phase, launcher.phase_command(launch_dir, phase, nnodes, rank_args),
                            cfg.launch.phase_timeout_s)
         meta["phases"][phase] = result
         if phase == "restore":
-            meta["restarts"] = [restart_record(run_dir, 1, result, {})]
+            meta["restarts"] = [restart_record(run_dir, 1, result, relayout)]
         if result["exit_code"] != 0:
             status, error = "failed", f"phase {phase} failed: {result['error']}"
             break
@@ -337,6 +363,22 @@ def execute(run_dir: Path) -> int:
             status, error = "failed", "phase train committed no checkpoint, so the restore phase was not launched"
             break
     return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
+
+
+def _phase_launch(run_dir: Path, plan: RunPlan, phase: str, relayout: dict[str, str]
+                  ) -> tuple[Path, int, tuple[str, ...]]:
+    """Where a phase's launch script is, on how many nodes it runs, and the rank arguments it passes: the restore on
+    another layout (``relayout``) from ``layouts/<layout>/``."""
+    if phase != "restore" or not relayout:
+        return run_dir, plan.nnodes, ()
+    layout = relayout["restore_layout"]
+    folder = rundir.launch_folder(run_dir, layout)
+    return folder, RunPlan.load(folder).nnodes, ("--restore-layout", layout)
+
+
+def skipped_restart(attempt: int, chosen: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A restore attempt the engine cannot make (on another layout): its entry in ``restarts``, nothing launched."""
+    return {"attempt": attempt, "record": None, **chosen, "verdict": "skipped", "reason": reason}
 
 
 def _check_not_executed(run_dir: Path, meta: dict[str, Any]) -> None:

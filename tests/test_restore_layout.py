@@ -17,10 +17,10 @@ from restartbench import analysis, results
 from restartbench.events import read_events
 
 
-def tp2pp2_run(logs, engine: str):
+def tp2pp2_run(logs, engine: str, *options: str):
     proc, run_dir = run_study(logs, "tiny", "tp2pp2", "--engine", engine, "--dtype", "fp32", "--iters", "4",
                               "--save-interval", "2", "--grad-accum", "4", "--consolidated-digest",
-                              "--baseline-mib", "0")
+                              "--baseline-mib", "0", *options)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return run_dir
 
@@ -114,9 +114,10 @@ def test_the_summary_sets_each_layouts_restart_beside_the_same_layouts(run):
 
 @pytest.mark.multirank
 def test_lazy_reshards_at_load_onto_dp4_reading_less_than_the_checkpoint_per_rank(tmp_path):
-    run_dir = tp2pp2_run(tmp_path / "logs", "lazy")
-    done = relaunch(run_dir, "--restore-layout", "dp4")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    """The run's own restore on another layout (config-n-run.py --restore-layout), with the engine that reshards at
+    load: no conversion, each rank reading less than the checkpoint, proven on the consolidated state."""
+    run_dir = tp2pp2_run(tmp_path / "logs", "lazy", "--restore-layout", "dp4")
+    assert json.loads((run_dir / "config.json").read_text())["launch"]["restore_layout"] == "tp1pp1dp4"
     events = last_attempt_events(run_dir)
     assert not [e for e in events if e["event"] == "restore.convert"], "no offline pass"
     results_ = [e for e in events if e["event"] == "restore.result"]
