@@ -45,6 +45,7 @@ from restartbench import rundir
 from restartbench.model import TP_DIM
 from restartbench.verify import compare as compare_digests
 from restartbench.verify import digest, digest_path, tensor_hash
+from restartbench.zero import fp32_partitions, zero_optimizer
 
 KINDS = ("fp32", "exp_avg", "exp_avg_sq")
 """What is digested of every parameter: the fp32 master weights and Adam's two moments, each at full shape."""
@@ -60,24 +61,6 @@ def param_key(name: str, kind: str) -> str:
 
 
 # -- the optimizer's pieces ------------------------------------------------------------------
-
-
-def _zero_optimizer(ds_engine: Any) -> Any:
-    zero = ds_engine.optimizer
-    if zero is None or not hasattr(zero, "optimizer"):
-        raise TypeError(f"the consolidated digest reads DeepSpeed's ZeRO optimizer (the study runs ZeRO stage 1); "
-                        f"this engine has {type(zero).__name__}")
-    return zero
-
-
-def _fp32_partitions(zero: Any) -> list[torch.Tensor]:
-    """Each parameter group's flat fp32 partition on this rank: ZeRO stage 1/2 call them
-    single_partition_of_fp32_groups, BF16_Optimizer fp32_groups_flat_partition."""
-    for name in ("single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
-        if hasattr(zero, name):
-            return list(getattr(zero, name))
-    raise TypeError(f"{type(zero).__name__} has no fp32 partitions the consolidated digest knows of "
-                    "(expected DeepSpeed's ZeRO stage 1/2 optimizer or BF16_Optimizer)")
 
 
 def _source(zero: Any, flat: torch.Tensor, kind: str) -> torch.Tensor | None:
@@ -129,8 +112,8 @@ def _full_over_tp(shard: torch.Tensor, dim: int, grid: Any, owner: bool) -> torc
 def _param_entries(ds_engine: Any) -> Iterator[tuple[str, str]]:
     """(key, hash) of every parameter state this rank hashes: a tensor-parallel parameter on tp rank 0 of data-
     parallel rank 0, a replicated one on every tp rank of data-parallel rank 0. A collective over the stage."""
-    zero = _zero_optimizer(ds_engine)
-    flats = _fp32_partitions(zero)
+    zero = zero_optimizer(ds_engine)
+    flats = fp32_partitions(zero)
     grid = ds_engine.grid
     dp_rank = grid.get_data_parallel_rank()
     dp_first, tp_first = dp_rank == 0, grid.get_slice_parallel_rank() == 0
@@ -152,9 +135,9 @@ def _param_entries(ds_engine: Any) -> Iterator[tuple[str, str]]:
 
 def _counter_entries(ds_engine: Any) -> dict[str, str]:
     """Step counters and scheduler state, as every rank holds them."""
-    zero = _zero_optimizer(ds_engine)
+    zero = zero_optimizer(ds_engine)
     entries = {"global_steps": repr(ds_engine.global_steps), "global_samples": repr(ds_engine.global_samples)}
-    for index, (group, flat) in enumerate(zip(zero.optimizer.param_groups, _fp32_partitions(zero))):
+    for index, (group, flat) in enumerate(zip(zero.optimizer.param_groups, fp32_partitions(zero))):
         step = zero.optimizer.state.get(flat, {}).get("step")
         entries[f"optimizer.group{index}.step"] = repr(float(step) if isinstance(step, torch.Tensor) else step)
         hyper = {key: value for key, value in group.items() if key != "params"}

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from restartbench.engines.base import FileRecord
+from restartbench.zero import fp32_partitions, zero_optimizer
 
 COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 """The DeepSpeed engine's step counters: what its own ``load_checkpoint`` sets back."""
@@ -51,12 +52,12 @@ TENSOR_SLOT = "__tensor__"
 
 def capture(ds_engine: Any) -> dict[str, Any]:
     """This rank's training state: live tensors, detached (no copy), and plain values."""
-    zero = _zero_optimizer(ds_engine)
+    zero = zero_optimizer(ds_engine)
     scheduler = ds_engine.lr_scheduler
     return {
         "module": module_tensors(ds_engine),
         "optimizer": {
-            "fp32_partitions": [t.detach() for t in _fp32_partitions(zero)],
+            "fp32_partitions": [t.detach() for t in fp32_partitions(zero)],
             "base": zero.optimizer.state_dict(),
             "loss_scaler": _numeric_attributes(getattr(zero, "loss_scaler", None)),
             "overflow": bool(getattr(zero, "overflow", False)),
@@ -82,8 +83,8 @@ def counters(ds_engine: Any, missing_ok: bool = False) -> dict[str, Any]:
 def restore(ds_engine: Any, state: dict[str, Any]) -> None:
     """Put ``state`` (as ``capture`` made it) back into the engine, copying into the tensors it holds."""
     copy_tensors(dict(ds_engine.module.state_dict()), state["module"], "module")
-    zero = _zero_optimizer(ds_engine)
-    live = _fp32_partitions(zero)
+    zero = zero_optimizer(ds_engine)
+    live = fp32_partitions(zero)
     saved = state["optimizer"]["fp32_partitions"]
     copy_tensors({str(i): t for i, t in enumerate(live)}, {str(i): t for i, t in enumerate(saved)},
                  "optimizer fp32 partition")
@@ -124,23 +125,6 @@ def coordinates(ds_engine: Any) -> tuple[int, int, int]:
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.shape == b.shape
-
-
-def _zero_optimizer(ds_engine: Any) -> Any:
-    zero = ds_engine.optimizer
-    if zero is None or not hasattr(zero, "optimizer"):
-        raise TypeError(f"this engine captures DeepSpeed ZeRO optimizers only; the DeepSpeed engine has "
-                        f"{type(zero).__name__} (the study's configuration uses ZeRO stage 1)")
-    return zero
-
-
-def _fp32_partitions(zero: Any) -> list[torch.Tensor]:
-    """ZeRO stage 1/2 call them single_partition_of_fp32_groups, BF16_Optimizer fp32_groups_flat_partition."""
-    for name in ("single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
-        if hasattr(zero, name):
-            return list(getattr(zero, name))
-    raise TypeError(f"{type(zero).__name__} has no fp32 partitions this engine knows of "
-                    "(expected DeepSpeed's ZeRO stage 1/2 optimizer or BF16_Optimizer)")
 
 
 def _numeric_attributes(obj: Any) -> dict[str, int | float | bool]:
