@@ -225,15 +225,18 @@ def _relayout_table(table: pd.DataFrame) -> Table:
     summary = analysis.relayout_summary(table).rename(columns={
         "layout": "saved on", "restore_layout": "restarted on", "restart_s": "total", "restart_convert_s": "convert",
         "restart_ckpt_load_s": "ckpt load", "convert_bytes_read": "convert read", "convert_bytes_written":
-        "convert wrote", "convert_files_written": "files written", "bytes_read": "load read"})
+        "convert wrote", "convert_files_written": "files written", "bytes_read": "load read",
+        "process_bytes_read": "process read"})
     formats = {"attempts": "{}", "verdicts": None, "skip_reason": None, "total": fmt_s, "convert": fmt_s,
                "ckpt load": fmt_s, "convert read": fmt_bytes, "convert wrote": fmt_bytes, "files written": "{:.0f}",
-               "load read": fmt_bytes, "loss_diff": "{:+.2e}"}
+               "load read": fmt_bytes, "process read": fmt_bytes, "loss_diff": "{:+.2e}"}
     return _rich(summary, "Restarts on another layout (--restore-layout) beside the same layout's: medians over "
                           "attempts, max over ranks; convert = the engine's offline conversion (DeepSpeed's "
                           "ds_to_universal.py, run by rank 0 while the others wait) with what it read and wrote; "
                           "ckpt load after a conversion reads what it has just written (page cache); load read = "
-                          "what the engine's load reported reading; loss diff = iteration K+1's loss less the "
+                          "what the engine's load reported reading, process read = what the kernel counted the "
+                          "ranks reading during it (DeepSpeed's universal load reads outside the files it reports); "
+                          "loss diff = iteration K+1's loss less the "
                           "uninterrupted run's; exactness is on the consolidated state (verdicts); skipped = the "
                           "engine cannot restart there (skip reason)", formats)
 

@@ -177,7 +177,11 @@ TABLE_COLUMNS: dict[str, str] = {
                           "wait' and 'other' (they add up to the time the call was timed: path_ds_init_s less what "
                           "the span does around it, reading ds_config.json)",
     "restores_checkpoint": "False for engine none: a relaunch that restores nothing (the start-up floor)",
-    "bytes_read": "bytes the restore read, all ranks", "files_read": "files the restore read, all ranks",
+    "bytes_read": "bytes the restore read, all ranks, as the engines report them",
+    "files_read": "files the restore read, all ranks",
+    "process_bytes_read": "bytes the ranks' processes read during the load, all ranks, as the kernel counted them "
+                          "(rchar of /proc/self/io: also what an engine reads outside its reported files, such as "
+                          "DeepSpeed's universal load; page cache hits included)",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
     "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
     "read_limit": "'limit underestimated' where read_pct_of_storage is above 105 on a restore that was not warm; "
@@ -502,6 +506,7 @@ def _restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
         **{column: parts.get(label) for column, label in RESTART_PART_COLUMNS},
         "restores_checkpoint": info["tag"] is not None,
         "bytes_read": info["bytes_read"], "files_read": info["files_read"],
+        "process_bytes_read": info["process_bytes_read"],
         "read_deserialize_max_s": max((r["read_deserialize_s"] for r in ranks
                                        if r["read_deserialize_s"] is not None), default=None),
         "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
@@ -902,7 +907,7 @@ def same_layout_restarts(table: pd.DataFrame) -> pd.DataFrame:
 
 #: The columns of ``relayout_summary``, each a median over the attempts that restarted (max over ranks).
 RELAYOUT_COLUMNS = ("restart_s", "restart_convert_s", "restart_ckpt_load_s", "convert_bytes_read",
-                    "convert_bytes_written", "convert_files_written", "bytes_read", "loss_diff")
+                    "convert_bytes_written", "convert_files_written", "bytes_read", "process_bytes_read", "loss_diff")
 
 
 def relayout_summary(table: pd.DataFrame) -> pd.DataFrame:

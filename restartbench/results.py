@@ -117,6 +117,7 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "tag": loads[0]["tag"] if loads else None,
         "fell_back_from": fallbacks[0]["wanted"] if fallbacks else None,
         "bytes_read": sum(e.get("bytes", 0) for e in loads),
+        "process_bytes_read": _sum_or_none(e.get("process_read_bytes") for e in loads),
         "files_read": sum(e.get("n_files", 0) for e in loads),
         "cache": loads[0].get("cache") if loads else None,
         "resident_fraction": loads[0].get("resident_fraction") if loads else None,
@@ -126,6 +127,12 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "ds_init": ds_init_breakdown(restore),
         **_relayout(restore, results),
     }
+
+
+def _sum_or_none(values: Any) -> int | None:
+    """The sum, or None where a rank did not record the figure (records from before it was taken)."""
+    values = list(values)
+    return None if not values or None in values else sum(values)
 
 
 def _relayout(restore: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:

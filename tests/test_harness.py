@@ -132,3 +132,12 @@ def test_settle_discards_a_checkpoint_a_rank_failed(tmp_path, one_process_group)
     assert failed["errors"] == errors and failed["rank"] == 0
     assert not [e for e in events if e["event"] == "checkpoint.commit"]
     assert not store.exists("latest") and not (tmp_path / "ckpt" / "step2").exists()
+
+
+def test_the_process_read_counter_counts_a_files_bytes(tmp_path):
+    """``process_read_bytes`` (rchar): reading a 3 MB file, page cache or not, adds at least its size."""
+    path = tmp_path / "blob"
+    path.write_bytes(b"\x01" * 3_000_000)
+    before = harness.process_read_bytes()
+    assert len(path.read_bytes()) == 3_000_000
+    assert harness.process_read_bytes() - before >= 3_000_000

@@ -181,6 +181,7 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     assert info["parts"] == pytest.approx(RESTART_PARTS)
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
         "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
+        "process_bytes_read": None,
         "cache": "warm", "resident_fraction": 0.25, "exact": True, "verdict": "exact", "peak_rss_bytes": None,
         "peak_rss_part": None, "ds_init": None, **NO_RELAYOUT})
 
@@ -520,6 +521,7 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
                                               "ckpt load": None,
                                               "1st iter": 0.5},
                     "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
+                    "process_bytes_read": None,
                     "resident_fraction": None, "exact": None, "verdict": "not verified", "peak_rss_bytes": None,
                     "peak_rss_part": None, "ds_init": None, **NO_RELAYOUT}
     assert results.summarize_run(run_dir) == [
