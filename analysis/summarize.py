@@ -25,6 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from restartbench import analysis, goodput  # noqa: E402
@@ -70,21 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns), highlight=False)
     if not args.logs.is_dir():
-        console.print(f"[red]error:[/] {args.logs} is not a folder")
+        console.print(f"[red]error:[/] {escape(str(args.logs))} is not a folder")
         return 2
     out = args.out or args.logs / "summary"
     try:  # before reading any run: a place that cannot hold the results is said at once
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        console.print(f"[red]error:[/] the results cannot go to {out} ({error.strerror or error}); "
-                      "choose a writable folder with --out")
+        why = escape(str(error.strerror or error))
+        console.print(f"[red]error:[/] the results cannot go to {escape(str(out))} ({why}); choose a writable folder "
+                      "with --out")
         return 2
     start = time.perf_counter()
     collected = collect(args.logs)
     elapsed = time.perf_counter() - start
     _print_excluded(console, collected)
     for warning in collected.warnings:
-        console.print(f"[yellow]warning[/] {warning}")
+        console.print(f"[yellow]warning[/] {escape(warning)}")
     table = collected.table()
     if table.empty:
         console.print(f"no complete runs under {args.logs}")
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if lines:
         console.print("[bold]Findings[/]")
         for line in lines:
-            console.print(f"- {line}", soft_wrap=False)
+            console.print(f"- {escape(line)}", soft_wrap=False)
     if args.no_plots:
         table.to_csv(out / "study.csv", index=False)
         collected.rank_table().to_csv(out / "ranks.csv", index=False)
@@ -124,7 +126,7 @@ def _print_excluded(console: Console, collected: analysis.Collected) -> None:
     for excluded in collected.excluded:
         style = "yellow" if excluded.status == "skipped" else "red"
         label = {"skipped": "skipped (run marked skipped)"}.get(excluded.status, f"skipped ({excluded.status} run)")
-        console.print(f"[{style}]{label}[/] {excluded.run}: {excluded.reason}", soft_wrap=True)
+        console.print(f"[{style}]{label}[/] {escape(str(excluded.run))}: {escape(excluded.reason)}", soft_wrap=True)
 
 
 def _rich(frame: pd.DataFrame, title: str, formats: dict[str, object]) -> Table:

@@ -342,15 +342,23 @@ def test_summarize_on_a_missing_folder_says_so(tmp_path):
     assert proc.returncode == 2 and "is not a folder" in proc.stdout
 
 
+#: gloo's timeout message: its brackets once read as rich markup ended summarize.py in a MarkupError traceback
+GLOO_TIMEOUT = ("phase train failed: rank 0: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                "unbound_buffer.cc:129] Timed out waiting 600000ms for send operation to complete")
+
+
 def test_summarize_on_a_folder_without_complete_runs(tmp_path):
-    run = tmp_path / "logs" / "tiny" / "tp2pp2dp1" / "datastates" / "20260101-000000"
-    run.mkdir(parents=True)
-    (run / "metadata.json").write_text(json.dumps({"status": "skipped", "error": "no datastates here",
-                                                   "preset": "tiny", "layout": "tp2pp2dp1", "engine": "datastates"}))
+    for engine, status, error in (("datastates", "skipped", "no datastates here"),
+                                  ("decoupled", "failed", GLOO_TIMEOUT)):
+        run = tmp_path / "logs" / "tiny" / "tp2pp2dp1" / engine / "20260101-000000"
+        run.mkdir(parents=True)
+        (run / "metadata.json").write_text(json.dumps({"status": status, "error": error, "preset": "tiny",
+                                                       "layout": "tp2pp2dp1", "engine": engine}))
     proc = subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), str(tmp_path / "logs")],
                           capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no datastates here" in proc.stdout and "no complete runs" in proc.stdout
+    assert "[/__w/pytorch/pytorch/third_party/gloo" in " ".join(proc.stdout.split()), "printed as it is, not as markup"
 
 
 # -- small pieces without runs ----------------------------------------------------------------------------
