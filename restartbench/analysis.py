@@ -918,10 +918,11 @@ def relayout_summary(table: pd.DataFrame) -> pd.DataFrame:
     if table.empty or "restore_layout" not in table.columns:
         return pd.DataFrame(columns=[*keys, "attempts", "verdicts", *RELAYOUT_COLUMNS])
     restarts = table[table["kind"] == "restart"]
+    if "skip_reason" not in restarts:  # no attempt was skipped
+        restarts = restarts.assign(skip_reason=None)
     counted = restarts.groupby(keys, dropna=False).agg(
         attempts=("run_id", "size"), verdicts=("verdict", _verdict_counts),
-        skip_reason=("skip_reason", lambda s: next(iter(s.dropna()), None)) if "skip_reason" in restarts else
-        ("verdict", lambda s: None)).reset_index()
+        skip_reason=("skip_reason", lambda s: next(iter(s.dropna()), None))).reset_index()
     timed = restarts[restarts["restart_s"].notna()]
     medians = timed.groupby(keys, dropna=False).agg(
         **{column: (column, "median") for column in RELAYOUT_COLUMNS if column in timed}).reset_index()
