@@ -1,0 +1,1 @@
+from .ckpt_engine import *

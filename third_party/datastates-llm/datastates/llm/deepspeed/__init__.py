@@ -1,0 +1,2 @@
+# Contains deepspeed specific functions
+from .helper import *

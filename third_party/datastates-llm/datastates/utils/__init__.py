@@ -1,0 +1,1 @@
+from .datastates_logger import *
