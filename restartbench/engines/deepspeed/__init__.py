@@ -12,6 +12,7 @@ from typing import Any
 
 from restartbench.engines.base import EngineInfo
 from restartbench.engines.deepspeed.options import DeepSpeedOptions
+from restartbench.launchers import gpu_count
 
 
 def _writer_block(decoupled: bool) -> Callable[[DeepSpeedOptions], dict[str, Any]]:
@@ -60,6 +61,25 @@ def _writer_env(device: str) -> dict[str, str]:
     return {**native_pinning, "TORCH_EXTENSIONS_DIR": _torch_extensions_dir()}
 
 
+DATASTATES_BUILD = ("bash scripts/build-datastates.sh /tmp/site (builds third_party/datastates-llm with the machine's "
+                    "nvcc and CUDA torch), then export PYTHONPATH=/tmp/site:$PWD")
+
+
+def _datastates_missing() -> list[str]:
+    """DataStates-LLM runs on CUDA only, from the build of scripts/build-datastates.sh (its compiled engine and the
+    adapter's ``datastates/__init__.py``); read without importing it (the launcher imports no torch)."""
+    if gpu_count() == 0:
+        return ["DataStates-LLM is CUDA only and no GPU is visible here (nvidia-smi lists none): its C++ engine copies "
+                "GPU tensors into a pinned host cache (cudaMallocHost) and datastates.llm.Checkpointing refuses to "
+                f"start without CUDA. On a GPU machine: {DATASTATES_BUILD}"]
+    spec = importlib.util.find_spec("datastates")
+    package = Path(spec.origin).parent if spec is not None and spec.origin else None
+    if package is None or not list(package.glob("ckpt/src*.so")):
+        return ["DataStates-LLM is not built for this Python (no datastates package with its compiled engine "
+                f"datastates/ckpt/src*.so on its path): {DATASTATES_BUILD}"]
+    return []
+
+
 _DS = "restartbench.engines.deepspeed.engine"
 _PREDICT, _EMULATE = "restartbench.engines.deepspeed.predict", "restartbench.engines.deepspeed.emulate"
 _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
@@ -91,16 +111,16 @@ ENGINES = (
                not_resharded="as shipped its saves fail with ZeRO-1 in a PipelineEngine, so no checkpoint of it "
                              "exists to restart from, on any layout"),
     EngineInfo("datastates", _DS, "DataStatesEngine",
-               "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache",
+               "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache (CUDA only)",
                ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
-               requires=(("datastates", "build it from https://github.com/DataStates/datastates-llm "
-                                        "(not on PyPI; needs CMake, nanobind and CUDA)"),),
-               skip_when_missing=True,
-               not_predicted="DeepSpeed's DataStates-LLM engine needs the datastates package, which is not on PyPI "
-                             "and is not installed here (built from https://github.com/DataStates/datastates-llm with "
-                             "CMake, nanobind and CUDA); its files are not predicted",
+               system_check=_datastates_missing, skip_when_missing=True,
+               not_predicted="DataStates-LLM is CUDA only and no run of it has shown its files yet: they carry "
+                             "DeepSpeed's names in DataStates' own format (an 8-byte header length, a JSON header "
+                             "of each tensor's dtype, shape and offsets, the tensors' bytes, then the state without "
+                             "its tensors, pickled), which a predictor can follow once a real run shows them",
                not_emulated=_NOT_EMULATED,
-               not_resharded="its checkpoints (DeepSpeed's files, written through DataStates-LLM) have never been "
-                             "converted with ds_to_universal.py here: the datastates package is not installed on the "
-                             "machines this ran on"),
-)
+               not_resharded="its files hold DataStates' own format (a JSON header, raw tensor bytes, a pickle) "
+                             "under DeepSpeed's names, which ds_to_universal.py cannot read (it torch.loads each "
+                             "file), and DataStates refuses universal checkpoints itself (datastates-llm "
+                             "datastates/llm/deepspeed/helper.py: 'Universal checkpointing loading is not yet "
+                             "supported/tested')"))

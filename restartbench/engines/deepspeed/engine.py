@@ -22,6 +22,7 @@ from typing import Any
 
 from restartbench.config import EngineConfig
 from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
+from restartbench.engines.deepspeed.datastates_adapter import ADAPTER_NOTE
 from restartbench.storage import ObjectStore
 
 
@@ -291,7 +292,78 @@ class DecoupledEngine(DeepSpeedEngine):
 
 
 class DataStatesEngine(DeepSpeedEngine):
-    """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), as shipped; needs the ``datastates`` package."""
+    """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), through the study's adapter, with stated workarounds.
+
+    DeepSpeed 0.19.8 imports ``datastates.CheckpointEngine``, which the public source lacks: ``scripts/build-datastates.sh``
+    builds the vendored source (``third_party/datastates-llm``) and installs ``datastates_adapter.CheckpointEngine`` as
+    that name (``datastates_adapter.ADAPTER_NOTE``, recorded with every save). CUDA only.
+
+    ``save`` is DeepSpeed's ``save_checkpoint``: DataStates queues each file's work and returns (the stall). DeepSpeed
+    does not clone the tensors for it (``preserves_storage_sharing`` is False), so its copies read the live state, and
+    the next optimizer step must wait for them. DeepSpeed's own wait for that, ``_commit_decoupled_checkpoint()`` at
+    the top of ``engine.step()``, never commits for DataStates: its engine keeps the commit info as ``commit_info``
+    but has no ``get_commit_info`` (the base's returns None, ``checkpoint_engine.py`` line 56), and a PipelineEngine
+    never calls ``step()``. So the harness calls DeepSpeed's ``DataStatesCheckpointEngine.commit(commit_info)`` (the
+    adapter's ``wait(persist=True)``) before the first optimizer step after a save, as the lazy engine's step is
+    guarded, and reports that wait as ``copy_wait``; and again, if still pending, when it waits for durability, before
+    it fsyncs the files. No call of the source waits for its file writes (see the adapter), so the fsync can come
+    before DataStates has written everything: the restore's proof is what shows a file written late or not at all.
+    """
+
+    asynchronous = True
+    STEP_GUARD_NOTE = ("the harness calls DeepSpeed's DataStatesCheckpointEngine.commit(commit_info) before the first "
+                       "optimizer step after the save (timed as copy_wait) and when it waits for durability: "
+                       "DeepSpeed's own call, _commit_decoupled_checkpoint() in engine.step(), never commits for "
+                       "DataStates (its engine has no get_commit_info) and a PipelineEngine never calls step()")
+
+    def __init__(self, options: EngineConfig):
+        super().__init__(options)
+        self._ds_engine: Any = None
+        self._pending_tag: str | None = None
+
+    def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
+        self._ds_engine = ds_engine
+        self._install_step_guard(ds_engine)
+        self.workarounds = [ADAPTER_NOTE, self.STEP_GUARD_NOTE]
+        super().save(ds_engine, save_dir, tag)
+        self._pending_tag = tag
+
+    def _install_step_guard(self, ds_engine: Any) -> None:
+        """Wrap this engine's optimizer step (instance attribute, once) so that it first waits for the last save's
+        copies: the step is the first thing after a save that modifies what DataStates is copying."""
+        optimizer = ds_engine.optimizer
+        if optimizer is None or getattr(optimizer.step, "_datastates_guard", None) is self:
+            return
+        original = optimizer.step
+
+        def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            tag = self._pending_tag
+            if tag is not None:
+                at, start = time.time(), time.perf_counter()
+                self._commit()
+                if self.on_copy_wait is not None:
+                    self.on_copy_wait(tag, time.perf_counter() - start, at)
+            return original(*args, **kwargs)
+
+        guarded_step._datastates_guard = self  # type: ignore[attr-defined]
+        optimizer.step = guarded_step
+
+    def _commit(self) -> None:
+        """DeepSpeed's commit of the pending save (the adapter's wait(persist=True)), once."""
+        self._pending_tag = None
+        inner = self._recording(self._ds_engine).inner
+        if inner.commit_info is not None:
+            inner.commit(inner.commit_info)
+
+    def wait_until_durable(self) -> float:
+        if self._ds_engine is not None:
+            self._commit()
+        return super().wait_until_durable()
+
+    def pinned_host_bytes(self) -> int | None:
+        """The host cache DataStates pins (cudaMallocHost) when DeepSpeed creates its engine: --host-cache-gb, in the
+        bytes DataStates computes (GB * 2**30)."""
+        return int(self.options.host_cache_gb * (1 << 30))
 
 
 # --- DeepSpeed's default engine with its files in an object store ------------------------------------

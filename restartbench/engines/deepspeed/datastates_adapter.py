@@ -1,0 +1,184 @@
+"""``datastates.CheckpointEngine`` for DeepSpeed 0.19.8, on top of DataStates-LLM's public source: the study's adapter.
+
+DataStates-LLM's code is not changed: it is vendored as upstream wrote it (``third_party/datastates-llm``, commit
+3296031, see its ``VENDORED.md``), built by ``scripts/build-datastates.sh``, which also writes the
+``datastates/__init__.py`` that imports ``CheckpointEngine`` from here. Every save records what this adapter does as a
+``checkpoint.workaround`` event (``ADAPTER_NOTE``, through ``DataStatesEngine.workarounds``).
+
+What DeepSpeed calls (``deepspeed/runtime/checkpoint_engine/datastates_checkpoint_engine.py`` in 0.19.8):
+
+- line 21: ``from datastates import CheckpointEngine``; line 22: ``CheckpointEngine(deepspeed_config, rank)``, with
+  DeepSpeed's ``DeepSpeedConfig`` and the global rank (``utils.py`` line 32);
+- line 36: ``save(state_dict, path)``; line 39: ``load(path, map_location)``;
+- lines 45 and 52: ``wait(persist=True)`` (in ``commit`` and ``cleanup``); line 53: ``del`` of the object.
+
+What the public source exposes (paths under ``third_party/datastates-llm``):
+
+- no ``datastates/__init__.py`` and no ``CheckpointEngine``. The class DeepSpeed means is
+  ``datastates.llm.Checkpointing(runtime_config={}, rank=0)`` (``datastates/llm/checkpointing.py`` lines 19-20). It
+  takes DeepSpeed's config as it is: ``parse_config`` (``datastates/llm/helper.py`` line 26) recognises a
+  ``DeepSpeedConfig`` by its class name and ``parse_ds_config`` (``datastates/llm/deepspeed/helper.py`` line 3) reads
+  ``config.datastates_config.config``, the ``datastates_ckpt`` block (``{"host_cache_size": GB}``);
+- ``save(state_dict, path)`` (checkpointing.py line 108) and ``load(path, map_location=None)`` (line 119): as DeepSpeed
+  calls them;
+- ``wait(self)`` (line 175): no ``persist``, so DeepSpeed's ``wait(persist=True)`` raises TypeError;
+- ``save`` queues the file's work on a thread pool (line 112) and returns ``True``, dropping the Future. ``wait``
+  waits for the C++ engine's device-to-host copies only (``datastates/ckpt/src/engine.cpp`` lines 51-57: the GPU
+  tier's queue), not for jobs still on the pool: a ``wait`` right after a ``save`` can return before the job has handed
+  any tensor to the C++ engine (line 93). A job that fails logs the error and calls ``sys.exit(-1)`` (line 106) inside
+  the pool's thread, where the dropped Future keeps the SystemExit and nobody sees it;
+- nothing waits for the files' writes: the host tier writes each tensor to its file from its own thread
+  (``tiers/host_tier.cpp`` lines 35-61) and its queue is waited on only in its destructor;
+- a host cache smaller than a tensor, or DataStates' default of 0 GB, ends the whole process in C++
+  (``pool/mem_pool.cpp`` line 55: ``FATAL`` is ``std::abort``);
+- ``setup.py``'s ``find_packages(include=['datastates', 'datastates.*'])`` finds no package (``datastates/`` has no
+  ``__init__.py``, so the whole tree is skipped), so ``pip install`` installs the compiled extension alone;
+  ``scripts/build-datastates.sh`` copies the Python modules beside it, unchanged.
+
+What this adapter does, and nothing more:
+
+1. ``CheckpointEngine(deepspeed_config, rank)`` makes ``datastates.llm.Checkpointing(deepspeed_config, rank)``, after
+   refusing a ``host_cache_size`` that is missing or not above 0 with an error that says so (instead of the abort).
+2. ``save`` refuses a state holding a tensor larger than the host cache (the same abort, said in words), then calls
+   ``Checkpointing.save`` as it is. The Checkpointing's thread pool is wrapped (``FutureKeeper``) so that the Future of
+   the job ``save`` queues is kept; the job runs DataStates' code unchanged.
+3. ``wait(persist=True)`` waits for those jobs (a job that failed raises ``RuntimeError`` naming its file), then calls
+   ``Checkpointing.wait()``. ``persist`` is accepted and cannot be honoured further: when ``wait`` returns, every
+   tensor has been copied to the host cache (training may change it), but its file may still be being written.
+4. ``load`` is ``Checkpointing.load``, unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+ADAPTER_NOTE = (
+    "datastates.CheckpointEngine, which DeepSpeed 0.19.8 imports, is restartbench's adapter "
+    "(restartbench/engines/deepspeed/datastates_adapter.py; datastates/__init__.py written by "
+    "scripts/build-datastates.sh) over the public datastates-llm source at 3296031, which has "
+    "datastates.llm.Checkpointing(runtime_config, rank) and no CheckpointEngine: DeepSpeed's config, rank, save and "
+    "load go to Checkpointing unchanged; wait(persist=True), which Checkpointing.wait() does not accept, waits for the "
+    "file jobs Checkpointing.save queued on its thread pool (their Futures kept by a wrapper of that pool), then "
+    "Checkpointing.wait() (the device-to-host copies); no call of the source waits for the files' writes. Its "
+    "Python modules are copied beside the compiled extension, which its setup.py installs alone")
+
+
+class DataStatesConfigError(ValueError):
+    """The ``datastates_ckpt`` block cannot work with DataStates-LLM."""
+
+
+def host_cache_bytes(deepspeed_config: Any) -> int:
+    """Bytes of the pinned host cache that DataStates will allocate for ``deepspeed_config``'s ``datastates_ckpt``
+    block, as ``Checkpointing`` computes them (GB * 2**30, checkpointing.py line 27). Refuses what would end the
+    process in DataStates' C++ pool, or what DataStates would misread."""
+    block = getattr(getattr(deepspeed_config, "datastates_config", None), "config", None)
+    if not isinstance(block, Mapping):
+        raise DataStatesConfigError(
+            "DeepSpeed's config has no datastates_ckpt block (got "
+            f"{type(block).__name__}): give it one, such as \"datastates_ckpt\": {{\"host_cache_size\": 4}} "
+            "(GB of pinned host memory per rank); restartbench writes it from --host-cache-gb")
+    size = block.get("host_cache_size")
+    if isinstance(size, bool) or not isinstance(size, int | float) or not size > 0:
+        raise DataStatesConfigError(
+            f"datastates_ckpt.host_cache_size is {size!r}: it must be a number of GB above 0 (DataStates' default, "
+            "0, makes its C++ pool abort the process at the first tensor); restartbench writes it from "
+            "--host-cache-gb")
+    return int(size * (1 << 30))
+
+
+def largest_tensor(state: Any) -> tuple[str, int]:
+    """The key (DataStates' ``a|b|0`` form) and bytes of the largest tensor in ``state``, walking dicts and lists as
+    ``Checkpointing.save_background`` does (checkpointing.py lines 46-76; tuples are kept whole there, so they are
+    not walked here either). ``("", 0)`` without tensors."""
+    best = ("", 0)
+    pending: list[tuple[str, Any]] = [("", state)]
+    while pending:
+        key, data = pending.pop()
+        if torch.is_tensor(data):
+            size = data.numel() * data.element_size()
+            if size > best[1]:
+                best = (key, size)
+        elif isinstance(data, list):
+            pending += [(f"{key}|{i}" if key else f"{i}", item) for i, item in enumerate(data)]
+        elif isinstance(data, dict):
+            pending += [(f"{key}|{k}" if key else f"{k}", item) for k, item in data.items()]
+    return best
+
+
+def check_fits(state: Any, cache_bytes: int, path: str) -> None:
+    """Refuse, in words, a state whose largest tensor cannot fit DataStates' host cache (its C++ pool would abort the
+    process: mem_pool.cpp line 55)."""
+    key, size = largest_tensor(state)
+    if size > cache_bytes:
+        raise DataStatesConfigError(
+            f"{path}: tensor {key!r} is {size} bytes, more than DataStates' pinned host cache of {cache_bytes} bytes "
+            f"({cache_bytes / 2**30:.2f} GB), and DataStates aborts the process on it; give a host cache of at least "
+            f"{size / 2**30:.2f} GB (--host-cache-gb)")
+
+
+class FutureKeeper:
+    """A thread pool that keeps the Future of every job submitted to it, so that its jobs can be waited for and their
+    errors seen. Everything else (``shutdown``, which ``Checkpointing.__del__`` calls) is the pool's own."""
+
+    def __init__(self, pool: concurrent.futures.Executor):
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._futures: list[tuple[str, concurrent.futures.Future]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future = self.pool.submit(fn, *args, **kwargs)
+        label = str(args[1]) if len(args) > 1 else getattr(fn, "__name__", repr(fn))  # save_background(state, path)
+        with self._lock:
+            self._futures.append((label, future))
+        return future
+
+    def wait_all(self) -> None:
+        """Wait for every job submitted so far; raise RuntimeError naming the jobs that failed (a SystemExit, which
+        DataStates' jobs raise on error, counts as a failure)."""
+        with self._lock:
+            futures, self._futures = self._futures, []
+        failed = []
+        for label, future in futures:
+            try:
+                future.result()
+            except BaseException as error:  # noqa: BLE001 - SystemExit(-1) is how a DataStates job says it failed
+                failed.append(f"{label} ({type(error).__name__}: {error})")
+        if failed:
+            raise RuntimeError("DataStates' background save failed for " + "; ".join(failed) + " (its own message, "
+                               "'[DataStates.llm][ERROR] ...', is in the rank's stdout)")
+
+
+class CheckpointEngine:
+    """What DeepSpeed 0.19.8's ``DataStatesCheckpointEngine`` imports as ``datastates.CheckpointEngine``: DataStates-LLM's
+    ``datastates.llm.Checkpointing``, met where the two differ (see the module's docstring)."""
+
+    def __init__(self, deepspeed_config: Any, rank: int):
+        # Imported here, not at the top: the compiled engine exists only where scripts/build-datastates.sh built it
+        # (CUDA), while the checks above are tested on every machine.
+        from datastates.llm import Checkpointing
+
+        self.cache_bytes = host_cache_bytes(deepspeed_config)
+        self.inner = Checkpointing(deepspeed_config, rank)
+        self.jobs = FutureKeeper(self.inner.executor)
+        self.inner.executor = self.jobs
+
+    def save(self, state_dict: Any, path: str) -> Any:
+        check_fits(state_dict, self.cache_bytes, path)
+        return self.inner.save(state_dict, path)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return self.inner.load(path, map_location)
+
+    def wait(self, persist: bool = True) -> None:
+        """DeepSpeed's ``wait(persist=True)``: the queued file jobs, then DataStates' own wait (device-to-host copies).
+        ``persist`` cannot be honoured beyond that: the public source has no call that waits for the file writes."""
+        self.jobs.wait_all()
+        self.inner.wait()

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# scripts/build-datastates.sh [TARGET]   (TARGET defaults to /tmp/site)
+#
+# Builds DataStates-LLM (third_party/datastates-llm, vendored unchanged; see its VENDORED.md) into TARGET with this
+# machine's nvcc and CUDA torch, adds the study's adapter as datastates/__init__.py, and prints the import check.
+# CUDA only. Then: export PYTHONPATH=TARGET:$PWD (the adapter lives in restartbench) and run --engine datastates.
+#
+#   - pip install --no-build-isolation --no-deps from a copy of the source (the vendored folder gets no build outputs);
+#     MAX_JOBS (default 16) and TORCH_CUDA_ARCH_LIST (default 9.0: H100/H200) are passed to torch's extension build.
+#   - Their setup.py's find_packages() finds no package (datastates/ has no __init__.py), so pip installs the compiled
+#     extension (datastates/ckpt/src*.so) alone: their Python modules (ckpt, llm, utils) are copied beside it as they
+#     are. The adapter, restartbench/engines/deepspeed/datastates_adapter.py, says why and what it does.
+#   PYTHON (default python3) is the Python that builds and runs it.
+set -euo pipefail
+
+TARGET="${1:-/tmp/site}"
+PY="${PYTHON:-python3}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SRC="$ROOT/third_party/datastates-llm"
+
+cuda_only() {
+    echo "build-datastates.sh: DataStates-LLM is CUDA only: $1." >&2
+    echo "  Its engine is a torch CUDAExtension (nvcc) that copies GPU tensors into a pinned host cache." >&2
+    echo "  Run it on a GPU machine with a CUDA build of torch and nvcc: bash scripts/build-datastates.sh /tmp/site," >&2
+    echo "  then export PYTHONPATH=/tmp/site:\$PWD there; on a machine without CUDA the engine's runs are skipped." >&2
+    exit 3
+}
+
+TORCH_CUDA="$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)" \
+    || cuda_only "$PY cannot import torch"
+[ -n "$TORCH_CUDA" ] || cuda_only "this torch ($("$PY" -c 'import torch; print(torch.__version__)')) is a CPU build"
+NVCC="${CUDA_HOME:+$CUDA_HOME/bin/}nvcc"
+command -v "$NVCC" >/dev/null || NVCC="$(command -v nvcc || true)"
+[ -n "$NVCC" ] || cuda_only "no nvcc (set CUDA_HOME or put nvcc on PATH)"
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cp -r "$SRC" "$WORK/datastates-llm"
+echo "build-datastates.sh: building $SRC (commit $(awk '/^- Commit:/{gsub("`","");print $3}' "$SRC/VENDORED.md")) into $TARGET" \
+     "with torch CUDA $TORCH_CUDA, $("$NVCC" --version | tail -1), MAX_JOBS=${MAX_JOBS:-16}," \
+     "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}"
+mkdir -p "$TARGET"
+start=$SECONDS
+MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
+    "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --upgrade --target "$TARGET" \
+    "$WORK/datastates-llm"
+echo "build-datastates.sh: pip install took $((SECONDS - start)) s"
+
+(cd "$WORK/datastates-llm" && find datastates -name '*.py' -not -path 'datastates/tests/*' \
+    -exec cp --parents {} "$TARGET/" \;)
+cat > "$TARGET/datastates/__init__.py" <<'EOF'
+"""Written by restartbench's scripts/build-datastates.sh; not part of DataStates-LLM, whose source has no
+datastates/__init__.py. DeepSpeed 0.19.8 imports datastates.CheckpointEngine: the study's adapter over
+datastates.llm.Checkpointing (restartbench/engines/deepspeed/datastates_adapter.py says what it does)."""
+from restartbench.engines.deepspeed.datastates_adapter import CheckpointEngine
+
+__all__ = ["CheckpointEngine"]
+EOF
+
+PYTHONPATH="$TARGET:$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - <<'EOF'
+import inspect
+
+import torch
+
+import datastates
+import datastates.llm
+from datastates import CheckpointEngine
+from datastates.ckpt.src import handle
+
+print("import check: datastates.CheckpointEngine", inspect.signature(CheckpointEngine),
+      "from", inspect.getsourcefile(CheckpointEngine))
+print("import check: datastates.llm.Checkpointing from", inspect.getsourcefile(datastates.llm.Checkpointing))
+print("import check: compiled engine", handle, "from", datastates.ckpt.src.__file__)
+print("import check: torch", torch.__version__, "CUDA available:", torch.cuda.is_available())
+EOF
+echo "build-datastates.sh: done; use it with: export PYTHONPATH=$TARGET:$ROOT"
