@@ -113,6 +113,10 @@ class StorageConfig:
     reuse_checkpoint_dir: bool = opt(
         False, "Write into a --checkpoint-dir that already holds another run's committed checkpoints (refused "
         "otherwise): the new run's tags and 'latest' replace those of the same names, the others stay.")
+    keep_checkpoints: int = opt(
+        0, "Keep only this many committed checkpoints, the newest: once a checkpoint commits, rank 0 removes the older "
+        "committed ones (manifest first, each recorded as a checkpoint.removed event), so a disk holds this many plus "
+        "the one being written; 0 = keep every checkpoint.", allowed=AT_LEAST_0)
     baseline_mib: int = opt(
         64, "Before phase 1, measure the checkpoint folder's raw write (with fsync) and read bandwidth with fio "
         "on a file of this many MiB, into baseline.json; 0 = skip. Skipped with a note when fio is not installed.",
@@ -214,9 +218,14 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         """Build from a (possibly partial) nested dict; unknown keys are an error naming them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a run configuration is a JSON object of sections, got {type(data).__name__}")
         sections = {}
         for section in dataclasses.fields(cls):
-            values = dict(data.get(section.name, {}))
+            values = data.get(section.name, {})
+            if not isinstance(values, dict):
+                raise ValueError(f"config section {section.name!r} must be an object of its options, got {values!r} "
+                                 f"({type(values).__name__})")
             known = {f.name: f for f in dataclasses.fields(section.default_factory)}
             unknown = set(values) - set(known)
             if unknown:
@@ -232,7 +241,11 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """A config.json; one that is not valid JSON or not a run configuration is refused naming the file."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except ValueError as error:  # json.JSONDecodeError included
+            raise ValueError(f"{path}: {error}") from None
 
 
 # --- command line, generated from the tree ----------------------------------------------

@@ -166,7 +166,7 @@ def _checkpoint(ranks: EmulatedRanks, emulator: Emulator, step: int) -> None:
     dist.barrier()
     shares = [_save_rank(ranks, emulator, rank, step, tag) for rank in ranks.ranks]
     errors = harness.settle(ranks.logs, ranks.store, shares, step, tag, ranks.plan.checkpoint_bytes_estimate,
-                            per_process=True)
+                            per_process=True, keep=ranks.cfg.storage.keep_checkpoints)
     ranks.say(f"train (emulated): checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
                                                         if errors else "durable on every rank and committed"))
 

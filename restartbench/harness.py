@@ -119,9 +119,10 @@ def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, s
 
 
 def settle(logs: Logs, store: Store, shares: list[Share], step: int, tag: str, needed_bytes: int,
-           per_process: bool = False) -> list[str]:
+           per_process: bool = False, keep: int = 0) -> list[str]:
     """Gather every rank's share (``shares``: this process's); record each durable rank's ``checkpoint.durable``
-    on the checkpoint's clock; on rank 0, commit if every rank is durable, else discard; record resources
+    on the checkpoint's clock; on rank 0, commit if every rank is durable, else discard, and after a commit remove
+    the committed checkpoints older than the newest ``keep`` (``--keep-checkpoints``; 0: none); record resources
     (``per_process``: one process's figures on each of its ranks). Returns the errors, one per distinct message
     (empty: committed). A collective: every process calls it once per checkpoint."""
     import torch.distributed as dist
@@ -139,6 +140,8 @@ def settle(logs: Logs, store: Store, shares: list[Share], step: int, tag: str, n
             _discard(logs[0], store, step, tag, errors, needed_bytes)
         else:
             _commit(logs[0], store, everyone, step, tag, checkpoint_start)
+            if keep:
+                remove_older(logs[0], store, tag, keep)
     record_resources(logs, tag, per_process)
     dist.barrier()
     return errors
@@ -161,6 +164,20 @@ def _commit(log: EventLog, store: Store, everyone: list[Share], step: int, tag: 
     mine = next(share for share in everyone if share.rank == log.rank)
     log.emit(Event.CHECKPOINT_COMMIT, step=step, tag=tag, since_save_start_s=time.perf_counter() - mine.started.perf,
              since_checkpoint_start_s=time.time() - checkpoint_start)
+
+
+def remove_older(log: EventLog, store: Store, committed: str, keep: int) -> None:
+    """Remove every committed checkpoint but the newest ``keep`` (``committed``, just committed, among them): its
+    manifest first, so that a removal cut short leaves files no restore takes for a checkpoint, then its files; each
+    recorded as ``checkpoint.removed`` with what it held."""
+    from restartbench.integrity import MANIFEST, committed_tags, read_manifest, tag_step
+
+    for old in committed_tags(store)[keep:]:
+        files = read_manifest(store, old)
+        store.delete(f"{old}/{MANIFEST}")
+        store.remove_tree(old)
+        log.emit(Event.CHECKPOINT_REMOVED, step=tag_step(old), tag=old, committed=committed, keep=keep,
+                 bytes=sum(f["bytes"] for f in files), n_files=len(files))
 
 
 def _discard(log: EventLog, store: Store, step: int, tag: str, errors: list[str], needed_bytes: int) -> None:

@@ -2,8 +2,9 @@
 
 Three roles, in order:
 
-- check and plan: ``plan_run`` checks every input before anything is written or launched and raises
-  ``StudyError`` with what was wrong and what to do; the result is a ``rundir.RunPlan`` (saved as plan.json);
+- check and plan: ``restartbench.run_plan`` (``plan_run``) checks every input before anything is written or
+  launched and raises ``StudyError`` with what was wrong and what to do; the result is a ``rundir.RunPlan`` (saved
+  as plan.json);
 - render: ``restartbench.render`` fills the Jinja templates and parses the DeepSpeed JSON back;
 - execute: ``run_study`` writes the run folder, then ``execute`` launches each phase and marks the run
   ``complete`` or ``failed`` in ``metadata.json`` (here, or inside a batch job).
@@ -13,7 +14,6 @@ An emulated run (``restartbench.emulate``) goes through the same functions with 
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import shutil
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -32,166 +32,31 @@ from restartbench import engines, rundir, storage
 from restartbench.baseline import record_for_run
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
-from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
+from restartbench.estimate import GiB
 from restartbench.events import Event, by_message, phase_record, read_events
 from restartbench.integrity import committed_tags
-from restartbench.launchers import (
-    LAUNCHERS,
-    Launcher,
-    allocation_gpus,
-    choose_device,
-    resolve_launcher,
-    set_parent_death_signal,
-)
-from restartbench.layout import Layout, LayoutError, restore_grad_accum, validate_layout
-from restartbench.presets import ModelPreset, UnknownPresetError, get_preset
+from restartbench.launchers import LAUNCHERS, Launcher, set_parent_death_signal
 from restartbench.progress import PREFIX, say
 from restartbench.render import REPO_ROOT, Rendered, render
 from restartbench.results import failed_checkpoints, restart, summarize_run, write_inventory
+from restartbench.run_plan import plan_layout_restart, plan_run
 from restartbench.rundir import RunPlan
 
 PHASES = ("train", "restore")
-GPUS_PER_NODE_DEFAULT = 8
-
-
-def plan_run(cfg: RunConfig) -> RunPlan:
-    preset = _preset(cfg)
-    device = choose_device(cfg.launch.device, preset.param_count())
-    nnodes, nproc = cfg.layout.nnodes, cfg.layout.nproc_per_node
-    try:
-        layout = validate_layout(cfg.layout.layout, preset, nnodes * nproc if nproc else None)
-    except LayoutError as error:
-        raise StudyError(str(error)) from None
-    gpus_per_node = cfg.launch.gpus_per_node or GPUS_PER_NODE_DEFAULT
-    if not nproc:
-        nnodes, nproc = _default_nodes(layout.world_size, device, nnodes, gpus_per_node)
-    launcher = resolve_launcher(cfg.launch.launcher)
-    if device == "cuda":
-        _check_gpus(layout.world_size, nnodes, nproc, gpus_per_node, launcher)
-    _check_engine(cfg.engine.engine)
-    grad_accum = cfg.train.grad_accum or layout.pp
-    memory = memory_per_rank(preset, layout, dtype=cfg.model.dtype, micro_batch=cfg.train.micro_batch,
-                             grad_accum=grad_accum, device=device,
-                             activation_checkpoint_interval=cfg.model.activation_checkpoint_interval)
-    run_dir = Path(cfg.paths.run_dir or rundir.new_run_folder(cfg.paths.logs, cfg.model.preset, layout.name,
-                                                              cfg.engine.engine))
-    checkpoint_dir, remote = _checkpoint_target(cfg, run_dir)
-    plan = RunPlan(
-        preset=asdict(preset), layout=asdict(layout), layout_name=layout.name, world_size=layout.world_size,
-        nnodes=nnodes, nproc_per_node=nproc, device=device, backend="nccl" if device == "cuda" else "gloo",
-        grad_accum=grad_accum, run_dir=str(run_dir.resolve()), checkpoint_dir=checkpoint_dir, remote=remote,
-        master_port=cfg.launch.master_port or (free_port() if nnodes == 1 else 29500),
-        checkpoint_bytes_estimate=checkpoint_bytes(cfg),
-        memory_per_rank_estimate=memory.describe(), launcher=launcher.name,
-    )
-    if not cfg.launch.dry_run and cfg.launch.memory_check:
-        _check_memory(preset, plan, memory.total)
-    return plan
-
-
-def plan_layout_restart(cfg: RunConfig, plan: RunPlan, layout_name: str) -> tuple[RunConfig, RunPlan]:
-    """The config and plan of a restart of a run (``cfg``, ``plan``) on another layout: the same run folder,
-    checkpoints and device, the layout's ranks on as many nodes, and the run's global batch (``restore_grad_accum``),
-    so that the restart resumes the same training. Refused, saying why, where the layout does not fit the model or the
-    batch, or is the run's own."""
-    saved = Layout(**plan.layout)
-    try:
-        new = validate_layout(layout_name, _preset(cfg))
-        grad_accum = restore_grad_accum(saved, plan.grad_accum, new)
-    except LayoutError as error:
-        raise StudyError(f"--restore-layout {layout_name}: {error}") from None
-    if new == saved:
-        raise StudyError(f"--restore-layout {layout_name} is the run's own layout ({saved.name}); leave it out to "
-                         "restart on the same layout")
-    changed = replace(cfg, layout=replace(cfg.layout, layout=new.name, nproc_per_node=None, nnodes=plan.nnodes),
-                      train=replace(cfg.train, grad_accum=grad_accum), paths=replace(cfg.paths, run_dir=plan.run_dir))
-    return changed, plan_run(changed)
 
 
 def prepare_layout_restart(changed: RunConfig, layout_plan: RunPlan) -> None:
     """Write the plan, DeepSpeed JSON (with what the engine's converter adds, such as ``load_universal``) and launch
     script of a restart on another layout (``plan_layout_restart``) into ``layouts/<layout>/`` of the run folder."""
     converter = engines.converter(changed.engine.engine)
-    rendered = render(changed, layout_plan, extra_sections=converter.ds_config if converter else None)
     folder = rundir.launch_folder(layout_plan.run_dir, layout_plan.layout_name)
+    rendered = render(changed, layout_plan, extra_sections=converter.ds_config if converter else None,
+                      launch_dir=folder)
     folder.mkdir(parents=True, exist_ok=True)
     layout_plan.save(folder)
     (folder / rundir.DS_CONFIG).write_text(rendered.ds_config_text)
     (folder / rundir.LAUNCH_SCRIPT).write_text(rendered.launch_script)
     (folder / rundir.LAUNCH_SCRIPT).chmod(0o755)
-
-
-def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, Any] | None]:
-    """The checkpoint location as the ranks use it (an absolute folder, s3://bucket/prefix or gs://bucket/prefix),
-    and for an object store how to reach it."""
-    location, options = cfg.storage.checkpoint_dir, cfg.storage
-    scheme = next((s for s in storage.OBJECT_SCHEMES if str(location or "").startswith(s)), None)
-    given = [f"--{name.replace('_', '-')}" for name, applies in STORAGE_OPTIONS.items()
-             if getattr(options, name) is not None and applies != scheme]
-    if given:
-        raise StudyError(f"{', '.join(given)} do not apply to the checkpoints' location "
-                         f"{location or 'the run folder'}: the --s3-* options and --object-client are for an s3:// "
-                         "--checkpoint-dir, --gcs-endpoint for gs://; give such a --checkpoint-dir or drop them")
-    if scheme is None:
-        return str((Path(location) if location else run_dir / rundir.CHECKPOINTS).resolve()), None
-    try:
-        where = storage.check_remote_location(location, options.object_client)
-        engines.refuse_unless_object_store(cfg.engine.engine, location)
-    except storage.StorageError as error:
-        raise StudyError(str(error)) from None
-    return where.url, storage.settings_to_plan(storage.resolve_settings(where, options))
-
-
-#: Storage options that apply to one kind of location only: option -> the scheme it is for.
-STORAGE_OPTIONS = {"s3_endpoint": storage.S3_SCHEME, "s3_region": storage.S3_SCHEME,
-                   "s3_path_style": storage.S3_SCHEME, "object_client": storage.S3_SCHEME,
-                   "gcs_endpoint": storage.GS_SCHEME}
-
-
-def _preset(cfg: RunConfig) -> ModelPreset:
-    try:
-        preset = get_preset(cfg.model.preset, cfg.model.seq_len)
-    except UnknownPresetError as error:
-        raise StudyError(str(error)) from None
-    cfg.model.preset = preset.name
-    return preset
-
-
-def _default_nodes(world_size: int, device: str, nnodes: int, gpus_per_node: int) -> tuple[int, int]:
-    """Ranks per node when not given: all on one node on CPU; on GPUs one rank per GPU."""
-    if nnodes > 1:
-        if world_size % nnodes:
-            raise StudyError(f"{world_size} ranks do not divide over {nnodes} nodes; give --nproc-per-node")
-        return nnodes, world_size // nnodes
-    if device == "cuda" and world_size > gpus_per_node:
-        return math.ceil(world_size / gpus_per_node), gpus_per_node
-    return 1, world_size
-
-
-def _check_gpus(world_size: int, nnodes: int, nproc: int, gpus_per_node: int, launcher: Launcher) -> None:
-    """One rank per GPU: the layout must fit the nodes asked for, and the allocation we are in."""
-    if nproc > gpus_per_node:
-        raise StudyError(f"{nproc} ranks per node but {gpus_per_node} GPUs per node; "
-                         f"use --nnodes {math.ceil(world_size / gpus_per_node)} or a smaller layout")
-    allocated = allocation_gpus(launcher)
-    if allocated is not None and world_size > allocated:
-        raise StudyError(f"the layout needs {world_size} GPUs but this Slurm allocation has {allocated}; "
-                         "ask for more nodes/GPUs or choose a smaller layout")
-
-
-def _check_engine_name(name: str) -> None:
-    try:
-        engines.engine_info(name)
-    except engines.UnknownEngineError as error:
-        raise StudyError(str(error)) from None
-
-
-def _check_engine(name: str) -> None:
-    """Unknown engine, or a required package missing (optional engines are skipped later instead)."""
-    _check_engine_name(name)
-    missing = engines.missing_requirements(name)
-    if missing and not engines.engine_info(name).skip_when_missing:
-        raise StudyError("\n".join(missing))
 
 
 def _optional_engine_missing(cfg: RunConfig, plan: RunPlan) -> bool:
@@ -202,50 +67,13 @@ def _optional_engine_missing(cfg: RunConfig, plan: RunPlan) -> bool:
     run_dir = Path(plan.run_dir)
     rundir.create_run_folder(run_dir)
     cfg.paths.run_dir = str(run_dir)
-    cfg.save(run_dir / rundir.CONFIG)
+    save_config(cfg, plan)
     reason = "; ".join(missing)
     meta = run_metadata(cfg, plan) | {"status": "skipped", "error": reason, "end": time.time()}
     rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"SKIPPED: {reason}")
     say(f"run marked skipped: {run_dir}")
     return True
-
-
-def _check_memory(preset: ModelPreset, plan: RunPlan, need: float) -> None:
-    have, what = memory_per_rank_available(plan)
-    if need > have:
-        raise StudyError(
-            f"{preset.name} with {plan.layout_name} needs about {plan.memory_per_rank_estimate} per rank, "
-            f"but {what} gives {have / GiB:.2f} GiB per rank. Use a smaller preset, more tp/pp, "
-            "--activation-checkpoint-interval 1, or --no-memory-check if the estimate is wrong for your machine."
-        )
-
-
-def memory_per_rank_available(plan: RunPlan) -> tuple[float, str]:
-    if plan.device == "cuda":
-        query = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True) if shutil.which("nvidia-smi") else None
-        if query is None or query.returncode != 0 or not query.stdout.strip():
-            raise StudyError("device cuda was chosen but no GPU is visible here (nvidia-smi found none); "
-                             "run on a GPU node, use --device cpu with a CPU preset, or add --dry-run to only render")
-        return float(query.stdout.split()[0]) * 1024**2, "this node's GPU"
-    available = _meminfo_available()
-    return (available / plan.nproc_per_node,
-            f"this machine's {available / GiB:.1f} GiB available memory over {plan.nproc_per_node} ranks")
-
-
-def _meminfo_available() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return float(line.split()[1]) * 1024
-    return float("inf")
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now: the rendezvous of a run on one node."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- running ------------------------------------------------------------------------------
@@ -323,10 +151,11 @@ def check_launcher(cfg: RunConfig, plan: RunPlan) -> Launcher:
 def execute(run_dir: Path) -> int:
     """Run the phases of a prepared run folder, each a fresh launch, and mark the run complete or failed."""
     run_dir = Path(run_dir)
+    refuse_if_moved(run_dir)
     cfg = RunConfig.load(run_dir / rundir.CONFIG)
     plan = RunPlan.load(run_dir)
     launcher = LAUNCHERS[plan.launcher]
-    meta = rundir.read_json(run_dir / rundir.METADATA)
+    meta = rundir.read_metadata(run_dir)
     _check_not_executed(run_dir, meta)
     meta.update(status="running", start=time.time(), host=socket.gethostname(),
                 job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or meta.get("job_id"))
@@ -381,6 +210,16 @@ def skipped_restart(attempt: int, chosen: dict[str, Any], reason: str) -> dict[s
     return {"attempt": attempt, "record": None, **chosen, "verdict": "skipped", "reason": reason}
 
 
+def refuse_if_moved(run_dir: Path) -> None:
+    """A run folder written before run folders could move, no longer where it was written, is refused: its
+    launch.sh names its old place, and launched from here it would read and write there."""
+    origin = rundir.moved_from(run_dir)
+    if origin is not None:
+        raise StudyError(f"run folder {run_dir} was written at {origin} by an earlier version of restartbench, whose "
+                         f"launch.sh names that place: launched from here it would write into {origin}. Launch it "
+                         "where it was written (move it back); its records still read where it is now")
+
+
 def _check_not_executed(run_dir: Path, meta: dict[str, Any]) -> None:
     """A run folder runs its phases once: executed again (a resubmitted job, a second ``restartbench.execute``), it
     would append to its records and keep saying complete. Restarts are measured again as attempts of their own."""
@@ -409,9 +248,11 @@ def hand_to_batch_system(cfg: RunConfig, launcher: Launcher, run_dir: Path, rend
     if not cfg.launch.submit:
         meta["status"] = "prepared"
         rundir.write_json(run_dir / rundir.METADATA, meta)
-        say(f"wrote {job_file}; submit it with: {launcher.submit_command} {shlex.quote(str(job_file))}")
+        say(f"wrote {job_file}; submit it from its run folder (the job runs the folder it was submitted from): "
+            f"cd {shlex.quote(str(run_dir))} && {launcher.submit_command} {launcher.job_file}")
         return 0
-    submitted = subprocess.run([launcher.submit_command, str(job_file)], capture_output=True, text=True, cwd=run_dir)
+    submitted = subprocess.run([launcher.submit_command, launcher.job_file], capture_output=True, text=True,
+                               cwd=run_dir)
     if submitted.returncode != 0:
         meta.update(status="failed", error=f"{launcher.submit_command} refused the job: {submitted.stderr.strip()}")
         rundir.write_json(run_dir / rundir.METADATA, meta)
@@ -444,7 +285,7 @@ def prepare_run_dir(cfg: RunConfig, plan: RunPlan, rendered: Rendered) -> Path:
         shutil.rmtree(run_dir, ignore_errors=True)  # created just above, by this launch
         raise StudyError(f"cannot create the checkpoint folder: {error}; choose a writable --checkpoint-dir") from None
     cfg.paths.run_dir = str(run_dir)
-    cfg.save(run_dir / rundir.CONFIG)
+    save_config(cfg, plan)
     plan.save(run_dir)
     (run_dir / rundir.DS_CONFIG).write_text(rendered.ds_config_text)
     (run_dir / rundir.LAUNCH_SCRIPT).write_text(rendered.launch_script)
@@ -452,6 +293,15 @@ def prepare_run_dir(cfg: RunConfig, plan: RunPlan, rendered: Rendered) -> Path:
     if rendered.job_script:
         (run_dir / LAUNCHERS[plan.launcher].job_file).write_text(rendered.job_script)
     return run_dir
+
+
+def save_config(cfg: RunConfig, plan: RunPlan) -> None:
+    """Write config.json into the run folder with its paths relative to it, as plan.json's are: the run folder is
+    ``.``, the checkpoint folder is left out (the run folder's own) unless it is outside the run folder (then by
+    absolute path or URL, as plan.json names it)."""
+    external = plan.checkpoint_dir if plan.checkpoint_external else None
+    replace(cfg, paths=replace(cfg.paths, run_dir="."), storage=replace(cfg.storage, checkpoint_dir=external)
+            ).save(Path(plan.run_dir) / rundir.CONFIG)
 
 
 def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
@@ -473,6 +323,8 @@ def _check_target(cfg: RunConfig, plan: RunPlan) -> None:
         raise StudyError(f"checkpoint folder {plan.checkpoint_dir} cannot be created ({target} is not a writable "
                          "folder); choose a writable --checkpoint-dir / --logs")
     saves = checkpoints_saved(cfg.train.iters, cfg.train.save_interval)
+    if cfg.storage.keep_checkpoints:  # the kept ones and the one being written
+        saves = min(saves, cfg.storage.keep_checkpoints + 1)
     need = saves * plan.checkpoint_bytes_estimate
     free = shutil.disk_usage(target).free
     if cfg.launch.disk_check and need > free:

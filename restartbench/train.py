@@ -120,6 +120,7 @@ class RankRun:
             with timed_stages() as stages:
                 self.engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                        config=ds_config)
+                self._settle_device()
             initialized.update(stages.fields())
         from restartbench.engines import create_engine, engine_for_target
 
@@ -127,9 +128,10 @@ class RankRun:
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
             setup.update(self.ckpt_engine.prepare(self.engine))
             setup.update(self._pinned())
-        # called by an engine that made training wait for a save's copies after its save() returned
-        self.ckpt_engine.on_copy_wait = lambda tag, seconds: self.log.emit(
-            Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds)
+        # called by an engine that made training wait for a save's copies after its save() returned; ``at``: when the
+        # wait began (a CUDA wait is reported once the GPU has passed it, later: its time places it in its iteration)
+        self.ckpt_engine.on_copy_wait = lambda tag, seconds, at: self.log.emit(
+            Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds, time=at)
         self.pending: tuple[int, str, harness.SaveStart, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
@@ -229,7 +231,7 @@ class RankRun:
         else:
             share = harness.failed_share(self.rank, save_start, error)
         errors = harness.settle({self.rank: self.log}, self.store, [share], step, tag,
-                                self.plan.checkpoint_bytes_estimate)
+                                self.plan.checkpoint_bytes_estimate, keep=self.cfg.storage.keep_checkpoints)
         self._say(f"train: checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
                                                  if errors else "durable on every rank and committed"))
 
@@ -319,6 +321,7 @@ class RankRun:
     def _load(self, tag: str) -> tuple[list, None]:
         """The engine's load into the live engine: the files it read; nothing to hand back."""
         self.ckpt_engine.load(self.engine, self.ckpt_dir, tag)
+        self._settle_device()
         return self.ckpt_engine.read(), None
 
     def _restart_without_checkpoint(self) -> None:
@@ -370,8 +373,19 @@ class RankRun:
                                 step=step, dp_rank=self.dp_rank, seed=self.cfg.train.seed)
         with self.log.span(Event.TRAIN_ITERATION, step=step, **flags) as extra:
             loss = float(self.engine.train_batch(data_iter=iter(batches)))
+            if flags.get("first_after_restore"):  # a restart part: all of its GPU work (other iterations: the
+                self._settle_device()            # loss's read waits for the compute stream, not for a save's copies)
             extra["loss"] = loss
         return loss
+
+    def _settle_device(self) -> None:
+        """On CUDA, wait for every stream's queued work, so that the span closing next counts the GPU work it
+        started, not only its launch (deepspeed.initialize, the load, the first iteration after it); nothing on
+        CPU."""
+        if self.plan.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
 
     def finish(self) -> None:
         import torch.distributed as dist

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from restartbench import analysis, harness, results
 from restartbench.engines.base import FileRecord
 from restartbench.events import EventLog, read_events
+from restartbench.integrity import committed_tags
 from restartbench.storage import LocalStore
 
 
@@ -132,6 +133,29 @@ def test_settle_discards_a_checkpoint_a_rank_failed(tmp_path, one_process_group)
     assert failed["errors"] == errors and failed["rank"] == 0
     assert not [e for e in events if e["event"] == "checkpoint.commit"]
     assert not store.exists("latest") and not (tmp_path / "ckpt" / "step2").exists()
+
+
+def test_keep_checkpoints_removes_the_older_committed_ones_once_a_newer_commits(tmp_path, one_process_group):
+    """--keep-checkpoints 2 over three checkpoints: nothing is removed until the third commits, then the oldest
+    goes, manifest and files, recorded as checkpoint.removed with its bytes; 'latest' and the kept two stay."""
+    store, logs = LocalStore(tmp_path / "ckpt"), two_rank_logs(tmp_path / "run")
+    kept_after = []
+    for step in (2, 4, 6):
+        tag, start = f"step{step}", harness.SaveStart(time.time(), time.perf_counter())
+        shares = []
+        for rank in (0, 1):
+            saved = Saved(tmp_path / "ckpt", tag, rank, start.perf)
+            shares.append(harness.durable_share(logs[rank], store, rank, step, tag, start, saved.wait_until_durable,
+                                                saved.written))
+        assert harness.settle(logs, store, shares, step, tag, needed_bytes=0, keep=2) == []
+        kept_after.append(committed_tags(store))
+    for log in logs.values():
+        log.close()
+    assert kept_after == [["step2"], ["step4", "step2"], ["step6", "step4"]]
+    assert store.read_text("latest") == "step6" and not (tmp_path / "ckpt" / "step2").exists()
+    [removed] = [e for e in read_events(tmp_path / "run") if e["event"] == "checkpoint.removed"]
+    assert (removed["tag"], removed["step"], removed["committed"], removed["keep"]) == ("step2", 2, "step6", 2)
+    assert (removed["rank"], removed["bytes"], removed["n_files"]) == (0, 201, 2)
 
 
 def test_the_process_read_counter_counts_a_files_bytes(tmp_path):

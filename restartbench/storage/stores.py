@@ -100,6 +100,12 @@ class LocalStore:
         """Every file under the folder, relative path -> bytes."""
         return {str(p.relative_to(self.root)): p.stat().st_size for p in sorted(self.root.rglob("*")) if p.is_file()}
 
+    def delete(self, relative: str) -> None:
+        """Remove one file, then fsync its folder (the removal is durable before what depends on it)."""
+        path = self.root / relative
+        path.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+
     def remove_tree(self, relative: str) -> None:
         shutil.rmtree(self.root / relative, ignore_errors=True)
 

@@ -1,0 +1,860 @@
+#!/usr/bin/env python3
+"""The study's GPU work in blocks, planned to the seconds a visit of a lent GPU machine has left.
+
+    python bench/gpu_session.py --budget S --out DIR [--only BLOCK ...] [--dry-run]
+    python bench/gpu_session.py --import-results DIR          (here, on what a visit brought back)
+
+On a visit, through the device tool (make the wheels here first: ``scripts/device-wheels.sh``; then read
+``status()``'s ``budget_left_s`` = B; one command runs at most 600 s and the machine's start-up, about 150 s, comes
+out of B):
+
+    run(command="bash bench/gpu-session.sh --budget S --out $OUT", carry=[".whl"], timeout_s=S + 30)
+        with S = min(B - 150, 560)
+
+then, here: ``python bench/gpu_session.py --import-results FILES_AT`` (FILES_AT: the reply's ``files_at``), which
+writes ``bench/results/<date>-<machine>-gpu-<block>.{json,md}`` for every block the visit ran; commit them, and the
+next visit skips those blocks and does the rest.
+
+Blocks, in priority order, each with its expected seconds and the basis of the estimate (``BLOCKS``):
+``setup``, ``probe``, ``datastates-build``, ``smoke``, ``engines-1B-<engine>`` (one per engine), ``tests``.
+A block starts only if its expected seconds plus a safety margin fit in what is left; one that fails records its
+error (message, exit code, the tail of its log) and the session goes on. A block is skipped when ``bench/results``
+(or this output folder's ledger) already holds it for this machine (the GPU's name) and this code (``code_identity``),
+unless a block run this visit needs it (``setup``, ``datastates-build``: a fresh machine needs them again).
+
+What comes back (the tool returns at most 8 files of 16 MiB from $OUT): ``ledger.json``, every block's outcome and
+result files, rewritten atomically after each block, and ``logs.tar.gz``, every block's log and the run folders
+(checkpoints left out, long logs cut to their last MiB), rewritten after each block too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from results_io import ROOT, GiB, machine_name, write_results
+
+sys.path.insert(0, str(ROOT))
+
+from restartbench.analysis import collect  # noqa: E402
+from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes  # noqa: E402
+from restartbench.events import read_events  # noqa: E402
+from restartbench.presets import get_preset  # noqa: E402
+
+MiB = 2**20
+MB = 1e6
+LEDGER = "ledger.json"
+LOGS_TAR = "logs.tar.gz"
+CODE_PATHS = ("restartbench", "bench", "templates", "third_party/datastates-llm", "config-n-run.py", "scripts")
+"""What a block's result depends on: the code identity is the hash of these files' contents."""
+CODE_EXCLUDED = ("bench/results/", "__pycache__/", ".pytest_cache/")
+ENGINES_FIRST = ("torch", "lazy", "dcp-async", "fastpersist", "datastates")
+ENGINES_THEN = ("dcp", "torchsnapshot", "decoupled")
+MARGIN_S, MARGIN_SHARE = 10.0, 0.15
+"""A block starts when its expected seconds x (1 + MARGIN_SHARE) + MARGIN_S fit in what is left."""
+RESERVE_S = 15.0
+"""Kept back from every block's time limit: rewriting the ledger and the logs' archive after it."""
+DONE = ("ok", "failed")
+"""Outcomes that count as a block's result: a failure (as shipped) is a result; a time-out or a skip is not."""
+LOG_TAIL_LINES = 40
+LOG_CUT_BYTES = (MiB, 128 * 1024)
+TAR_LIMIT = 15 * MiB
+HEADLINE = {"cost_over_floor_max": 2.0, "durable_share_min": 0.9, "restore_share_min": 0.9}
+"""The project's goal for lazy on one GPU (issue 25): whole cost <= 2x the D2H floor, durable throughput >= 90 % of
+fio's write, cold restore throughput >= 90 % of fio's read, and ahead of every other engine."""
+
+
+class SessionError(RuntimeError):
+    """A request the session cannot carry out; the message says what to do."""
+
+
+# -- the blocks ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    expected_s: float
+    basis: str
+    """Why ``expected_s``: what was measured or assumed."""
+    commands: tuple[tuple[str, ...], ...] = ()
+    needs: tuple[str, ...] = ()
+    """Blocks that must have ended ``ok`` earlier in this visit."""
+    cleanup: tuple[tuple[str, ...], ...] = ()
+    """Run after the commands whatever happened (frees the disk for the next block)."""
+    env: dict[str, str] = field(default_factory=dict)
+    every_visit: bool = False
+    """Never skipped for a result held: it prepares the machine (setup)."""
+    problem: str | None = None
+    """Why the block cannot run at all (found while planning): recorded as its failure, nothing launched."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """The folders a session uses on the machine."""
+
+    root: Path = ROOT
+    work: Path = Path("/tmp/gpu-session")
+    site: Path = Path("/tmp/site")
+    wheels: Path = ROOT / ".whl"
+
+    def block_dir(self, name: str) -> Path:
+        return self.work / name
+
+    def log(self, name: str) -> Path:
+        return self.work / f"{name}.log"
+
+
+def runtime_command(path: Path) -> tuple[str, ...]:
+    code = ("import json; from restartbench.runtime import runtime_info; "
+            f"json.dump(runtime_info(), open({str(path)!r}, 'w'))")
+    return (sys.executable, "-c", code)
+
+
+def setup_block(where: Where) -> Block:
+    wheels = sorted(str(p) for p in where.wheels.glob("*.whl"))
+    debs = sorted(str(p) for p in where.wheels.glob("*.deb"))  # none: fastpersist's op build will say libaio is missing
+    commands = [(sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                 "--no-cache-dir", "--upgrade", "--target", str(where.site), *wheels)]
+    commands += [("dpkg", "-x", deb, "/") for deb in debs] + ([("ldconfig",)] if debs else [])
+    commands.append(runtime_command(where.block_dir("setup") / "runtime.json"))
+    problem = None if wheels else (f"no wheels in {where.wheels}: run scripts/device-wheels.sh on the CPU machine "
+                                   "first and carry ['.whl'] to the GPU machine")
+    return Block("setup", 30, "pip installs about 12 local wheels without compiling (DeepSpeed's is pure Python, its "
+                 "ops JIT-build later), dpkg -x of the libaio .debs, one import of torch and DeepSpeed for the "
+                 "versions (about 10 s)", tuple(commands), every_visit=True, problem=problem)
+
+
+def probe_mib(free_bytes: int, checkpoint: int, reserve: int = 4 * GiB, cap_mib: int = 8192) -> int:
+    """The fio file of the probe (one job: the checkpoint's one rank), MiB: at most ``cap_mib``, and small enough that
+    the checkpoint and ``reserve`` still fit beside it on the disk."""
+    return max(0, min(cap_mib, (free_bytes - checkpoint - reserve) // MiB))
+
+
+def probe_block(where: Where, free_bytes: int, checkpoint: int) -> Block:
+    out, mib = where.block_dir("probe"), probe_mib(free_bytes, checkpoint)
+    commands = (
+        ("nvidia-smi",),
+        ("nvidia-smi", "--query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max",
+         "--format=csv", "-f", str(out / "gpu.csv")),
+        (sys.executable, str(where.root / "bench/gpu_probe.py"), "--gib", "4", "--repeats", "5",
+         "--json", str(out / "copies.json")),
+        (sys.executable, str(where.root / "bench/limits.py"), "--dir", str(where.work / "fio"), "--jobs", "1",
+         "--mib-per-job", str(mib), "--repeats", "2", "--json", str(out / "limits.json")),
+    )
+    problem = None if mib >= 1024 else (
+        f"{free_bytes / GiB:.1f} GiB free on the disk: a fio file of at least 1 GiB beside a {checkpoint / 1e9:.1f} GB "
+        "checkpoint and 4 GiB kept free does not fit; free the disk")
+    return Block("probe", 120, f"nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 repeats at 11-55 GB/s "
+                 f"and 3 pinnings at 0.55 s/GiB (FACTS: H100) with torch's import: about 20 s; fio through "
+                 f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s, "
+                 "2 repeats of each of its methods (about 3): about 90 s", commands, needs=("setup",),
+                 cleanup=(("rm", "-rf", str(where.work / "fio")),), problem=problem)
+
+
+def run_command(where: Where, preset: str, engine: str, logs: Path, *extra: str) -> tuple[str, ...]:
+    return (sys.executable, str(where.root / "config-n-run.py"), preset, "tp1pp1", "--device", "cuda", "--engine",
+            engine, "--baseline-mib", "0", "--logs", str(logs), *extra)
+
+
+def engine_block(where: Where, engine: str) -> Block:
+    name = f"engines-1B-{engine}"
+    ckpt = where.work / "ckpt" / engine
+    command = run_command(where, "1B", engine, where.block_dir(name) / "runs", "--dtype", "bf16", "--iters", "2",
+                          "--save-interval", "1", "--keep-checkpoints", "1", "--checkpoint-dir", str(ckpt))
+    slow = {"fastpersist": " + its async_io op's JIT build on a fresh machine (about 120 s)",
+            "datastates": " (its package built by datastates-build)"}.get(engine, "")
+    return Block(name, 420 if engine == "fastpersist" else 300,
+                 "1B bf16, 21 GB per checkpoint: two launches of about 45 s each (imports, CUDA context, NCCL init, "
+                 "model build, deepspeed.initialize); two saves of 21 GB at torch's 0.52 GB/s durable (FACTS: 0.86 B "
+                 "on this H100) about 40 s each, each hashed for its manifest at about 1.5 GB/s (14 s); the restore's "
+                 "manifest check (14 s), cold load at about 1 GB/s (20 s) and the state digests (about 15 s each)"
+                 + slow, (command,),
+                 needs=("setup", "datastates-build") if engine == "datastates" else ("setup",),
+                 cleanup=(("rm", "-rf", str(ckpt)),))
+
+
+def plan_blocks(where: Where, free_bytes: int | None = None) -> list[Block]:
+    """Every block, in priority order, with its command lines as they would run on this machine now."""
+    # P x (2 bf16 weight bytes + 12 optimizer bytes): DLIO's P·14, 21.0 GB (restartbench.plan's exact prediction
+    # builds the model with DeepSpeed, which is not installed before the setup block)
+    checkpoint = get_preset("1B").param_count() * (weight_bytes("bf16") + OPTIMIZER_BYTES_PER_PARAM)
+    free = shutil.disk_usage(_existing(where.work)).free if free_bytes is None else free_bytes
+    smoke_logs = where.block_dir("smoke") / "runs"
+    nccl = {"NCCL_DEBUG": "WARN"}
+    return [
+        setup_block(where),
+        probe_block(where, free, checkpoint),
+        Block("datastates-build", 240, "nvcc and g++ on 5 translation units of a torch CUDAExtension (about 60 s each, "
+              "MAX_JOBS=16 in parallel), pip's install around it", (("bash", str(where.root /
+                                                                              "scripts/build-datastates.sh"),
+                                                                     str(where.site)),),
+              needs=("setup",), env={"MAX_JOBS": "16"}),
+        Block("smoke", 150, "small tp1pp1 (31 M params) twice, torch and lazy: two launches each of about 35 s "
+              "(imports, CUDA context, NCCL init), training and saves well under a second each",
+              tuple(run_command(where, "small", engine, smoke_logs) for engine in ("torch", "lazy")),
+              needs=("setup",), env=nccl),
+        *(engine_block(where, engine) for engine in ENGINES_FIRST + ENGINES_THEN),
+        Block("tests", 480, "tests/test_gpu.py: 6 engines x small tp1pp1 bf16 runs of about 70 s (two launches each)",
+              ((sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/test_gpu.py"),),
+              needs=("setup",), env=nccl),
+    ]
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def block_env(where: Where, block: Block) -> dict[str, str]:
+    """The environment of a block's commands: the wheels' site and the checkout first on the import path."""
+    path = os.pathsep.join(filter(None, (str(where.site), str(where.root), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TORCH_CUDA_ARCH_LIST": "9.0", **block.env}
+
+
+# -- the code and the results already held ---------------------------------------------------------------------------
+
+
+def code_identity(root: Path = ROOT) -> dict:
+    """What a result is a result of: ``tree``, a SHA-256 over the path and git blob hash of every file under
+    ``CODE_PATHS`` (results, caches and compiled files left out), computable where the checkout travels without its
+    .git; ``commit``, git's HEAD where git can say (None elsewhere)."""
+    lines = []
+    for path in _code_files(root):
+        data = path.read_bytes()
+        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        lines.append(f"{path.relative_to(root).as_posix()} {blob}\n")
+    tree = hashlib.sha256("".join(lines).encode()).hexdigest()
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return {"tree": tree, "files": len(lines), "paths": list(CODE_PATHS),
+            "commit": head.stdout.strip() if head.returncode == 0 else None}
+
+
+def _code_files(root: Path) -> list[Path]:
+    found = []
+    for name in CODE_PATHS:
+        top = root / name
+        candidates = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        found += [p for p in candidates if not any(x in p.relative_to(root).as_posix() for x in CODE_EXCLUDED)]
+    return found
+
+
+def held_result(results: Path, machine: str, code: str, block: str) -> Path | None:
+    """The results file that already holds ``block`` for this machine and code (a result: ok or failed)."""
+    for path in sorted(results.glob(f"*-{machine}-gpu-{block}.json")):
+        meta = json.loads(path.read_text()).get("meta", {})
+        if meta.get("code", {}).get("tree") == code and meta.get("status") in DONE:
+            return path
+    return None
+
+
+def gpu_machine() -> tuple[str, str | None]:
+    """(the machine's name in results files, the GPU's full name), from nvidia-smi; ``cpuN`` where there is none."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return machine_name({}), None
+    gpu = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+    return machine_name({"gpu": gpu}), gpu
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+
+
+def execute(command: Iterable[str], env: dict[str, str], timeout: float, log: Path) -> int:
+    """Run one command line, its output appended to ``log``; its exit code, 124 when it ran past ``timeout`` (its
+    process group is then ended: SIGTERM, SIGKILL 10 s later), 127 when it could not start."""
+    command = list(command)
+    with log.open("a") as out:
+        out.write(f"\n$ {shlex.join(command)}\n")
+        out.flush()
+        try:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                    start_new_session=True)
+        except OSError as error:
+            out.write(f"could not start: {error}\n")
+            return 127
+        try:
+            return proc.wait(timeout=max(timeout, 0.1))
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+            out.write(f"\n[gpu_session] stopped after {timeout:.0f} s: the budget's time for this block ran out\n")
+            return 124
+
+
+Execute = Callable[[Iterable[str], dict[str, str], float, Path], int]
+
+
+@dataclass
+class Session:
+    """One visit's run of the blocks against its budget. ``clock`` (seconds, monotonic) and ``execute`` are
+    injectable: the tests drive the budget with a clock of their own."""
+
+    where: Where
+    out: Path
+    budget_s: float
+    machine: str
+    code: dict
+    results: Path = ROOT / "bench" / "results"
+    clock: Callable[[], float] = time.monotonic
+    execute: Execute = execute
+    ledger: dict = field(default_factory=dict)
+    started: float = 0.0
+
+    def left(self) -> float:
+        return self.budget_s - (self.clock() - self.started)
+
+    def run(self, blocks: list[Block], only: list[str] | None, argv: list[str], gpu: str | None) -> dict:
+        self.started = self.clock()
+        self.where.work.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.ledger = load_ledger(self.out / LEDGER, self.code)
+        self.ledger["session"].setdefault("visits", []).append(
+            {"started": _now(), "argv": argv, "budget_s": self.budget_s, "gpu": gpu})
+        self.ledger["session"].update(machine=self.machine, gpu=gpu, code=self.code)
+        wanted = selected(blocks, only, self.decide_held)
+        for block in blocks:
+            if block.name in wanted:
+                self.record(block, self.attempt(block, wanted[block.name]))
+        self.write()
+        return self.ledger
+
+    def decide_held(self, block: Block) -> str | None:
+        """Why ``block`` need not run (held in bench/results or done in this output folder), else None."""
+        if block.every_visit:
+            return None
+        earlier = self.ledger["blocks"].get(block.name, {})
+        if earlier.get("status") in DONE and earlier.get("code") == self.code["tree"]:
+            return f"done earlier in {self.out / LEDGER} ({earlier['status']})"
+        held = held_result(self.results, self.machine, self.code["tree"], block.name)
+        return f"held in {held}" if held else None
+
+    def attempt(self, block: Block, why: str) -> dict:
+        entry = {"status": None, "why": why, "expected_s": block.expected_s, "basis": block.basis,
+                 "commands": [shlex.join(c) for c in block.commands], "code": self.code["tree"]}
+        unmet = [n for n in block.needs if self.ledger["blocks"].get(n, {}).get("status") != "ok"
+                 or self.ledger["blocks"][n].get("visit") != len(self.ledger["session"]["visits"])]
+        needed = block.expected_s * (1 + MARGIN_SHARE) + MARGIN_S
+        if block.problem:
+            return {**entry, "status": "failed", "error": block.problem, "seconds": 0.0}
+        if unmet:
+            return {**entry, "status": "blocked", "error": f"needs {', '.join(unmet)}, which did not end ok this visit"}
+        if needed > self.left() - RESERVE_S:
+            return {**entry, "status": "not started",
+                    "error": f"does not fit: needs about {block.expected_s:.0f} s ({needed:.0f} s with the margin), "
+                             f"{self.left() - RESERVE_S:.0f} s left"}
+        return {**entry, **self.launch(block)}
+
+    def launch(self, block: Block) -> dict:
+        log, folder = self.where.log(block.name), self.where.block_dir(block.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        env, start, began = block_env(self.where, block), self.clock(), _now()
+        status, code, failed = "ok", 0, None
+        for command in block.commands:
+            code = self.execute(command, env, self.left() - RESERVE_S, log)
+            if code != 0:
+                status = "timed out" if code == 124 else "failed"
+                failed = f"{shlex.join(command)} exited with {code}"
+                break
+        for command in block.cleanup:
+            self.execute(command, env, 120, log)
+        return {"status": status, "exit": code, "error": failed, "started": began, "ended": _now(),
+                "seconds": self.clock() - start, "log_tail": log_tail(log) if failed else [],
+                "files": block_files(folder)}
+
+    def record(self, block: Block, entry: dict) -> None:
+        entry["visit"] = len(self.ledger["session"]["visits"])
+        self.ledger["blocks"][block.name] = entry
+        print(f"[gpu_session] {block.name}: {entry['status']}" + (f" ({entry['error']})" if entry.get("error") else "")
+              + (f" after {entry['seconds']:.0f} s" if entry.get("seconds") else "") + f"; {self.left():.0f} s left",
+              flush=True)
+        if "seconds" in entry:
+            self.write()
+
+    def write(self) -> None:
+        write_atomically(self.out / LEDGER, json.dumps(self.ledger, indent=1, default=str) + "\n")
+        pack_logs(self.where.work, self.out / LOGS_TAR)
+
+
+def selected(blocks: list[Block], only: list[str] | None, held: Callable[[Block], str | None]) -> dict[str, str]:
+    """The blocks to try this visit, each with why: asked for (``only``, else all) and not held, then what they need."""
+    names = [b.name for b in blocks]
+    unknown = sorted(set(only or ()) - set(names) - {"engines-1B"})
+    if unknown:
+        raise SessionError(f"unknown block(s) {', '.join(unknown)}: choose among {', '.join(names)} (engines-1B: "
+                           "every engines-1B-<engine> block)")
+    asked = [b for b in blocks if not only or b.name in only or ("engines-1B" in only and
+                                                                 b.name.startswith("engines-1B-"))]
+    wanted: dict[str, str] = {}
+    for block in asked:
+        reason = held(block)
+        wanted[block.name] = f"skipped: {reason}" if reason else "asked for"
+    by_name = {b.name: b for b in blocks}
+    for block in reversed(blocks):  # a block's needs come before it: one pass reaches their own needs
+        if not wanted.get(block.name, "skipped").startswith("skipped"):
+            for need in by_name[block.name].needs:
+                if need not in wanted or wanted[need].startswith("skipped"):
+                    wanted[need] = f"needed by {block.name}"
+    return wanted
+
+
+def load_ledger(path: Path | None, code: dict) -> dict:
+    """The output folder's ledger (a session resumed in the same folder), else an empty one."""
+    if path is not None and path.is_file():
+        ledger = json.loads(path.read_text())
+        if "blocks" in ledger and "session" in ledger:
+            return ledger
+        raise SessionError(f"{path} is not a gpu_session ledger: give another --out")
+    return {"session": {"schema": 1, "code": code}, "blocks": {}}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    if not log.is_file():
+        return []
+    with log.open("rb") as handle:
+        handle.seek(max(0, log.stat().st_size - 64 * 1024))
+        return handle.read().decode(errors="replace").splitlines()[-lines:]
+
+
+def block_files(folder: Path, limit: int = 256 * 1024) -> dict:
+    """The small files a block left in its folder (not its run folders): JSON parsed, other text as it is."""
+    files = {}
+    for path in sorted(p for p in folder.glob("*") if p.is_file() and p.stat().st_size <= limit):
+        text = path.read_text(errors="replace")
+        try:
+            files[path.name] = json.loads(text) if path.suffix == ".json" else text
+        except json.JSONDecodeError:
+            files[path.name] = text
+    return files
+
+
+def pack_logs(work: Path, target: Path) -> None:
+    """Every file under ``work`` but checkpoints and fio's files, text logs cut to their last MiB (less if the
+    archive would pass ``TAR_LIMIT``), into one tar.gz, written atomically."""
+    for cut in LOG_CUT_BYTES:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for path in sorted(p for p in work.rglob("*") if p.is_file() and _packed(p.relative_to(work))):
+                data = path.read_bytes()
+                if path.suffix == ".log" and len(data) > cut:
+                    data = b"[cut: the first %d bytes left out]\n" % (len(data) - cut) + data[-cut:]
+                info = tarfile.TarInfo(path.relative_to(work).as_posix())
+                info.size, info.mtime = len(data), int(path.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        if buffer.tell() <= TAR_LIMIT:
+            break
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(buffer.getvalue())
+    os.replace(tmp, target)
+
+
+def _packed(relative: Path) -> bool:
+    top = relative.parts[0]
+    return top not in ("ckpt", "fio") and "checkpoints" not in relative.parts
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+# -- results ---------------------------------------------------------------------------------------------------------
+
+
+def import_results(out: Path, results: Path) -> list[Path]:
+    """Write ``<date>-<machine>-gpu-<block>.{json,md}`` into ``results`` for every block the visit ran (``out``:
+    what it brought back, ``ledger.json`` and ``logs.tar.gz``), and the engines' comparison with the headline."""
+    ledger_path = out / LEDGER
+    if not ledger_path.is_file():
+        raise SessionError(f"{out} holds no {LEDGER}: give the folder a visit brought back (the reply's files_at)")
+    ledger = json.loads(ledger_path.read_text())
+    written = []
+    with tempfile.TemporaryDirectory(prefix="gpu-session-") as tmp:
+        logs = Path(tmp)
+        if (out / LOGS_TAR).is_file():
+            with tarfile.open(out / LOGS_TAR) as tar:
+                tar.extractall(logs, filter="data")
+        probe = probe_limits(ledger, results)
+        for name, entry in ledger["blocks"].items():
+            if "seconds" not in entry:
+                continue  # skipped, blocked or not started: nothing measured
+            result = block_result(ledger, name, entry, logs, probe)
+            if name != "setup":
+                written.append(write_results(results, result, markdown))
+        engines = engines_summary(results, ledger)
+        if engines:
+            written.append(write_results(results, engines, engines_markdown))
+    return written
+
+
+def block_meta(ledger: dict, name: str, entry: dict) -> dict:
+    session = ledger["session"]
+    runtime = ledger["blocks"].get("setup", {}).get("files", {}).get("runtime.json", {})
+    date = (entry.get("started") or session["visits"][-1]["started"])[:10]
+    return {"benchmark": f"gpu-{name}", "date": date, "machine": session["machine"], "gpu": session.get("gpu"),
+            "code": session["code"], "session_argv": session["visits"][entry["visit"] - 1]["argv"],
+            "runtime": runtime, **{k: entry.get(k) for k in ("status", "error", "exit", "expected_s", "basis",
+                                                             "seconds", "started", "ended", "commands")}}
+
+
+def block_result(ledger: dict, name: str, entry: dict, logs: Path, probe: dict | None) -> dict:
+    result = {"meta": block_meta(ledger, name, entry), "log_tail": entry.get("log_tail", []),
+              "files": entry.get("files", {})}
+    runs = logs / name / "runs"
+    if runs.is_dir():
+        result["runs"] = run_figures(runs, probe if name.startswith("engines-1B-") else None)
+    if name == "probe" and entry["status"] == "ok":
+        try:
+            result["limits"] = limits_of(entry["files"])
+        except SessionError as error:
+            result["limits_error"] = str(error)
+    return result
+
+
+def probe_limits(ledger: dict, results: Path) -> dict | None:
+    """The probe's limits: this visit's probe, else the one held for this machine and code (None: no probe, or one
+    whose files do not give them: the probe's own result says why)."""
+    probe = ledger["blocks"].get("probe", {})
+    if probe.get("status") == "ok":
+        try:
+            return limits_of(probe["files"])
+        except SessionError:
+            return None
+    held = held_result(results, ledger["session"]["machine"], ledger["session"]["code"]["tree"], "probe")
+    return json.loads(held.read_text()).get("limits") if held else None
+
+
+def limits_of(files: dict) -> dict:
+    """Pinned D2H bandwidth (gpu_probe.py) and fio's write and cold read (bench/limits.py's best method)."""
+    copies, storage = files.get("copies.json"), files.get("limits.json")
+    if not isinstance(copies, dict) or not isinstance(storage, dict):
+        raise SessionError("the probe ended ok but its copies.json or limits.json is missing or not JSON: "
+                           "see its log in logs.tar.gz")
+    try:
+        write, read = storage["write"]["best_MBps"], storage["read"]["best_MBps"]
+    except (KeyError, TypeError):
+        raise SessionError("bench/limits.py's JSON has no write.best_MBps / read.best_MBps: update "
+                           "gpu_session.limits_of to its format") from None
+    return {"d2h_pinned_GBps": copies["d2h_pinned"]["best_GBps"], "write_MBps": write, "read_MBps": read,
+            "pin_s_per_GiB": copies["pin"]["best_s_per_GiB"]}
+
+
+def run_figures(runs: Path, probe: dict | None) -> list[dict]:
+    """Per run folder under ``runs``: its last checkpoint and first restore as restartbench.analysis reads them, the
+    GPU memory peaks from the events, and with ``probe`` the ratios to its limits."""
+    collected = collect(runs)
+    table = collected.table()
+    rows = [{"run": str(e.run.relative_to(runs)), "status": e.status, "reason": e.reason}
+            for e in collected.excluded]
+    for run, frame in (table.groupby("run") if not table.empty else ()):
+        ckpts = frame[frame.kind == "checkpoint"].sort_values("step")
+        restarts = frame[frame.kind == "restart"].sort_values("attempt")
+        figures = {"run": str(Path(run).relative_to(runs)), "engine": frame["engine"].iloc[0], "status": "complete",
+                   **gpu_peaks(Path(run))}
+        if not ckpts.empty:
+            figures.update(checkpoint_figures(ckpts.iloc[-1]))
+        if not restarts.empty:
+            figures.update(restart_figures(restarts.iloc[0]))
+        if probe:
+            figures.update(ratios(figures, probe))
+        rows.append(figures)
+    return rows
+
+
+def _value(row, column: str):
+    value = row.get(column)
+    return None if value is None or value != value else (value.item() if hasattr(value, "item") else value)
+
+
+def checkpoint_figures(row) -> dict:
+    return {key: _value(row, column) for key, column in (
+        ("tag", "tag"), ("bytes", "bytes"), ("bytes_per_rank_max", "bytes_per_rank_max"), ("stall_s", "stall_max_s"),
+        ("slowdown_s", "slowdown_s"), ("cost_s", "cost_s"), ("durable_s", "durable_rank_max_s"),
+        ("durable_MBps", "write_MBps"), ("iteration_s", "iteration_s"), ("train_peak_rss_bytes",
+                                                                          "train_peak_rss_bytes"))}
+
+
+def restart_figures(row) -> dict:
+    parts = {column[len("restart_"):-2]: _value(row, column) for column in row.index
+             if column.startswith("restart_") and column.endswith("_s") and column not in ("restart_s",
+                                                                                           "restart_min_s")}
+    return {"verdict": _value(row, "verdict"), "exact": _value(row, "exact"), "restart_s": _value(row, "restart_s"),
+            "restart_parts_s": parts, "restore_s": parts.get("ckpt_load"), "cache": _value(row, "cache"),
+            "restore_MBps": _value(row, "read_MBps"), "bytes_read": _value(row, "bytes_read"),
+            "restore_peak_rss_bytes": _value(row, "restore_peak_rss_bytes")}
+
+
+def gpu_peaks(run: Path) -> dict:
+    """The largest ``cuda_max_allocated_bytes`` any span recorded, per phase (None on a CPU run)."""
+    peaks: dict[str, int | None] = {"train_gpu_peak_bytes": None, "restore_gpu_peak_bytes": None}
+    for event in read_events(run):
+        peak = event.get("cuda_max_allocated_bytes")
+        key = f"{'train' if event['phase'] == 'train' else 'restore'}_gpu_peak_bytes"
+        if peak is not None:
+            peaks[key] = max(peaks[key] or 0, peak)
+    return peaks
+
+
+def ratios(figures: dict, probe: dict) -> dict:
+    """The run against the probe's limits: stall and whole cost over the D2H floor (the rank's bytes over pinned
+    D2H bandwidth), durable throughput over fio's write, a cold restore's throughput over fio's read."""
+    out: dict = {}
+    if figures.get("bytes_per_rank_max"):
+        floor = figures["bytes_per_rank_max"] / (probe["d2h_pinned_GBps"] * 1e9)
+        out.update(d2h_floor_s=floor, stall_over_floor=_over(figures.get("stall_s"), floor),
+                   cost_over_floor=_over(figures.get("cost_s"), floor))
+    out["durable_over_write"] = _over(figures.get("durable_MBps"), probe["write_MBps"])
+    cold = figures.get("cache") == "cold"
+    out["restore_over_read"] = _over(figures.get("restore_MBps"), probe["read_MBps"]) if cold else None
+    return out
+
+
+def _over(value: float | None, limit: float | None) -> float | None:
+    return value / limit if value is not None and limit else None
+
+
+def engines_summary(results: Path, ledger: dict) -> dict | None:
+    """Every engine's 1B figures held in ``results`` for this machine and code (just written included), side by
+    side, with the headline for lazy judged; None when there is none."""
+    session = ledger["session"]
+    rows, dates = [], []
+    for path in sorted(results.glob(f"*-{session['machine']}-gpu-engines-1B-*.json")):
+        held = json.loads(path.read_text())
+        if held["meta"].get("code", {}).get("tree") != session["code"]["tree"]:
+            continue
+        engine = held["meta"]["benchmark"][len("gpu-engines-1B-"):]
+        run = next((r for r in held.get("runs", []) if r.get("engine") == engine), {})
+        rows.append({"engine": engine, "status": held["meta"]["status"], "error": held["meta"].get("error"),
+                     "file": path.name, **run})
+        dates.append(held["meta"]["date"])
+    if not rows:
+        return None
+    meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
+            "gpu": session.get("gpu"), "code": session["code"]}
+    return {"meta": meta, "engines": rows, "headline": headline(rows)}
+
+
+def headline(rows: list[dict]) -> dict:
+    """The goal for lazy (``HEADLINE``), each criterion met or not, or unjudged where a figure is missing."""
+    lazy = next((r for r in rows if r["engine"] == "lazy" and r.get("cost_s") is not None), None)
+    if lazy is None:
+        return {"judged": False, "reason": "no lazy run with figures yet"}
+    others = [r for r in rows if r["engine"] != "lazy" and r.get("cost_s") is not None]
+    checks = {
+        "cost_within_2x_floor": _at_most(lazy.get("cost_over_floor"), HEADLINE["cost_over_floor_max"]),
+        "durable_at_least_90pct_of_fio_write": _at_least(lazy.get("durable_over_write"),
+                                                         HEADLINE["durable_share_min"]),
+        "cold_restore_at_least_90pct_of_fio_read": _at_least(lazy.get("restore_over_read"),
+                                                             HEADLINE["restore_share_min"]),
+    }
+    for key, label in (("cost_s", "cost"), ("durable_s", "durable"), ("restore_s", "restore")):
+        theirs = [r[key] for r in others if r.get(key) is not None]
+        checks[f"{label}_ahead_of_every_other_engine"] = (
+            None if lazy.get(key) is None or not theirs else lazy[key] < min(theirs))
+    return {"judged": True, "checks": checks, "others": sorted(r["engine"] for r in others),
+            "met": all(checks.values()) if None not in checks.values() else None}
+
+
+def _at_most(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+def _at_least(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value >= limit
+
+
+# -- Markdown, made from the JSON --------------------------------------------------------------------------------------
+
+
+def _f(value, spec: str = ".2f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _meta_lines(meta: dict) -> list[str]:
+    code = meta["code"]
+    runtime = meta.get("runtime") or {}
+    return [f"Machine: **{meta['machine']}** ({meta.get('gpu') or 'no GPU'}); Python {runtime.get('python', '?')}, "
+            f"torch {runtime.get('torch', '?')}, DeepSpeed {runtime.get('deepspeed', '?')}. Code: tree "
+            f"`{code['tree'][:12]}` ({code['files']} files under {', '.join(code['paths'])}), commit "
+            f"{(code.get('commit') or 'unknown')[:10]}."]
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [f"# GPU block `{meta['benchmark'][4:]}` — {meta['machine']}, {meta['date']}", "",
+             *_meta_lines(meta), "",
+             f"`python bench/gpu_session.py {shlex.join(meta['session_argv'])}`: **{meta['status']}** after "
+             f"{_f(meta['seconds'], '.0f')} s (expected {meta['expected_s']:.0f} s: {meta['basis']}).", ""]
+    if meta.get("error"):
+        lines += [f"Error: {meta['error']} (exit {meta.get('exit')}). Last lines of its log:", "", "```",
+                  *result["log_tail"][-20:], "```", ""]
+    lines += ["Commands:", "", *[f"- `{c}`" for c in meta["commands"]], ""]
+    if result.get("limits"):
+        lim = result["limits"]
+        lines += ["## Limits", "",
+                  f"- pinned device-to-host copy: **{lim['d2h_pinned_GBps']:.1f} GB/s** (bench/gpu_probe.py: one "
+                  "torch copy of 4 GiB, best of 5), pinning host memory "
+                  f"{lim['pin_s_per_GiB']:.2f} s/GiB (cudaHostRegister of a fresh buffer)",
+                  f"- disk: write ending in fsync **{lim['write_MBps']:.0f} MB/s**, cold read **{lim['read_MBps']:.0f} "
+                  "MB/s** (bench/limits.py: best of its fio methods, one job, the checkpoint's one rank)", ""]
+    if "runs" in result:
+        lines += runs_markdown(result["runs"])
+    return "\n".join(lines) + "\n"
+
+
+def runs_markdown(runs: list[dict]) -> list[str]:
+    lines = ["## Runs (last checkpoint; restore = the relaunch's first attempt)", "",
+             "| run | engine | stall s | slowdown s | whole cost s | durable s | restore s (cache) | restart s | "
+             "verdict | host peak GB train/restore | GPU peak GB train/restore | stall ÷ D2H floor | "
+             "cost ÷ floor | durable ÷ fio write | restore ÷ fio read |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if r.get("status") != "complete":
+            lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 12)
+            continue
+        lines.append(
+            f"| {r['run']} | {r['engine']} | {_f(r.get('stall_s'), '.3f')} | {_f(r.get('slowdown_s'), '.3f')} | "
+            f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))} ({r.get('cache')}) "
+            f"| {_f(r.get('restart_s'))} | {r.get('verdict')} | {_gb(r.get('train_peak_rss_bytes'))}/"
+            f"{_gb(r.get('restore_peak_rss_bytes'))} | {_gb(r.get('train_gpu_peak_bytes'))}/"
+            f"{_gb(r.get('restore_gpu_peak_bytes'))} | {_f(r.get('stall_over_floor'))} | "
+            f"{_f(r.get('cost_over_floor'))} | {_f(r.get('durable_over_write'))} | {_f(r.get('restore_over_read'))} |")
+    parts = [r for r in runs if r.get("restart_parts_s")]
+    if parts:
+        lines += ["", "Restart parts, s (max over ranks; `imports` ... `dist_init` hold the CUDA context and NCCL's "
+                  "init):", ""]
+        lines += [f"- {r['run']}: " + ", ".join(f"{k} {_f(v)}" for k, v in r["restart_parts_s"].items()
+                                                 if v is not None) for r in parts]
+    lines += ["", FIGURES_SAID, ""]
+    return lines
+
+
+FIGURES_SAID = (
+    "stall = the longest any rank's save blocked training (plus lazy's later wait for its copies); slowdown = what the "
+    "iterations the save's background work overlapped took beyond the clean median; whole cost = stall + slowdown; "
+    "durable = first save start to the last rank's files fsync'd; restore = the relaunch's checkpoint load, page "
+    "cache evicted first (cold) unless said; restart = launch to the end of the first resumed iteration; verdict = "
+    "the restored state against the digests recorded at save and iteration K+1 against the uninterrupted run "
+    "(restartbench's proof); host peak = largest RSS of any rank in steady training / in the restart; GPU peak = "
+    "torch's cuda max allocated in any span; D2H floor = the rank's checkpoint bytes ÷ the probe's pinned D2H "
+    "bandwidth; fio write/read = the probe's bench/limits.py figures (a ratio above 1 says the limit was measured "
+    "too low). All on the machine named above, one run each.")
+
+
+def _gb(value) -> str:
+    return "—" if value is None else f"{value / 1e9:.1f}"
+
+
+def engines_markdown(result: dict) -> str:
+    meta, head = result["meta"], result["headline"]
+    lines = [f"# Engines at 1B bf16 on one GPU — {meta['machine']}, {meta['date']}", "", *_meta_lines(meta), "",
+             "Each engine: one `config-n-run.py 1B tp1pp1 --device cuda --dtype bf16 --iters 2 --save-interval 1 "
+             "--keep-checkpoints 1` run (two saves, a cold restore, proved exact), its own "
+             "`gpu-engines-1B-<engine>` file.", ""]
+    lines += runs_markdown([{**r, "run": r["engine"], "status": "complete" if "cost_s" in r else r["status"],
+                             "reason": r.get("error") or "no figures"} for r in result["engines"]])
+    lines += ["## Headline: lazy", ""]
+    if not head["judged"]:
+        lines.append(f"Not judged: {head['reason']}.")
+    else:
+        verdict = {True: "met", False: "NOT met", None: "not judged (a figure is missing)"}
+        lines += [f"- {name.replace('_', ' ')}: **{verdict[ok]}**" for name, ok in head["checks"].items()]
+        lines += ["", f"Against: {', '.join(head['others']) or 'no other engine yet'}. Goal (issue 25): whole cost ≤ "
+                  f"{HEADLINE['cost_over_floor_max']:g}× the D2H floor, durable throughput ≥ "
+                  f"{HEADLINE['durable_share_min']:.0%} of fio's write, cold restore ≥ "
+                  f"{HEADLINE['restore_share_min']:.0%} of fio's read, lower cost, durable and restore times than "
+                  f"every other engine: **{verdict[head['met']]}**."]
+    return "\n".join(lines) + "\n"
+
+
+# -- command line ----------------------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, help="seconds this command may take, start to end (status's "
+                   "budget_left_s less the machine's start-up, at most the tool's 600 s per command)")
+    p.add_argument("--out", type=Path, help="the folder that comes back ($OUT): ledger.json and logs.tar.gz")
+    p.add_argument("--only", nargs="+", metavar="BLOCK", help="these blocks (and what they need) only; engines-1B "
+                   "names every engine's block")
+    p.add_argument("--dry-run", action="store_true", help="print each block's decision and command lines, run none")
+    p.add_argument("--work", type=Path, default=Where.work, help="scratch folder on the machine (default: %(default)s)")
+    p.add_argument("--import-results", type=Path, metavar="DIR",
+                   help="write bench/results files from what a visit brought back in DIR, then stop")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="results folder (default: "
+                   "%(default)s)")
+    return p
+
+
+def dry_run(session: Session, blocks: list[Block], only: list[str] | None) -> None:
+    session.ledger = load_ledger(session.out / LEDGER if session.out else None, session.code)
+    wanted = selected(blocks, only, session.decide_held)
+    print(f"machine {session.machine}, code {session.code['tree'][:12]}, budget {session.budget_s:.0f} s")
+    for block in blocks:
+        decision = wanted.get(block.name, "not asked for")
+        print(f"\n[{block.name}] expected {block.expected_s:.0f} s — {decision}" +
+              (f"\n  cannot run: {block.problem}" if block.problem else ""))
+        env = " ".join(f"{k}={v}" for k, v in block.env.items())
+        for command in block.commands + block.cleanup:
+            print(f"  {env + ' ' if env else ''}{shlex.join(command)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    try:
+        if args.import_results:
+            for path in import_results(args.import_results, args.results):
+                print(f"written: {path}")
+            return 0
+        if args.budget is None or args.budget <= 0 or (args.out is None and not args.dry_run):
+            raise SessionError("give --budget SECONDS (above 0) and --out DIR (the folder that comes back), or "
+                               "--import-results DIR")
+        where = dataclasses.replace(Where(), work=args.work)
+        machine, gpu = gpu_machine()
+        session = Session(where, args.out, args.budget, machine, code_identity(), results=args.results)
+        blocks = plan_blocks(where)
+        if args.dry_run:
+            dry_run(session, blocks, args.only)
+            return 0
+        ledger = session.run(blocks, args.only, argv, gpu)
+    except SessionError as error:
+        print(f"gpu_session: {error}", file=sys.stderr)
+        return 2
+    return 0 if all(b["status"] not in ("failed", "timed out") for b in ledger["blocks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
