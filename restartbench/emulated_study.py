@@ -15,6 +15,7 @@ from restartbench.presets import UnknownPresetError, get_preset
 from restartbench.progress import say
 from restartbench.render import Rendered
 from restartbench.render import render as render_run
+from restartbench.run_plan import memory_per_rank_available
 
 ENTRY = "restartbench.emulate"
 
@@ -45,6 +46,7 @@ def run_emulation(cfg: RunConfig) -> int:
 def plan_emulation(cfg: RunConfig) -> rundir.RunPlan:
     """study.plan_run for gloo processes on CPU: K ranks per process, memory checked against the emulated shards."""
     options = cfg.emulation
+    _check_not_emulated(cfg)
     _check_engine(cfg)
     cfg.launch.device = "cpu"  # whatever the preset: these are gloo processes on CPUs
     probe = RunConfig.from_dict(cfg.to_dict())
@@ -71,11 +73,28 @@ def _check_memory(probe: RunConfig, plan: rundir.RunPlan) -> None:
     options = probe.emulation
     shards = predict(probe, scale=options.emulate_scale).per_rank_bytes()
     need = 2 * max(shards.values()) * options.ranks_per_process
-    have, what = study.memory_per_rank_available(plan)
+    have, what = memory_per_rank_available(plan)
     if need > have:
         raise StudyError(f"emulating {options.ranks_per_process} rank(s) per process needs about "
                          f"{need / 2**30:.2f} GiB per process, but {what} gives {have / 2**30:.2f} GiB; "
                          "lower --emulate-scale or --ranks-per-process, or add --no-memory-check")
+
+
+#: Options of a real run that an emulated one does not do: option -> why.
+NOT_EMULATED = {
+    "restore_layout": "an emulated restore loads on the run's own layout only (restartbench.emulate has no "
+                      "resharding load)",
+    "consolidated_digest": "an emulated run trains no model, so it has no weights and moments to digest",
+}
+
+
+def _check_not_emulated(cfg: RunConfig) -> None:
+    """Refuse the options an emulated run would otherwise ignore, naming each and why."""
+    given = [f"--{name.replace('_', '-')} ({why})" for name, why in NOT_EMULATED.items()
+             if getattr(cfg.launch, name) not in (None, False)]
+    if given:
+        raise StudyError(f"--emulate does not do {'; '.join(given)}: leave {'them' if len(given) > 1 else 'it'} "
+                         "out, or run without --emulate to measure it for real")
 
 
 def _check_engine(cfg: RunConfig) -> None:

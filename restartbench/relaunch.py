@@ -33,15 +33,9 @@ from restartbench.integrity import committed_tags
 from restartbench.launchers import LAUNCHERS, Launcher
 from restartbench.progress import say
 from restartbench.rank_args import ATTEMPT_OPTIONS, add_attempt_options
+from restartbench.run_plan import free_port, plan_layout_restart
 from restartbench.rundir import RunFolderError, RunPlan
-from restartbench.study import (
-    free_port,
-    plan_layout_restart,
-    prepare_layout_restart,
-    restart_record,
-    run_phase,
-    skipped_restart,
-)
+from restartbench.study import prepare_layout_restart, refuse_if_moved, restart_record, run_phase, skipped_restart
 
 LOCK_FILE = ".restore.lock"
 """Held while a relaunch runs: two at once would share the checkpoint's page cache and the run's port."""
@@ -88,6 +82,10 @@ def relaunch(run_dir: Path, repeat: int, chosen: dict[str, Any]) -> int:
     cfg, plan, meta = _restartable(run_dir, chosen.get("tag"))
     launcher = _launcher_here(plan)
     verdicts = []
+    if chosen.get("restore_layout") and meta.get("emulation"):
+        raise StudyError(f"run {run_dir} is emulated (--emulate), and an emulated restore loads on the run's own "
+                         "layout only; leave out --restore-layout, or measure the restart on another layout with a "
+                         "real run")
     with _only_relaunch(run_dir):
         if chosen.get("restore_layout"):
             plan, chosen = _on_layout(cfg, plan, chosen)
@@ -126,13 +124,20 @@ def _restartable(run_dir: Path, tag: str | None) -> tuple[RunConfig, RunPlan, di
     if not (run_dir / rundir.METADATA).is_file():
         raise StudyError(f"{run_dir} is not a run folder (no {rundir.METADATA}); give the folder config-n-run.py "
                          "printed as 'run folder ...'")
-    cfg, plan = RunConfig.load(run_dir / rundir.CONFIG), RunPlan.load(run_dir)
-    meta = rundir.read_json(run_dir / rundir.METADATA)
+    meta = rundir.read_metadata(run_dir)
+    refuse_if_moved(run_dir)
+    try:
+        cfg = RunConfig.load(run_dir / rundir.CONFIG)
+    except (OSError, ValueError) as error:
+        raise StudyError(f"{run_dir} has no config.json this version can read ({error}); restore it from the "
+                         "folder this run was copied from") from None
+    plan = RunPlan.load(run_dir)
     if meta.get("status") not in FINISHED:
         raise StudyError(f"run {run_dir} has not finished (status {meta.get('status')!r}): its phases may still be "
                          "running; restore it again once it is complete or failed")
     if cfg.engine.engine == "none":
         return cfg, plan, meta
+    _checkpoints_present(run_dir, plan)
     committed = committed_tags(storage.open_store(plan.checkpoint_dir, plan.remote))
     if not committed:
         raise StudyError(f"{plan.checkpoint_dir} holds no committed checkpoint of run {run_dir} (a tag with its "
@@ -141,6 +146,18 @@ def _restartable(run_dir: Path, tag: str | None) -> tuple[RunConfig, RunPlan, di
         raise StudyError(f"--tag {tag} is not a committed checkpoint of run {run_dir}; its committed checkpoints "
                          f"are {', '.join(committed)}")
     return cfg, plan, meta
+
+
+def _checkpoints_present(run_dir: Path, plan: RunPlan) -> None:
+    """A run folder whose checkpoint folder is gone (moved or copied without it, or an external one removed) is
+    refused, saying where it looked."""
+    if plan.remote or Path(plan.checkpoint_dir).is_dir():
+        return
+    where = ("its external --checkpoint-dir, outside the run folder" if plan.checkpoint_external else
+             f"the run folder's own {rundir.CHECKPOINTS}/")
+    raise StudyError(f"the checkpoints of run {run_dir} are gone: looked in {plan.checkpoint_dir} ({where}), which "
+                     "is not a folder. Put them back there (a copied run folder needs its checkpoints/ copied too) "
+                     "and relaunch; nothing was written")
 
 
 def _launcher_here(plan: RunPlan) -> Launcher:

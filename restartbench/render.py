@@ -7,6 +7,7 @@ rank program is a parameter: ``restartbench.train`` for a real run, ``restartben
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -62,10 +63,12 @@ def render_ds_config(cfg: RunConfig, grad_accum: int, dp: int,
 
 
 def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str = TRAIN_ENTRY,
-           extra_sections: dict[str, dict[str, Any]] | None = None) -> Rendered:
+           extra_sections: dict[str, dict[str, Any]] | None = None, launch_dir: str | Path | None = None) -> Rendered:
     """The DeepSpeed JSON, launch script and job script of a run. ``label``: what the scripts call its engine (the
     job name, the header), default the engine itself; ``entry``: the module every rank runs; ``extra_sections``: see
-    ``render_ds_config``."""
+    ``render_ds_config``; ``launch_dir``: the folder launch.sh goes to (default the run folder; ``layouts/<layout>/``
+    for a restart on another layout). Neither script names the run folder by path: launch.sh finds it from its own
+    place, the job script from where it was submitted, so that the run folder can be moved."""
     env = template_environment()
     label = label or cfg.engine.engine
     ds_config = render_ds_config(cfg, plan.grad_accum, plan.layout["dp"], extra_sections)
@@ -73,7 +76,8 @@ def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str =
         preset=cfg.model.preset, layout=plan.layout_name, engine=label, world_size=plan.world_size,
         nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node, device=plan.device, backend=plan.backend,
         accelerator="cuda" if plan.device == "cuda" else "cpu", env=engines.launch_env(cfg.engine.engine, plan.device),
-        python=sys.executable, master_port=plan.master_port, run_dir=plan.run_dir, entry=entry,
+        python=sys.executable, master_port=plan.master_port, entry=entry,
+        run_dir_from_script=os.path.relpath(plan.run_dir, launch_dir or plan.run_dir),
     )
     launcher = LAUNCHERS[plan.launcher]
     job = env.get_template(launcher.job_template).render(
@@ -81,6 +85,6 @@ def render(cfg: RunConfig, plan: RunPlan, label: str | None = None, entry: str =
         cpus_per_task=max(plan.nproc_per_node, 1), gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
         account=cfg.launch.account, partition=cfg.launch.partition, walltime=cfg.launch.walltime,
         setup=[line.strip() for line in (cfg.launch.setup or "").split(";") if line.strip()],
-        python=sys.executable, run_dir=plan.run_dir, repo_root=str(REPO_ROOT),
+        python=sys.executable, job_file=launcher.job_file, repo_root=str(REPO_ROOT),
     ) if launcher.job_template else None
     return Rendered(ds_config, json.dumps(ds_config, indent=2) + "\n", launch, job)

@@ -85,8 +85,9 @@ def test_many_launches_into_one_logs_folder_at_once_all_succeed(tmp_path):
     assert len(folders) == 18
     for folder in folders:
         assert json.loads((folder / "metadata.json").read_text())["status"] == "prepared"
-        assert RunConfig.load(folder / "config.json").paths.run_dir == str(folder)
-        assert json.loads((folder / "plan.json").read_text())["run_dir"] == str(folder.resolve())
+        assert RunConfig.load(folder / "config.json").paths.run_dir == "."  # paths inside a run folder: relative
+        assert json.loads((folder / "plan.json").read_text())["run_dir"] == "."
+        assert rundir.RunPlan.load(folder).run_dir == str(folder)
 
 
 @pytest.mark.parametrize("argv, message", [
