@@ -1,18 +1,32 @@
 """Raw bandwidth of the checkpoint target, measured with fio before phase 1 and kept as ``baseline.json``.
 
 The analysis sets every checkpoint's throughput against it (``restartbench.analysis`` reads
-``write_MBps``/``read_MBps`` from the run folder or the nearest ancestor). The checkpoint's concurrency is kept:
-``jobs`` fio jobs at once (as many as ranks write on a node), each on its own file in the target folder, first a
-sequential buffered write whose time includes each file's final fsync (``--end_fsync=1``), as a checkpoint is only
-durable once fsync'd, then a sequential read with O_DIRECT so the page cache does not answer it. Where the
-filesystem refuses O_DIRECT, the files are evicted with ``posix_fadvise(DONTNEED)`` and read buffered, and
-``read_method`` says so. The bandwidth is the jobs' aggregate (fio's group report). fio's JSON output is parsed;
-its text output never is. MB = 10^6 bytes.
+``write_MBps``/``read_MBps`` from the run folder or the nearest ancestor). Those two keys are **the limit**: the best
+of several methods a careful engineer would try, each at the checkpoint's concurrency (issue 26), so an engine that
+reads or writes faster than the limit is a defect to look into, not a figure to flag:
 
-A run measures at its checkpoint's concurrency (``record_for_run``): as many jobs as ranks on a node, each file
-one rank's share of the checkpoint, capped at ``--baseline-mib`` (``SIZING``, kept in ``baseline.json``). One job
-of a fixed size can reach less than the ranks reach together, and a limit set too low shows as an engine "faster
-than the storage" (issue 18).
+- write: a sequential buffered write whose time includes each file's final fsync (``--end_fsync=1``), and an
+  O_DIRECT write with a queue (libaio), also ending in fsync: a checkpoint is only durable once fsync'd;
+- read: a sequential O_DIRECT read one block at a time (psync, the study's figure before issue 26), O_DIRECT
+  reads with a queue (libaio, iodepth 16-32, 1-8 MiB blocks), and a buffered read of files whose pages were dropped
+  first (``posix_fadvise(DONTNEED)`` after fsync, as ``restartbench.pagecache`` evicts a checkpoint before a cold
+  restore: the kernel's readahead then keeps several blocks in flight).
+
+``jobs`` fio jobs run at once (as many as ranks write on a node), each on its own file in the target folder; a
+method's bandwidth is the jobs' aggregate (fio's group report). Every method's figure is kept (``methods``), with
+the disk's other traffic while it ran (``other_io_MB``: bytes the block device moved beyond fio's own, from
+``/proc/diskstats``) and the load; ``write_best``/``read_best`` name the winners and ``write_method``/
+``read_method`` their family. Where the filesystem refuses O_DIRECT, only the buffered methods run. A method fio
+cannot run (an engine it lacks, a timeout) is recorded with its error and the others still count. fio's JSON output
+is parsed; its text output never is. MB = 10^6 bytes.
+
+A run measures at its checkpoint's concurrency (``record_for_run``): as many jobs as ranks on a node, each file one
+rank's share of the checkpoint, capped at ``--baseline-mib`` (``SIZING``), with the ``QUICK`` methods only. Its
+cost is bounded (``COST_BOUND``): ``len(QUICK)`` fio passes of jobs × size each, each pass stopped after
+``PASS_TIMEOUT_S``; at the tiny preset (2 jobs × 3 MiB) the whole baseline takes about a second. ``bench/limits.py``
+runs the ``FULL`` set, repeated, with min/median/max per method.
+
+The probe's size (``PROBE_RULE``, ``probe_mib``): see bench/results/*-limits.md for the experiment behind it.
 """
 
 from __future__ import annotations
@@ -21,8 +35,11 @@ import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +51,13 @@ BASELINE_FILE = "baseline.json"
 BLOCK_SIZE = "1M"
 MiB = 2**20
 WRITE_METHOD = "sequential buffered write, fsync at the end (fio --end_fsync=1), fsync time included"
+WRITE_DIRECT = "sequential O_DIRECT write (fio --direct=1), fsync at the end, fsync time included"
+WRITE_CACHED = "sequential buffered write without fsync: the page cache's speed, an experiment's figure, not a limit"
 READ_DIRECT = "sequential O_DIRECT read (fio --direct=1)"
-READ_BUFFERED = ("sequential buffered read after posix_fadvise(DONTNEED) eviction: the filesystem refused "
-                 "O_DIRECT, so pages it cannot evict (tmpfs) may be read from memory")
+READ_BUFFERED = ("sequential buffered read after posix_fadvise(DONTNEED) eviction (pages a filesystem cannot "
+                 "evict, such as tmpfs's, may be read from memory)")
+#: Seconds one fio pass (one method, all jobs) may take before it is stopped and recorded as failed.
+PASS_TIMEOUT_S = 60
 
 
 class BaselineError(RuntimeError):
@@ -46,6 +67,90 @@ class BaselineError(RuntimeError):
 SIZING = ("one fio job per rank of a node (every engine the study runs writes from every rank: each holds its own "
           "ZeRO-1 optimizer partition), each file a rank's even share of the checkpoint (the plan's estimate / "
           "world size, rounded up to whole MiB), capped at --baseline-mib")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of moving a file with fio: a write ending in fsync, or a sequential read."""
+
+    rw: str  # "write" or "read"
+    direct: bool = False
+    ioengine: str = "psync"
+    iodepth: int = 1
+    block_size: str = BLOCK_SIZE
+    evict_first: bool = False  # a buffered read of files whose pages were dropped first
+    fsync: bool = True  # a write without it ends in the page cache: an experiment's figure, never a limit
+
+    @property
+    def name(self) -> str:
+        how = "direct" if self.direct else ("buffered-evicted" if self.evict_first else "buffered")
+        queue = f"-qd{self.iodepth}" if self.iodepth > 1 else ""
+        return f"{self.rw}-{how}-{self.ioengine}{queue}-{self.block_size}" + ("" if self.fsync else "-nofsync")
+
+    @property
+    def is_limit(self) -> bool:
+        """Whether its figure may be a limit: every read, and every write that ends in fsync."""
+        return self.rw == "read" or self.fsync
+
+    @property
+    def family(self) -> str:
+        if self.rw == "write" and not self.fsync:
+            return WRITE_CACHED
+        if self.rw == "write":
+            return WRITE_DIRECT if self.direct else WRITE_METHOD
+        return READ_DIRECT if self.direct else READ_BUFFERED
+
+    @property
+    def block_bytes(self) -> int:
+        return int(self.block_size.rstrip("M")) * MiB
+
+    def fio_args(self) -> list[str]:
+        args = [f"--ioengine={self.ioengine}", f"--direct={int(self.direct)}"]
+        if self.iodepth > 1:
+            args.append(f"--iodepth={self.iodepth}")
+        if self.rw == "write" and self.fsync:
+            args.append("--end_fsync=1")
+        return args
+
+
+#: A run's own baseline: the old figures (buffered write + fsync, O_DIRECT psync read) and the methods that won on
+#: the study's machines (bench/results/*-limits.md), all in 1 MiB blocks so a file of one MiB is enough.
+QUICK: tuple[Method, ...] = (
+    Method("write"),
+    Method("write", direct=True, ioengine="libaio", iodepth=16),
+    Method("read", direct=True),
+    Method("read", direct=True, ioengine="libaio", iodepth=16),
+    Method("read", evict_first=True),
+)
+#: bench/limits.py: O_DIRECT with a queue at iodepth 16 and 32, 1 to 8 MiB blocks, both sides.
+FULL: tuple[Method, ...] = (
+    Method("write"),
+    Method("write", block_size="8M"),
+    Method("write", direct=True, ioengine="libaio", iodepth=16),
+    Method("write", direct=True, ioengine="libaio", iodepth=16, block_size="4M"),
+    Method("write", direct=True, ioengine="libaio", iodepth=32, block_size="8M"),
+    Method("read", direct=True),
+    Method("read", direct=True, ioengine="libaio", iodepth=16),
+    Method("read", direct=True, ioengine="libaio", iodepth=16, block_size="4M"),
+    Method("read", direct=True, ioengine="libaio", iodepth=32),
+    Method("read", direct=True, ioengine="libaio", iodepth=32, block_size="8M"),
+    Method("read", evict_first=True),
+    Method("read", evict_first=True, block_size="8M"),
+)
+COST_BOUND = (f"{len(QUICK)} fio passes ({', '.join(m.name for m in QUICK)}), each of jobs x size bytes and each "
+              f"stopped after {PASS_TIMEOUT_S} s: at most jobs x --baseline-mib x {len(QUICK)} bytes moved and "
+              f"{len(QUICK) * PASS_TIMEOUT_S} s")
+#: How big each job's file must be to measure the disk and not a cache or fio's fixed costs (see ``probe_mib``).
+PROBE_MIN_MIB = 64
+PROBE_RULE = (f"each job's file is the rank's share of the checkpoint, at least {PROBE_MIN_MIB} MiB (smaller files "
+              "time fio's start and the fsync's fixed latency more than the transfer), capped at --baseline-mib; a "
+              "figure measured on less is marked 'probe_below_rule'")
+
+
+def probe_mib(share_mib: int, cap_mib: int) -> int:
+    """The probe's size per job (``PROBE_RULE``): the rank's share, raised to ``PROBE_MIN_MIB``, capped at
+    ``cap_mib``."""
+    return max(1, min(cap_mib, max(share_mib, PROBE_MIN_MIB)))
 
 
 def concurrency(plan: RunPlan, cap_mib: int) -> tuple[int, int]:
@@ -71,7 +176,8 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,
     if shutil.which("fio") is None:
         say("note: fio is not installed, so no storage baseline is measured (install it: apt-get install fio)")
         return None
-    say(f"storage baseline: {jobs} fio job(s) at once each write and read {size_mib} MiB in {target}")
+    say(f"storage baseline: {jobs} fio job(s) at once each write and read {size_mib} MiB in {target} "
+        f"({len(QUICK)} methods)")
     try:
         baseline = measure(Path(target), size_mib, jobs=jobs)
     except (BaselineError, OSError) as error:
@@ -81,18 +187,27 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,
         baseline["sizing"] = sizing
     path = Path(run_dir) / BASELINE_FILE
     path.write_text(json.dumps(baseline, indent=2) + "\n")
-    say(f"storage baseline: write {baseline['write_MBps']:.0f} MB/s, read {baseline['read_MBps']:.0f} MB/s "
-        f"({'O_DIRECT' if baseline['read_method'] == READ_DIRECT else 'buffered, O_DIRECT refused'})")
+    say(f"storage baseline: write {baseline['write_MBps']:.0f} MB/s ({baseline['write_best']}), "
+        f"read {baseline['read_MBps']:.0f} MB/s ({baseline['read_best']})")
     return path
 
 
-def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int = 1) -> dict[str, Any]:
-    """fio write (with fsync) then read of ``size_mib`` MiB per job, ``jobs`` jobs at once, in ``target``; the
-    test files are always removed."""
+def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int = 1,
+            methods: Sequence[Method] | None = None, repeats: int = 1,
+            check_evicted: Callable[[list[Path]], float] | None = None) -> dict[str, Any]:
+    """Every method of ``methods`` (default ``QUICK``; ``block_size`` replaces its block size) on ``jobs`` files of
+    ``size_mib`` MiB in ``target``, ``repeats`` times; the limits and every method's figures (``summarize``). The
+    test files are always removed. ``check_evicted`` (the files → the fraction still resident) is called after each
+    eviction and its answer kept, where given."""
     if size_mib <= 0:
         raise BaselineError(f"the baseline size must be a positive number of MiB, got {size_mib}")
     if jobs < 1:
         raise BaselineError(f"the baseline needs at least one fio job, got {jobs}")
+    if repeats < 1:
+        raise BaselineError(f"the baseline needs at least one repeat, got {repeats}")
+    if methods is None:
+        methods = QUICK if block_size == BLOCK_SIZE else tuple(
+            Method(m.rw, m.direct, m.ioengine, m.iodepth, block_size, m.evict_first, m.fsync) for m in QUICK)
     target.mkdir(parents=True, exist_ok=True)
     test_files = [target / f".restartbench-baseline-{os.getpid()}-{job}.fio" for job in range(jobs)]
     size = size_mib * MiB
@@ -101,38 +216,162 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
         raise BaselineError(f"{target} has {free / MiB:.0f} MiB free, less than the {jobs * size_mib} MiB the "
                             f"baseline writes ({jobs} job(s) of {size_mib} MiB); lower --baseline-mib (0 skips the "
                             "baseline)")
+    writes = [m for m in methods if m.rw == "write"]
+    reads = [m for m in methods if m.rw == "read"]
+    if not writes or not reads:
+        raise BaselineError("the baseline needs at least one write and one read method")
+    passes: dict[str, list[dict[str, Any]]] = {m.name: [] for m in methods}
+    skipped: dict[str, str] = {m.name: f"its {m.block_size} block does not divide the {size_mib} MiB file"
+                               for m in methods if size % m.block_bytes}
     try:
-        write = run_fio(test_files, "write", size, block_size, "--end_fsync=1")
-        if direct_io_works(test_files[0]):
-            read_method, read = READ_DIRECT, run_fio(test_files, "read", size, block_size, "--direct=1")
-        else:
-            for test_file in test_files:
-                evict(test_file)
-            read_method, read = READ_BUFFERED, run_fio(test_files, "read", size, block_size, "--direct=0")
+        if not direct_io_works(scratch(test_files[0].with_suffix(".odirect"))):
+            skipped |= {m.name: "the filesystem refused O_DIRECT" for m in methods if m.direct}
+        for repeat in range(repeats):
+            for method in rotated(writes, repeat):  # every write makes the files anew, as a checkpoint does
+                if method.name in skipped:
+                    continue
+                for test_file in test_files:
+                    test_file.unlink(missing_ok=True)
+                passes[method.name].append(one_pass(test_files, method, size))
+            if not any("MBps" in p for m in writes for p in passes[m.name]):
+                raise BaselineError(f"no write method measured {jobs} file(s) of {size_mib} MiB: "
+                                    + "; ".join(f"{m.name}: {skipped.get(m.name) or passes[m.name][-1].get('error')}"
+                                                for m in writes))
+            for test_file in test_files:  # the last write may be one fio could not run: the reads need whole files
+                if not test_file.exists() or test_file.stat().st_size != size:
+                    scratch(test_file, size)
+            for method in rotated(reads, repeat):
+                if method.name in skipped:
+                    continue
+                resident = None
+                if method.evict_first:
+                    for test_file in test_files:
+                        evict(test_file)
+                    resident = check_evicted(test_files) if check_evicted else None
+                passes[method.name].append(one_pass(test_files, method, size) | (
+                    {"resident_fraction_before": resident} if resident is not None else {}))
     finally:
-        for test_file in test_files:
+        for test_file in [*test_files, test_files[0].with_suffix(".odirect")]:
             test_file.unlink(missing_ok=True)
-    for side, report in (("write", write), ("read", read)):
-        if report["io_bytes"] != size * jobs:  # the group report must cover every job, all of its bytes
-            raise BaselineError(f"fio's {side} report covers {report['io_bytes']} bytes, not the {jobs} × {size} "
-                                "bytes its jobs moved")
+    figures = summarize(methods, passes, skipped)
+    write, read = best(figures, "write"), best(figures, "read")
+    common = {m["block_size"] for m in figures if m.get("median_MBps") is not None}
     return {
-        "tool": "fio", "write_MBps": write["MBps"], "read_MBps": read["MBps"],
-        "target": str(target.resolve()), "size_bytes": size, "jobs": jobs, "block_size": block_size,
-        "write_method": WRITE_METHOD, "read_method": read_method, "fio_version": write["version"],
+        "tool": "fio", "write_MBps": write["median_MBps"], "read_MBps": read["median_MBps"],
+        "write_best": write["name"], "read_best": read["name"],
+        "write_spread_MBps": spread_of(write), "read_spread_MBps": spread_of(read),
+        "target": str(target.resolve()), "size_bytes": size, "jobs": jobs, "repeats": repeats,
+        "block_size": common.pop() if len(common) == 1 else "per method (see methods)",
+        "write_method": write["family"], "read_method": read["family"], "fio_version": fio_version(passes),
+        "choice": "each side's limit is the method with the highest median over the repeats (write_best, "
+                  "read_best); every method's figures are in methods",
+        "cost_bound": COST_BOUND if list(methods) == list(QUICK) else None,
+        "probe_rule": PROBE_RULE, "probe_below_rule": size_mib < PROBE_MIN_MIB,
+        "methods": figures,
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def run_fio(paths: Path | list[Path], rw: str, size: int, block_size: str, *extra: str) -> dict[str, Any]:
+def scratch(path: Path, size: int = MiB) -> Path:
+    """``path`` written with ``size`` bytes (untimed, fsync'd): the O_DIRECT probe, or files for the reads."""
+    block = os.urandom(MiB)
+    with open(path, "wb") as handle:
+        for offset in range(0, size, MiB):
+            handle.write(block[:min(MiB, size - offset)])
+        handle.flush()
+        os.fsync(handle.fileno())
+    return path
+
+
+def rotated(methods: list[Method], repeat: int) -> list[Method]:
+    """The methods in another order each repeat, so that no method always runs first (after the write, or in a
+    quiet moment)."""
+    shift = repeat % len(methods)
+    return methods[shift:] + methods[:shift]
+
+
+def one_pass(paths: list[Path], method: Method, size: int) -> dict[str, Any]:
+    """One fio pass of ``method`` over ``paths``: its figure, or the error that stopped it; with the load and the
+    device's other traffic while it ran."""
+    device = device_counters(paths[0].parent)
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    try:
+        report = run_fio(paths, method.rw, size, method.block_size, *method.fio_args(), ioengine=None)
+    except BaselineError as error:
+        return {"error": str(error), "load_average": load}
+    wall_s = time.perf_counter() - start
+    if report["io_bytes"] != size * len(paths):  # the group report must cover every job, all of its bytes
+        raise BaselineError(f"fio's {method.rw} report covers {report['io_bytes']} bytes, not the {len(paths)} × "
+                            f"{size} bytes its jobs moved")
+    after = device_counters(paths[0].parent)
+    other = None
+    if device is not None and after is not None:
+        moved = sum(after) - sum(device)
+        other = max(0, moved - report["io_bytes"]) / 1e6
+    return {"MBps": report["MBps"], "io_bytes": report["io_bytes"], "wall_s": round(wall_s, 3),
+            "version": report["version"], "load_average": load, "other_io_MB": other}
+
+
+def summarize(methods: Sequence[Method], passes: dict[str, list[dict[str, Any]]],
+              skipped: dict[str, str]) -> list[dict[str, Any]]:
+    """Per method: its description, every pass and the min/median/max of the passes that measured."""
+    figures = []
+    for method in methods:
+        done = [p["MBps"] for p in passes.get(method.name, []) if "MBps" in p]
+        errors = [p["error"] for p in passes.get(method.name, []) if "error" in p]
+        figures.append({
+            "name": method.name, "rw": method.rw, "family": method.family, "direct": method.direct,
+            "ioengine": method.ioengine, "iodepth": method.iodepth, "block_size": method.block_size,
+            "evict_first": method.evict_first, "fsync": method.fsync, "is_limit": method.is_limit, **spread(done),
+            "passes": passes.get(method.name, []),
+            **({"skipped": skipped[method.name]} if method.name in skipped else {}),
+            **({"errors": sorted(set(errors))} if errors else {}),
+        })
+    return figures
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """min, median and max of ``values`` (None where there are none) and how many there are."""
+    if not values:
+        return {"n": 0, "min_MBps": None, "median_MBps": None, "max_MBps": None}
+    return {"n": len(values), "min_MBps": min(values), "median_MBps": statistics.median(values),
+            "max_MBps": max(values)}
+
+
+def spread_of(figure: dict[str, Any]) -> dict[str, Any]:
+    return {key: figure[key] for key in ("n", "min_MBps", "median_MBps", "max_MBps")}
+
+
+def best(figures: list[dict[str, Any]], rw: str) -> dict[str, Any]:
+    """The ``rw`` method with the highest median (the first listed on a tie); BaselineError naming every method's
+    error where none measured."""
+    measured = [f for f in figures if f["rw"] == rw and f["is_limit"] and f["median_MBps"] is not None]
+    if not measured:
+        why = "; ".join(f"{f['name']}: {f.get('skipped') or '; '.join(f.get('errors', [])) or 'not run'}"
+                        for f in figures if f["rw"] == rw)
+        raise BaselineError(f"no {rw} method measured: {why}")
+    return max(measured, key=lambda f: f["median_MBps"])  # max keeps the first of equals
+
+
+def fio_version(passes: dict[str, list[dict[str, Any]]]) -> str | None:
+    return next((p["version"] for runs in passes.values() for p in runs if p.get("version")), None)
+
+
+def run_fio(paths: Path | list[Path], rw: str, size: int, block_size: str, *extra: str,
+            ioengine: str | None = "psync", timeout_s: float = PASS_TIMEOUT_S) -> dict[str, Any]:
     """One sequential fio job per file of ``paths``, all at once; returns their aggregate bandwidth (MB/s) and
-    fio's version."""
+    fio's version. ``ioengine`` None leaves it to ``extra``."""
     paths = [paths] if isinstance(paths, Path) else paths
     command = ["fio", "--output-format=json", "--group_reporting"]
+    engine = [f"--ioengine={ioengine}"] if ioengine else []
     for index, path in enumerate(paths):  # one job section per file: each job writes or reads its own file
         command += [f"--name=restartbench-{rw}-{index}", f"--filename={fio_filename(path)}", f"--rw={rw}",
-                    f"--bs={block_size}", f"--size={size}", "--ioengine=psync", *extra]
-    done = subprocess.run(command, capture_output=True, text=True)
+                    f"--bs={block_size}", f"--size={size}", *engine, *extra]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BaselineError(f"fio {rw} on {paths[0].parent} stopped after {timeout_s:.0f} s") from None
     if done.returncode != 0:
         reason = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise BaselineError(f"fio {rw} on {paths[0].parent} exited with {done.returncode}: "
@@ -167,6 +406,22 @@ def fio_filename(path: Path) -> str:
     return str(path).replace(":", "\\:")
 
 
+def device_counters(folder: Path) -> tuple[int, int] | None:
+    """(bytes read, bytes written) so far by the block device holding ``folder``, from /proc/diskstats (sectors
+    of 512 bytes); None where it cannot be told (no such file, a filesystem with no block device, e.g. tmpfs)."""
+    try:
+        dev = os.stat(folder).st_dev
+        wanted = f"{os.major(dev)} {os.minor(dev)} "
+        with open("/proc/diskstats") as stats:
+            for line in stats:
+                fields = line.split()
+                if f"{fields[0]} {fields[1]} " == wanted:
+                    return int(fields[5]) * 512, int(fields[9]) * 512
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def direct_io_works(path: Path) -> bool:
     """Whether one aligned O_DIRECT read of ``path`` succeeds (opening alone proves little on some filesystems)."""
     try:
@@ -184,11 +439,11 @@ def direct_io_works(path: Path) -> bool:
 
 
 def evict(path: Path) -> None:
-    """Drop ``path``'s pages from the page cache so a buffered read goes to the storage (where it can)."""
+    """Drop ``path``'s pages from the page cache so a buffered read goes to the storage (where it can): fsync, then
+    ``posix_fadvise(DONTNEED)``, the call ``restartbench.pagecache.evict`` makes before a cold restore."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-

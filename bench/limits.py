@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The storage's write and read limits at a checkpoint's concurrency, as the best of several methods, repeated.
+
+    python bench/limits.py --dir DIR --jobs N --mib-per-job M --repeats R [--json FILE] [--sizes 16,64,256]
+
+``jobs`` fio jobs at once (as many as ranks per node), each on its own file of ``mib-per-job`` MiB (a rank's share
+of the checkpoint) in DIR, run every method of ``restartbench.baseline.FULL`` (a run's own baseline runs the
+shorter ``QUICK`` set): buffered writes ending in fsync and O_DIRECT writes with a queue (libaio, iodepth 16-32,
+1-8 MiB blocks, ending in fsync), O_DIRECT reads one block at a time and with a queue, buffered reads of evicted
+files (checked empty with ``mincore``, ``restartbench.pagecache``). Every method runs ``repeats`` times, in
+another order each repeat; each side's limit is the method with the highest median, and every method's min,
+median and max is kept, with the load average and the disk's other traffic (``/proc/diskstats``) while it ran.
+
+``--sizes`` adds the experiment behind the probe's size rule (``baseline.PROBE_RULE``): the same jobs at each size
+per job, with a few methods, a buffered write without fsync among them (the page cache's speed: what a probe that
+the cache absorbs measures).
+
+With ``--json FILE`` the result goes to FILE only (bench/gpu-session.sh runs it so on a GPU machine); without, to
+``bench/results/YYYY-MM-DD-<machine>-limits.json`` and ``.md`` (bench/results_io.py). Without fio it says so (in
+FILE where given) and exits with status 3. ``--render FILE.json`` writes the Markdown of an existing result again
+(after ``notes`` were added to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+
+sys.path.insert(0, str(ROOT))
+
+from restartbench import baseline, pagecache  # noqa: E402
+from restartbench.baseline import FULL, Method  # noqa: E402
+
+NO_FIO = 3
+#: The experiment's methods (``--sizes``): the two durable writes, the page cache's write, the old read and the
+#: queued and buffered reads.
+SWEEP: tuple[Method, ...] = (
+    Method("write"),
+    Method("write", fsync=False),
+    Method("write", direct=True, ioengine="libaio", iodepth=16),
+    Method("read", direct=True),
+    Method("read", direct=True, ioengine="libaio", iodepth=32, block_size="8M"),
+    Method("read", evict_first=True),
+)
+
+
+def resident_fraction(paths: list[Path]) -> float:
+    """What of the files is still in the page cache (``mincore``), checked after each eviction."""
+    return pagecache.measure(paths).resident_fraction
+
+
+def system_context(folder: Path) -> dict:
+    """What decides whether a probe measures the disk or a cache: memory, the kernel's dirty-page thresholds, the
+    block device's cache mode and readahead, the filesystem."""
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return None
+
+    meminfo = dict(line.split(":", 1) for line in (read("/proc/meminfo") or "").splitlines() if ":" in line)
+    context = {"mem_total_kB": meminfo.get("MemTotal", "").strip() or None,
+               "dirty_ratio_pct": read("/proc/sys/vm/dirty_ratio"),
+               "dirty_background_ratio_pct": read("/proc/sys/vm/dirty_background_ratio"),
+               "dirty_bytes": read("/proc/sys/vm/dirty_bytes")}
+    try:
+        dev = os.stat(folder).st_dev
+        block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+        queue = block / "queue" if (block / "queue").exists() else block.parent / "queue"
+        context |= {"block_device": block.name, "write_cache": read(str(queue / "write_cache")),
+                    "read_ahead_kb": read(str(queue / "read_ahead_kb")),
+                    "rotational": read(str(queue / "rotational"))}
+    except OSError:
+        context["block_device"] = None
+    mounts = [line.split() for line in (read("/proc/mounts") or "").splitlines()]
+    best = max((m for m in mounts if str(folder.resolve()).startswith(m[1])), key=lambda m: len(m[1]), default=None)
+    context["filesystem"] = f"{best[2]} on {best[0]} at {best[1]}" if best else None
+    return context
+
+
+def fallback_meta(argv: list[str], machine: str | None, why: str) -> dict:
+    """Where torch or DeepSpeed cannot be imported (a bare GPU machine): what the standard library can tell."""
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True) if shutil.which("nvidia-smi") else None
+    gpu_name = gpu.stdout.strip().splitlines()[0] if gpu and gpu.returncode == 0 and gpu.stdout.strip() else None
+    name = machine or (gpu_name.lower().replace("nvidia", "").strip().split()[0] if gpu_name else
+                       f"cpu{os.cpu_count()}")
+    return {"benchmark": "limits", "date": datetime.date.today().isoformat(),
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "argv": argv,
+            "command": shlex.join(["python", "bench/limits.py", *argv]), "machine": name, "cpus": os.cpu_count(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "load_average_at_start": os.getloadavg()[0], "host": platform.node(),
+            "cpu": platform.processor() or platform.machine(), "device": "cuda" if gpu_name else "cpu",
+            "gpu": gpu_name, "python": platform.python_version(), "torch": "not importable",
+            "deepspeed": "not importable", "runtime_error": why, "commit": None}
+
+
+def meta_for(argv: list[str], machine: str | None) -> dict:
+    try:
+        return run_meta("limits", argv, machine)
+    except (subprocess.CalledProcessError, OSError, ValueError) as error:
+        return fallback_meta(argv, machine, f"{type(error).__name__}: {error}")
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def method_rows(figures: list[dict], winners: set[str]) -> list[str]:
+    rows = []
+    for f in figures:
+        passes = [p for p in f["passes"] if "MBps" in p]
+        other = [p["other_io_MB"] for p in passes if p.get("other_io_MB") is not None]
+        loads = [p["load_average"] for p in f["passes"]]
+        note = f.get("skipped") or "; ".join(f.get("errors", [])) or ("" if f["is_limit"] else "not a limit")
+        rows.append(f"| {'**' + f['name'] + '**' if f['name'] in winners else f['name']} | {f['n']} | "
+                    f"{fmt(f['min_MBps'])} | {fmt(f['median_MBps'])} | {fmt(f['max_MBps'])} | "
+                    f"{' '.join(fmt(p['MBps']) for p in passes)} | "
+                    f"{fmt(min(other)) + '–' + fmt(max(other)) if other else '—'} | "
+                    f"{min(loads):.1f}–{max(loads):.1f} | {note} |" if loads else
+                    f"| {f['name']} | 0 | — | — | — | — | — | — | {note} |")
+    return rows
+
+
+HEADER = ["| method | n | min MB/s | median MB/s | max MB/s | each pass MB/s | other disk traffic MB | load |  |",
+          "|---|---|---|---|---|---|---|---|---|"]
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [f"# Storage limits at the checkpoint's concurrency — {meta['machine']}, {meta['date']}", "",
+             f"`{meta['command']}`", "", machine_line(meta) if "runtime_error" not in meta else
+             f"{meta['machine']}: host {meta['host']}, {meta['cpus']} CPUs ({meta['runtime_error']}).", ""]
+    if result.get("error"):
+        return "\n".join([*lines, f"**Not measured: {result['error']}**", ""])
+    limits = result["limits"]
+    context = result["context"]
+    lines += [f"Target {limits['target']} ({context.get('filesystem')}; block device {context.get('block_device')}, "
+              f"write cache '{context.get('write_cache')}', readahead {context.get('read_ahead_kb')} kB; memory "
+              f"{context.get('mem_total_kB')}, dirty_background_ratio {context.get('dirty_background_ratio_pct')} %, "
+              f"dirty_ratio {context.get('dirty_ratio_pct')} %). {limits['jobs']} fio jobs at once, each its own "
+              f"file of {limits['size_bytes'] / baseline.MiB:.0f} MiB, {limits['repeats']} repeats, the methods in "
+              "another order each repeat. MB = 10^6 bytes; bandwidths are the jobs' aggregate.", "",
+              *[f"- **{side} limit: {fmt(limits[f'{side}_MBps'])} MB/s** (median; min "
+                f"{fmt(limits[f'{side}_spread_MBps']['min_MBps'])}, max "
+                f"{fmt(limits[f'{side}_spread_MBps']['max_MBps'])}), by `{limits[f'{side}_best']}`"
+                for side in ("write", "read")],
+              f"- choice: {limits['choice']}",
+              f"- probe size rule: {limits['probe_rule']}" + (" — **this probe is below it**"
+                                                              if limits["probe_below_rule"] else ""),
+              f"- a run's own baseline: {baseline.COST_BOUND}", "",
+              "other disk traffic = bytes the block device moved during the pass beyond fio's own (other processes "
+              "on this machine; /proc/diskstats). load = the 1-minute load average at each pass's start. Bold: "
+              "the winner of its side.", "", *HEADER,
+              *method_rows(limits["methods"], {limits["write_best"], limits["read_best"]}), ""]
+    if result.get("sweep"):
+        lines += ["## What the probe's size does (the experiment behind the rule)", "",
+                  f"{limits['jobs']} jobs at once at each size per job, {result['sweep'][0]['repeats']} repeats.", ""]
+        for point in result["sweep"]:
+            lines += [f"### {point['size_bytes'] / baseline.MiB:.0f} MiB per job", "", *HEADER,
+                      *method_rows(point["methods"], set()), ""]
+    if result.get("notes"):
+        lines += ["## What varies and why", "", *[f"- {note}" for note in result["notes"]], ""]
+    return "\n".join(lines)
+
+
+def measure_all(args: argparse.Namespace) -> dict:
+    limits = baseline.measure(args.dir, args.mib_per_job, jobs=args.jobs, methods=FULL, repeats=args.repeats,
+                              check_evicted=resident_fraction)
+    print(f"limits: write {limits['write_MBps']:.0f} MB/s ({limits['write_best']}), read {limits['read_MBps']:.0f} "
+          f"MB/s ({limits['read_best']})", flush=True)
+    sweep = []
+    for size in args.sizes:
+        point = baseline.measure(args.dir, size, jobs=args.jobs, methods=SWEEP, repeats=args.repeats,
+                                 check_evicted=resident_fraction)
+        print(f"{size} MiB per job: write {point['write_MBps']:.0f}, read {point['read_MBps']:.0f} MB/s", flush=True)
+        sweep.append(point)
+    return {"limits": limits, "sweep": sweep}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, help="the folder to measure (where the checkpoints go)")
+    parser.add_argument("--jobs", type=int, default=2, help="fio jobs at once: the ranks per node (default 2)")
+    parser.add_argument("--mib-per-job", type=int, default=256, help="each job's file: a rank's share (MiB)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                        help="also the size experiment at these MiB per job (comma-separated)")
+    parser.add_argument("--json", type=Path, default=None, help="write the result here only (no results file)")
+    parser.add_argument("--render", type=Path, default=None, help="write the Markdown of this result JSON again")
+    add_output_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.render:
+        args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        return 0
+    if args.dir is None:
+        parser.error("--dir is required")
+    meta = {**meta_for(argv, args.machine), "dir": str(args.dir)}
+    if shutil.which("fio") is None:
+        error = ("fio is not installed on this machine, so no storage limit was measured (apt-get install fio, "
+                 "or copy a fio binary onto the PATH)")
+        print(f"bench/limits.py: {error}", file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "fio": None, "error": error}, indent=1) + "\n")
+        return NO_FIO
+    try:
+        args.dir.mkdir(parents=True, exist_ok=True)
+        result = {"meta": meta, "fio": shutil.which("fio"), "context": system_context(args.dir),
+                  **measure_all(args)}
+    except (baseline.BaselineError, OSError) as error:
+        print(f"bench/limits.py: not measured: {error}", file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "fio": shutil.which("fio"), "error": str(error)},
+                                            indent=1) + "\n")
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(markdown(json.loads(args.json.read_text())))
+        return 0
+    write_results(args.out, result, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
