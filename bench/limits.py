@@ -15,10 +15,11 @@ median and max is kept, with the load average and the disk's other traffic (``/p
 per job, with a few methods, a buffered write without fsync among them (the page cache's speed: what a probe that
 the cache absorbs measures).
 
-With ``--json FILE`` the result goes to FILE only (bench/gpu-session.sh runs it so on a GPU machine); without, to
-``bench/results/YYYY-MM-DD-<machine>-limits.json`` and ``.md`` (bench/results_io.py). Without fio it says so (in
-FILE where given) and exits with status 3. ``--render FILE.json`` writes the Markdown of an existing result again
-(after ``notes`` were added to it).
+The result's ``write`` and ``read`` hold each side's limit (``best_MBps``: the winner's median), its method and
+spread; ``limits`` every method's figures. With ``--json FILE`` the result goes to FILE only (bench/gpu_session.py
+runs it so on a GPU machine); without, to ``bench/results/YYYY-MM-DD-<machine>-limits.json`` and ``.md``
+(bench/results_io.py). Without fio it says so (in FILE where given) and exits with status 3. ``--render FILE.json``
+writes the Markdown of an existing result again (after ``notes`` were added to it).
 """
 
 from __future__ import annotations
@@ -185,7 +186,9 @@ def measure_all(args: argparse.Namespace) -> dict:
                                  check_evicted=resident_fraction)
         print(f"{size} MiB per job: write {point['write_MBps']:.0f}, read {point['read_MBps']:.0f} MB/s", flush=True)
         sweep.append(point)
-    return {"limits": limits, "sweep": sweep}
+    sides = {side: {"best_MBps": limits[f"{side}_MBps"], "method": limits[f"{side}_best"],
+                    **limits[f"{side}_spread_MBps"]} for side in ("write", "read")}
+    return {**sides, "limits": limits, "sweep": sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
