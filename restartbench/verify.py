@@ -18,10 +18,13 @@ import torch
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)  # as bytes: numpy has no bfloat16
+    """blake2b of the dtype, the shape and the raw bytes. The bytes are viewed as uint8 where they lie (numpy has no
+    bfloat16) and hashed through a memoryview of one host copy: none for a contiguous CPU tensor, one device-to-host
+    copy for a GPU tensor (``.numpy().tobytes()`` made a second)."""
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     digest = hashlib.blake2b(digest_size=12)
     digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-    digest.update(raw.cpu().numpy().tobytes())
+    digest.update(memoryview(raw.cpu().numpy()))
     return digest.hexdigest()
 
 

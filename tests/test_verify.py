@@ -7,6 +7,7 @@ scheduler and the step counter. Each test on it changes one value in place, take
 The rest is tested on its own: the hash of a tensor, the digest files in the run folder, the list of problems.
 """
 
+import hashlib
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -153,6 +154,26 @@ def test_a_digest_is_the_same_in_every_process():
     dtype, shape and bytes (values pinned here)."""
     assert tensor_hash(torch.arange(6, dtype=torch.float32).view(2, 3)) == "50e040d95cf11aca47eb2492"
     assert tensor_hash(torch.arange(6, dtype=torch.bfloat16)) == "5798eae1a415d4c2e0bbffe7"
+
+
+def _hash_before_memoryview(tensor: torch.Tensor) -> str:
+    """tensor_hash as it was until the digest hashed one host copy through a memoryview (two copies: .cpu() and
+    .numpy().tobytes()): every digest recorded by an earlier phase 1 was made so."""
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    digest.update(raw.cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_digest_is_what_it_was_before_the_copy_was_saved(dtype):
+    """The same hash as the two-copy digest, for the study's dtypes: signed zeros (-0.0 and 0.0 differ by one
+    bit), a transposed (non-contiguous) tensor, a scalar and an empty one."""
+    values = torch.tensor([[-0.0, 0.0, 1.5], [-2.25, float("inf"), 3e-3]], dtype=dtype)
+    cases = [values, values.t(), values[0, 0], values[:0], torch.randn(257, 3).to(dtype)]
+    assert [tensor_hash(t) for t in cases] == [_hash_before_memoryview(t) for t in cases]
+    assert tensor_hash(torch.tensor([-0.0], dtype=dtype)) != tensor_hash(torch.tensor([0.0], dtype=dtype))
 
 
 def test_bfloat16_tensors_empty_or_not_are_digested():
