@@ -157,8 +157,8 @@ class FutureKeeper:
 
 
 class CheckpointEngine:
-    """What DeepSpeed 0.19.8's ``DataStatesCheckpointEngine`` imports as ``datastates.CheckpointEngine``: DataStates-LLM's
-    ``datastates.llm.Checkpointing``, met where the two differ (see the module's docstring)."""
+    """What DeepSpeed 0.19.8's ``DataStatesCheckpointEngine`` imports as ``datastates.CheckpointEngine``:
+    DataStates-LLM's ``datastates.llm.Checkpointing``, met where the two differ (see the module's docstring)."""
 
     def __init__(self, deepspeed_config: Any, rank: int):
         # Imported here, not at the top: the compiled engine exists only where scripts/build-datastates.sh built it

@@ -292,11 +292,13 @@ class DecoupledEngine(DeepSpeedEngine):
 
 
 class DataStatesEngine(DeepSpeedEngine):
-    """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), through the study's adapter, with stated workarounds.
+    """DeepSpeed's DataStates-LLM engine (``datastates_ckpt`` block), through the study's adapter, with stated
+    workarounds.
 
-    DeepSpeed 0.19.8 imports ``datastates.CheckpointEngine``, which the public source lacks: ``scripts/build-datastates.sh``
-    builds the vendored source (``third_party/datastates-llm``) and installs ``datastates_adapter.CheckpointEngine`` as
-    that name (``datastates_adapter.ADAPTER_NOTE``, recorded with every save). CUDA only.
+    DeepSpeed 0.19.8 imports ``datastates.CheckpointEngine``, which the public source lacks:
+    ``scripts/build-datastates.sh`` builds the vendored source (``third_party/datastates-llm``) and installs
+    ``datastates_adapter.CheckpointEngine`` as that name (``datastates_adapter.ADAPTER_NOTE``, recorded with every
+    save). CUDA only.
 
     ``save`` is DeepSpeed's ``save_checkpoint``: DataStates queues each file's work and returns (the stall). DeepSpeed
     does not clone the tensors for it (``preserves_storage_sharing`` is False), so its copies read the live state, and

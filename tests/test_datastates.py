@@ -1,0 +1,242 @@
+"""DataStates-LLM, the study's third named engine (issue 25 item 3): its vendored source, its CUDA-only build script,
+the skip on a machine without CUDA, and the adapter that gives DeepSpeed 0.19.8 its ``datastates.CheckpointEngine``.
+The GPU tests at the end build it (unless built at /tmp/site) and run it for real on CUDA; they skip without a GPU."""
+
+import concurrent.futures
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_study
+from deepspeed.runtime.config import DeepSpeedConfig
+
+from restartbench import engines
+from restartbench.engines import deepspeed as ds_folder
+from restartbench.engines.deepspeed import datastates_adapter as adapter
+from restartbench.engines.deepspeed.engine import DataStatesEngine
+from restartbench.events import read_events
+from restartbench.rundir import RunPlan
+
+VENDORED = ROOT / "third_party" / "datastates-llm"
+BUILD = ROOT / "scripts" / "build-datastates.sh"
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_the_vendored_source_is_upstreams_commit_unchanged_with_its_licence():
+    notes = (VENDORED / "VENDORED.md").read_text()
+    assert re.search(r"Commit: `[0-9a-f]{40}`", notes)
+    assert "MIT License" in (VENDORED / "LICENSE").read_text()
+    listed = dict(line.split("  ")[::-1] for line in notes.split("```")[1].strip().splitlines())
+    present = {str(p.relative_to(VENDORED)) for p in VENDORED.rglob("*") if p.is_file()} - {"VENDORED.md"}
+    assert present == set(listed), "a file added to or missing from the vendored tree (build outputs stay out)"
+    changed = [path for path, blob in listed.items() if _git_blob_id((VENDORED / path).read_bytes()) != blob]
+    assert changed == [], "the vendored files must stay as upstream wrote them; adapt outside third_party"
+
+
+def test_the_build_script_refuses_a_python_without_torch(tmp_path):
+    no_torch = tmp_path / "python-without-site"
+    no_torch.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    no_torch.chmod(0o755)
+    proc = subprocess.run(["bash", str(BUILD), str(tmp_path / "site")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(no_torch)}, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "DataStates-LLM is CUDA only" in proc.stderr and "cannot import torch" in proc.stderr
+    assert "bash scripts/build-datastates.sh /tmp/site" in proc.stderr
+    assert not (tmp_path / "site").exists()
+
+
+def test_the_build_script_refuses_a_machine_without_cuda(tmp_path):
+    """With this Python's torch: a CPU build here, refused as such; with a CUDA torch, nvcc is hidden (PATH without it,
+    CUDA_HOME elsewhere) and that is refused."""
+    env = {**os.environ, "PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "no-cuda")}
+    proc = subprocess.run(["bash", str(BUILD), str(tmp_path / "site")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "DataStates-LLM is CUDA only" in proc.stderr
+    assert ("is a CPU build" if torch.version.cuda is None else "no nvcc") in proc.stderr
+    assert not (tmp_path / "site").exists()
+
+
+def test_without_a_gpu_the_engine_is_skipped_as_cuda_only(monkeypatch):
+    monkeypatch.setattr(ds_folder, "gpu_count", lambda: 0)
+    [reason] = engines.missing_requirements("datastates")
+    assert "DataStates-LLM is CUDA only" in reason and "no GPU is visible" in reason
+    assert "bash scripts/build-datastates.sh /tmp/site" in reason and "PYTHONPATH=/tmp/site" in reason
+    assert engines.engine_info("datastates").skip_when_missing
+
+
+def test_with_a_gpu_but_no_build_the_reason_is_to_run_the_build_script(monkeypatch, tmp_path):
+    monkeypatch.setattr(ds_folder, "gpu_count", lambda: 1)
+    monkeypatch.delitem(sys.modules, "datastates", raising=False)
+    site = tmp_path / "site"
+    (site / "datastates" / "ckpt").mkdir(parents=True)
+    (site / "datastates" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    [reason] = engines.missing_requirements("datastates")
+    assert "not built" in reason and "bash scripts/build-datastates.sh /tmp/site" in reason
+    (site / "datastates" / "ckpt" / "src.cpython-312-x86_64-linux-gnu.so").write_bytes(b"")
+    importlib.invalidate_caches()
+    assert engines.missing_requirements("datastates") == []
+
+
+def test_a_run_without_cuda_is_recorded_skipped_with_the_reason_and_nothing_else(tmp_path):
+    """The real launcher on a machine where nvidia-smi finds no GPU (a stand-in nvidia-smi that fails makes a GPU
+    machine one too): the run folder holds its config and a metadata.json that says skipped and why; no events, no
+    checkpoint, no launch script."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    proc, run = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--engine", "datastates",
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "SKIPPED" in proc.stdout and "CUDA only" in proc.stdout
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "skipped"
+    assert "DataStates-LLM is CUDA only" in meta["error"] and "scripts/build-datastates.sh" in meta["error"]
+    assert "not installed" not in meta["error"] and "needs the Python module" not in meta["error"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metadata.json"]
+
+
+def test_the_registry_says_why_datastates_is_not_predicted_nor_resharded():
+    info = engines.engine_info("datastates")
+    assert info.predictor is None and "CUDA only" in info.not_predicted
+    assert "ds_to_universal.py" in info.not_resharded and "not installed" not in info.not_resharded
+
+
+# --- the adapter's logic ---------------------------------------------------------------------------------------------
+
+
+def _ds_config(block):
+    return DeepSpeedConfig({"train_batch_size": 1, **({} if block is None else {"datastates_ckpt": block})})
+
+
+def test_the_host_cache_is_read_from_deepspeeds_datastates_block_in_datastates_bytes():
+    assert adapter.host_cache_bytes(_ds_config({"host_cache_size": 2})) == 2 * 2**30
+    assert adapter.host_cache_bytes(_ds_config({"host_cache_size": 0.25})) == 2**28
+
+
+@pytest.mark.parametrize("block, words", [(None, "no datastates_ckpt block"), ({}, "host_cache_size is None"),
+                                          ({"host_cache_size": 0}, "above 0"), ({"host_cache_size": -1}, "above 0"),
+                                          ({"host_cache_size": "4"}, "'4'"), ({"host_cache_size": True}, "True")])
+def test_a_host_cache_datastates_would_abort_on_is_refused_in_words(block, words):
+    with pytest.raises(adapter.DataStatesConfigError, match=re.escape(words)) as refused:
+        adapter.host_cache_bytes(_ds_config(block))
+    assert "--host-cache-gb" in str(refused.value)
+
+
+def test_the_largest_tensor_is_found_as_datastates_walks_the_state():
+    state = {"module": {"w": torch.zeros(10, dtype=torch.bfloat16)},
+             "optimizer": {"state": [{"exp_avg": torch.zeros(30)}, {"exp_avg": torch.zeros(3, dtype=torch.float64)}]},
+             "opaque": (torch.zeros(1000),), "step": 7}
+    assert adapter.largest_tensor(state) == ("optimizer|state|0|exp_avg", 120)
+    assert adapter.largest_tensor({"n": 1}) == ("", 0)
+    adapter.check_fits(state, 120, "f.pt")
+    with pytest.raises(adapter.DataStatesConfigError, match=r"f.pt: tensor 'optimizer\|state\|0\|exp_avg' is 120 "):
+        adapter.check_fits(state, 119, "f.pt")
+
+
+def _datastates_like_job(state, path, fail, done):
+    """What Checkpointing.save_background does on error: log, then sys.exit(-1) in the pool's thread."""
+    time.sleep(0.05)
+    if fail:
+        print(f"[DataStates.llm][ERROR] From DataStates save_background, generated exception: {path}")
+        sys.exit(-1)
+    done.append(path)
+
+
+def test_the_future_keeper_waits_for_every_queued_job_and_reports_the_failed_ones():
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    keeper = adapter.FutureKeeper(pool)
+    done = []
+    for i in range(4):
+        keeper.submit(_datastates_like_job, {}, f"file{i}.pt", False, done)
+    keeper.wait_all()
+    assert sorted(done) == [f"file{i}.pt" for i in range(4)]
+    keeper.submit(_datastates_like_job, {}, "good.pt", False, done)
+    keeper.submit(_datastates_like_job, {}, "bad.pt", True, done)
+    with pytest.raises(RuntimeError, match=r"failed for bad.pt \(SystemExit: -1\)") as failed:
+        keeper.wait_all()
+    assert "good.pt" not in str(failed.value) and "good.pt" in done
+    keeper.wait_all()  # reported once
+    keeper.shutdown(wait=True)  # the pool's own, as Checkpointing.__del__ calls it
+    assert pool._shutdown
+
+
+def test_the_build_script_installs_this_adapter_as_datastates_and_every_save_names_it():
+    script = BUILD.read_text()
+    module = re.search(r"from (restartbench\.[\w.]+) import CheckpointEngine", script)[1]
+    assert importlib.import_module(module).CheckpointEngine is adapter.CheckpointEngine
+    assert "restartbench/engines/deepspeed/datastates_adapter.py" in adapter.ADAPTER_NOTE
+    assert Path(ROOT, "restartbench/engines/deepspeed/datastates_adapter.py").exists()
+    assert "get_commit_info" in DataStatesEngine.STEP_GUARD_NOTE and DataStatesEngine.asynchronous
+
+
+# --- on a CUDA GPU ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def datastates_site(tmp_path_factory):
+    """Where DataStates-LLM is built: /tmp/site when scripts/build-datastates.sh built it there, else a build here."""
+    site = Path(os.environ.get("DATASTATES_SITE", "/tmp/site"))
+    if not list(site.glob("datastates/ckpt/src*.so")):
+        site = tmp_path_factory.mktemp("datastates-site")
+        proc = subprocess.run(["bash", str(BUILD), str(site)], capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return site
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_state_saved_through_the_adapter_loads_back_equal(datastates_site, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(datastates_site))
+    from datastates import CheckpointEngine
+
+    state = {"w": torch.randn(1000, 7, device="cuda"), "opt": [{"m": torch.randn(33, device="cuda")}],
+             "cpu": torch.arange(5), "step": 3}
+    expected = {"w": state["w"].cpu(), "m": state["opt"][0]["m"].cpu(), "cpu": state["cpu"].clone()}
+    engine = CheckpointEngine(_ds_config({"host_cache_size": 0.25}), 0)
+    path = str(tmp_path / "global_step3" / "file.pt")
+    os.makedirs(os.path.dirname(path))
+    engine.save(state, path)
+    engine.wait(persist=True)
+    del engine  # DataStates' host tier waits for its file writes only when it is destroyed
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert set(header) == {"w", "opt|0|m", "cpu", "datastates_metadata"}
+    loaded = CheckpointEngine(_ds_config({"host_cache_size": 0.25}), 0).load(path)
+    assert loaded["step"] == 3
+    assert torch.equal(loaded["w"], expected["w"]) and torch.equal(loaded["opt"][0]["m"], expected["m"])
+    assert torch.equal(loaded["cpu"], expected["cpu"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_study_restores_datastates_exactly_and_records_the_adapter(datastates_site, tmp_path):
+    env = {"PYTHONPATH": os.pathsep.join([str(datastates_site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc, run = run_study(tmp_path / "logs", "small", "tp1pp1", "--device", "cuda", "--dtype", "bf16", "--iters", "4",
+                          "--save-interval", "2", "--engine", "datastates", "--host-cache-gb", "2",
+                          "--baseline-mib", "0", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((run / "metadata.json").read_text())["status"] == "complete"
+    events = read_events(run)
+    notes = {e["note"] for e in events if e["event"] == "checkpoint.workaround"}
+    assert {adapter.ADAPTER_NOTE, DataStatesEngine.STEP_GUARD_NOTE} <= notes
+    results = [e for e in events if e["event"] == "restore.result"]
+    assert results and all(e["exact"] for e in results)
+    model_files = sorted(Path(RunPlan.load(run).checkpoint_dir).rglob("*.pt"))
+    assert model_files
+    with open(model_files[0], "rb") as f:  # DataStates' format under DeepSpeed's name: 8-byte length, JSON header
+        assert "datastates_metadata" in json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    shutil.rmtree(tmp_path / "logs", ignore_errors=True)
