@@ -1,0 +1,269 @@
+"""The model's constants fitted from the study's own run folders, through the analysis's tidy table.
+
+``fit_table(table, limits, per_process)`` fits every term of ``restartbench.whatif.terms`` on the runs of the table
+(``restartbench.analysis.collect(root).table()``): per engine the stall, durable and load lines and the slowdown
+fraction, and the start-up parts from the real runs. Each line is a non-negative least-squares fit; a regressor that
+does not vary over the calibration runs cannot be told from the intercept and is left out with a note naming the
+runs that would fit it; a term with too few runs is refused (``FitError``), naming the term and the runs that would
+fit it. ``limits`` are the calibration machine's measured storage limits (the durable and load lines are fitted
+against the time the bytes take at those limits, so their slope is 1/η, the fraction of the limit the engine
+reaches, which carries to another machine's limits).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from restartbench.presets import get_preset
+from restartbench.whatif.terms import ASYNCHRONOUS, GB, Line, base_engine
+
+#: Per term, the regressors it is fitted on and which calibration runs would make each one fittable.
+HINTS = {
+    "bytes": "runs of the engine whose busiest rank writes different bytes (tiny and small, or an emulated preset at "
+             "two --emulate-scale values)",
+    "files": "runs of the engine with different files per rank (another pp, or an emulated wide layout such as "
+             "33B tp2pp4)",
+    "at_limit": "runs of the engine whose node writes (reads) different bytes (two presets, or two --emulate-scale "
+                "values)",
+    "ranks": "real runs at two world sizes (2 and 4 ranks)",
+    "params": "real runs of two presets (tiny and small)",
+}
+
+
+class FitError(ValueError):
+    """Too few calibration runs for a term; the message names the term and the runs that would fit it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The calibration machine's storage limits the I/O lines were fitted against (one node, at the runs'
+    concurrency)."""
+
+    write_GBps: float
+    read_GBps: float
+    source: str
+
+
+@dataclass
+class Fit:
+    """Every fitted term: ``engines[engine][term]`` (stall, durable, load, slowdown) and ``startup[part]``."""
+
+    limits: Limits
+    calibrated_ranks: int
+    """The largest world size among the calibration's real runs (dist init is cited beyond it)."""
+    engines: dict[str, dict[str, Line]] = field(default_factory=dict)
+    startup: dict[str, Line] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
+
+    def engine(self, name: str) -> dict[str, Line]:
+        if name not in self.engines:
+            raise FitError(f"the calibration has no runs of engine {name!r} (it has {', '.join(self.engines)}); "
+                           f"runs that would fit it: real runs of {name} on two presets (tiny and small tp1pp1dp2)")
+        return self.engines[name]
+
+
+# -- one line ------------------------------------------------------------------------------------------------
+
+
+def fit_line(term: str, rows: list[dict[str, Any]], regressors: tuple[str, ...], target: str) -> Line:
+    """Non-negative least squares of ``target`` on an intercept and ``regressors`` over ``rows`` (each with
+    ``run_id``). A regressor constant over the rows is left out, with a note; fewer rows than one per kept
+    coefficient (at least two where a regressor is kept) is refused."""
+    rows = [r for r in rows if _finite(r.get(target)) and all(_finite(r.get(x)) for x in regressors)]
+    runs = tuple(sorted({r["run_id"] for r in rows}))
+    if not rows:
+        raise FitError(f"term {term!r}: no calibration run measured it; runs that would fit it: "
+                       f"{'; '.join(HINTS[x] for x in regressors) or 'any complete run that records it'}")
+    kept = [x for x in regressors if len({round(r[x], 12) for r in rows}) > 1]
+    dropped = [x for x in regressors if x not in kept]
+    if regressors and not kept:
+        raise FitError(f"term {term!r}: {len(runs)} calibration run(s) ({', '.join(runs)}) all have the same "
+                       f"{', '.join(regressors)}; runs that would fit it: {'; '.join(HINTS[x] for x in regressors)}")
+    y = np.array([r[target] for r in rows], dtype=float)
+    x = np.array([[1.0, *(r[k] for k in kept)] for r in rows], dtype=float)
+    coefficients = _nnls(x, y)
+    note = "; ".join(f"{k} not fitted (the same in every calibration run: {rows[0][k]:.4g}); runs that would fit "
+                     f"it: {HINTS[k]}" for k in dropped)
+    line = Line(float(coefficients[0]), {k: float(c) for k, c in zip(kept, coefficients[1:])}, runs=runs, note=note)
+    return _with_spread(line, rows, target)
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The least-squares solution with every coefficient at least 0: the best over the subsets of free
+    coefficients (at most a few here) whose unconstrained solution is non-negative."""
+    best, best_error = np.zeros(x.shape[1]), float(np.sum(y**2))
+    for size in range(1, x.shape[1] + 1):
+        for subset in itertools.combinations(range(x.shape[1]), size):
+            solution, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+            if (solution < 0).any():
+                continue
+            error = float(np.sum((x[:, subset] @ solution - y) ** 2))
+            if error < best_error - 1e-15:
+                best = np.zeros(x.shape[1])
+                best[list(subset)] = solution
+                best_error = error
+    return best
+
+
+def _with_spread(line: Line, rows: list[dict[str, Any]], target: str) -> Line:
+    ratios = [r[target] / p - 1 for r in rows if (p := line(**{k: r[k] for k in line.coefficients})) > 0]
+    return Line(line.intercept, line.coefficients, min(ratios, default=0.0), max(ratios, default=0.0), line.runs,
+                line.note)
+
+
+def fit_constant(term: str, rows: list[dict[str, Any]], target: str) -> Line:
+    """A term that does not scale: the median, its range the calibration's min and max."""
+    values = [r[target] for r in rows if _finite(r.get(target))]
+    if not values:
+        raise FitError(f"term {term!r}: no calibration run measured it; runs that would fit it: any complete real "
+                       "run (tiny tp1pp1dp2)")
+    middle = statistics.median(values)
+    spread = (min(values) / middle - 1, max(values) / middle - 1) if middle else (0.0, 0.0)
+    return Line(middle, {}, *spread, tuple(sorted({r["run_id"] for r in rows})))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- the table's rows as the terms' regressors -----------------------------------------------------------------
+
+
+def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int]) -> tuple[list[dict], list[dict]]:
+    """(checkpoint rows, restart rows) with the regressors of every term. ``per_process``: run_id → ranks each
+    process handles (emulated runs' --ranks-per-process; 1 where absent)."""
+    checkpoints = table[table["kind"] == "checkpoint"].to_dict("records")
+    sizes = {}
+    for row in checkpoints:
+        _regressors(row, limits, per_process.get(row["run_id"], 1))
+        sizes[row["run_id"]] = row
+    restarts = []
+    for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
+        if row["run_id"] in sizes and (row.get("restore_layout") in (None, row["layout"])):
+            size = sizes[row["run_id"]]
+            restarts.append({**row, **{k: size[k] for k in ("concurrency", "bytes_rank", "files_rank",
+                                                            "params_rank")},
+                             "read_at_limit": size["bytes_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
+    return checkpoints, restarts
+
+
+def _regressors(row: dict[str, Any], limits: Limits, per_process: int) -> None:
+    nodes = int(row.get("nodes") or 1)
+    ranks = int(row["ranks"])
+    concurrency = max(1, ranks // nodes // per_process)
+    preset = get_preset(row["preset"])
+    row.update(concurrency=concurrency, bytes=row["bytes_per_rank_max"], files=row["files_per_rank_max"],
+               bytes_rank=row["bytes_per_rank_max"], files_rank=row["files_per_rank_max"],
+               files_node=row["files"] / nodes / concurrency,
+               at_limit=row["bytes"] / nodes / (limits.write_GBps * GB),
+               params_rank=preset.param_count() / (int(row["tp"] or 1) * int(row["pp"] or 1)))
+
+
+# -- the whole fit -------------------------------------------------------------------------------------------
+
+
+def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] | None = None) -> Fit:
+    """Every term, fitted on the complete runs of ``table``."""
+    if table.empty:
+        raise FitError("the calibration has no complete runs; runs that would fit the model: real runs of tiny and "
+                       "small tp1pp1dp2 per engine, and emulated big checkpoints (bench/whatif_validation.py)")
+    checkpoints, restarts = run_rows(table, limits, per_process or {})
+    real = [r for r in restarts if not r["engine"].endswith("-emulated")]
+    result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
+                 runs=sorted(set(table["run_id"])))
+    for engine in sorted({r["engine"] for r in checkpoints}):
+        result.engines[engine] = _engine_terms(engine, [r for r in checkpoints if r["engine"] == engine],
+                                               [r for r in restarts if r["engine"] == engine])
+    result.startup = _startup_terms(real)
+    return result
+
+
+def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) -> dict[str, Line]:
+    terms = {"stall": fit_line(f"{engine} stall", checkpoints, ("files", "bytes"), "stall_max_s"),
+             "durable": fit_line(f"{engine} durable", [{**r, "files": r["files_node"]} for r in checkpoints],
+                                 ("files", "at_limit"), "durable_rank_max_s"),
+             "load": fit_line(f"{engine} ckpt load", [{**r, "at_limit": r["read_at_limit"], "files": r["files_rank"]}
+                                                      for r in restarts], ("files", "at_limit"),
+                              "restart_ckpt_load_s")}
+    if base_engine(engine) in ASYNCHRONOUS:
+        terms["slowdown"] = _slowdown(engine, checkpoints)
+    if not engine.endswith("-emulated"):
+        terms["engine setup"] = fit_constant(f"{engine} engine setup", restarts, "restart_engine_setup_s")
+    return terms
+
+
+def _slowdown(engine: str, checkpoints: list[dict]) -> Line:
+    """σ: the slowdown of the overlapped iterations over the background work's duration, median over the
+    checkpoints whose background work training saw to its end."""
+    rows = [{"run_id": r["run_id"],
+             "fraction": max(0.0, r["slowdown_s"]) / (r["durable_rank_max_s"] - r["stall_max_s"])}
+            for r in checkpoints if r.get("background_seen") is True and _finite(r.get("slowdown_s"))
+            and r["durable_rank_max_s"] > r["stall_max_s"]]
+    if not rows:
+        return Line(0.0, note=f"{engine}: no checkpoint's background work was seen to its end during training; runs "
+                              "that would fit it: real runs with more than one save interval (--iters 4 "
+                              "--save-interval 2)")
+    return fit_constant(f"{engine} slowdown fraction", rows, "fraction")
+
+
+def _startup_terms(restarts: list[dict]) -> dict[str, Line]:
+    rows = [{**r, "params": r["params_rank"],
+             "first_ratio": r["restart_1st_iter_s"] / r["iteration_s"] if _finite(r.get("iteration_s"))
+             and r["iteration_s"] > 0 and _finite(r.get("restart_1st_iter_s")) else None} for r in restarts]
+    return {"launch": fit_constant("launch", rows, "restart_launch_s"),
+            "imports": fit_constant("imports", rows, "restart_imports_s"),
+            "dist init": _maybe_line("dist init", rows, ("ranks",), "restart_dist_init_s"),
+            "model build": _maybe_line("model build", rows, ("params",), "restart_model_build_s"),
+            "ds init": _maybe_line("ds init", rows, ("params",), "restart_ds_init_s"),
+            "1st iter ratio": fit_constant("1st iter ratio", rows, "first_ratio"),
+            "gaps": fit_constant("gaps", rows, "path_gaps_s")}
+
+
+def _maybe_line(term: str, rows: list[dict], regressors: tuple[str, ...], target: str) -> Line:
+    """A line where its regressor varies over the runs, else the constant (with the note of what would fit it)."""
+    try:
+        return fit_line(term, rows, regressors, target)
+    except FitError:
+        constant = fit_constant(term, rows, target)
+        return Line(constant.intercept, {}, constant.low, constant.high, constant.runs,
+                    f"{', '.join(regressors)} not fitted (the same in every calibration run); runs that would fit "
+                    f"it: {'; '.join(HINTS[x] for x in regressors)}")
+
+
+# -- files ------------------------------------------------------------------------------------------------
+
+
+def to_json(fit: Fit) -> dict[str, Any]:
+    return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
+            "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
+            "startup": {t: asdict(line) for t, line in fit.startup.items()}}
+
+
+def from_json(data: dict[str, Any]) -> Fit:
+    def line(entry: dict[str, Any]) -> Line:
+        return Line(entry["intercept"], entry["coefficients"], entry["low"], entry["high"], tuple(entry["runs"]),
+                    entry["note"])
+    return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
+               {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
+               {t: line(v) for t, v in data["startup"].items()}, data["runs"])
+
+
+def write_fit(fit: Fit, path: Path) -> None:
+    path.write_text(json.dumps(to_json(fit), indent=1) + "\n")
+
+
+def read_fit(path: Path) -> Fit:
+    try:
+        return from_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise FitError(f"{path}: not a what-if fit file ({type(error).__name__}: {error}); write one with "
+                       "python bench/whatif_validation.py") from error

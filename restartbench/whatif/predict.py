@@ -1,0 +1,299 @@
+"""A prediction: every part of a checkpoint and a restart of one preset, layout and engine on one cluster.
+
+``job_for`` derives what the terms scale with from the checkpoint plan (``restartbench.plan``: every file and its
+writing rank), the layout and the cluster: the busiest rank's and node's bytes and files. ``predict_engine`` applies
+the fitted terms (``restartbench.whatif.terms``) and gives each part its value, its range (the calibration's spread),
+the resource that bounds it and whether a cited constant entered it ("assumed"); then the checkpoint interval and the
+goodput at that scale (``restartbench.goodput``). ``scale_sweep`` repeats it from 8 to 16,384 GPUs, the layout's tp and
+pp kept and dp grown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from restartbench import goodput
+from restartbench.config import RunConfig
+from restartbench.layout import Layout, LayoutError, validate_layout
+from restartbench.plan import CheckpointPlan, predict
+from restartbench.presets import get_preset
+from restartbench.whatif import terms
+from restartbench.whatif.cluster import Cluster
+from restartbench.whatif.fit import Fit
+from restartbench.whatif.terms import Job, Line
+
+SCALES = tuple(2**k for k in range(3, 15))  # 8 ... 16,384 GPUs
+RESTART_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "ckpt load", "1st iter",
+                 "gaps")
+
+
+class WhatIfError(ValueError):
+    """A configuration that cannot be predicted (the message says why and what would do)."""
+
+
+# -- what the terms scale with ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One checkpoint's bytes and files per (pipeline stage, tensor rank), from the plan at data-parallel ``dp``:
+    the module (written once per data-parallel group) and one rank's optimizer share (ZeRO-1: ∝ 1/dp)."""
+
+    layout: Layout
+    module: dict[tuple[int, int], tuple[int, int]]
+    """(stage, tp rank) → (bytes, files) of its module files."""
+    optimizer: dict[tuple[int, int], tuple[int, int]]
+    """(stage, tp rank) → (bytes, files) of one data-parallel rank's optimizer files."""
+    params: int
+
+
+def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0) -> CheckpointPlan:
+    cfg = RunConfig()
+    cfg.model.preset, cfg.model.dtype, cfg.layout.layout, cfg.engine.engine = preset, dtype, layout, engine
+    cfg.storage.checkpoint_dir = "/checkpoints"  # DCP pickles the folder's path: a fixed one, as docs/plan.md
+    try:
+        return predict(cfg, scale=scale)
+    except LayoutError as error:
+        raise WhatIfError(f"{preset} {layout}: {error}") from error
+    except ValueError as error:
+        raise WhatIfError(f"engine {engine!r}: {error}") from error
+
+
+def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
+    """Module and optimizer bytes per (stage, tp rank): the optimizer files are kind ``optimizer``; where an engine
+    writes both in one file (DCP), the module is what data-parallel rank 0 writes beyond rank 1 (dp ≥ 2), else
+    the module's share of parameters in the DLIO estimate (2 bytes of 14 per parameter)."""
+    per_rank: dict[int, dict[str, int]] = {}
+    for f in plan.files:
+        entry = per_rank.setdefault(f.rank, {"mb": 0, "mf": 0, "ob": 0, "of": 0})
+        key = ("ob", "of") if f.kind == "optimizer" else ("mb", "mf")
+        entry[key[0]] += f.bytes
+        entry[key[1]] += 1
+    module, optimizer = {}, {}
+    for stage in range(layout.pp):
+        for tp in range(layout.tp):
+            first = per_rank.get(_rank(layout, stage, 0, tp), {"mb": 0, "mf": 0, "ob": 0, "of": 0})
+            module[stage, tp], optimizer[stage, tp] = _split(first, per_rank, layout, stage, tp)
+    return Shape(layout, module, optimizer, params)
+
+
+def _split(first: dict[str, int], per_rank: dict[int, dict[str, int]], layout: Layout, stage: int,
+           tp: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    if first["ob"]:
+        return (first["mb"], first["mf"]), (first["ob"], first["of"])
+    if layout.dp >= 2:  # one file per rank holding both: the module is dp rank 0's extra bytes
+        other = per_rank.get(_rank(layout, stage, 1, tp), {"mb": 0})["mb"]
+        return (first["mb"] - other, 0), (other, first["mf"])
+    return (first["mb"] // 7, 0), (first["mb"] - first["mb"] // 7, first["mf"])
+
+
+def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
+    """DeepSpeed's PipeModelDataParallelTopology: axes pipe, data, model (tp fastest)."""
+    return (stage * layout.dp + data) * layout.tp + tp
+
+
+def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
+    """The terms' regressors at data-parallel ``dp`` (the optimizer shares scaled from the plan's dp), ranks placed
+    ``per_node`` to a node in rank order, ``per_process`` ranks per process."""
+    layout = Layout(shape.layout.tp, shape.layout.pp, dp)
+    ranks = layout.world_size
+    nodes = max(1, math.ceil(ranks / per_node))
+    ratio = shape.layout.dp / dp
+    rank_bytes, rank_files = [], []
+    node_bytes, node_files = [0.0] * nodes, [0] * nodes
+    for rank in range(ranks):
+        stage, rest = divmod(rank, dp * layout.tp)
+        data, tp = divmod(rest, layout.tp)
+        (mb, mf), (ob, of) = shape.module[stage, tp], shape.optimizer[stage, tp]
+        b, f = ob * ratio + (mb if data == 0 else 0), of + (mf if data == 0 else 0)
+        rank_bytes.append(b)
+        rank_files.append(f)
+        node_bytes[rank // per_node] += b
+        node_files[rank // per_node] += f
+    busiest = max(range(ranks), key=rank_bytes.__getitem__)
+    node = max(range(nodes), key=node_bytes.__getitem__)
+    concurrency = max(1, min(ranks, per_node) // per_process)
+    return Job(ranks=ranks, nodes=nodes, concurrency=concurrency, bytes_rank=rank_bytes[busiest],
+               files_rank=rank_files[busiest], bytes_node=node_bytes[node], files_node=node_files[node],
+               params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process)
+
+
+def check_fits(preset: str, layout: str, cluster: Cluster) -> Layout:
+    """The layout, resolved; refused where it does not fit the preset or the cluster."""
+    try:
+        resolved = validate_layout(layout, get_preset(preset))
+    except (LayoutError, ValueError) as error:
+        raise WhatIfError(f"{preset} {layout}: {error}") from error
+    if resolved.world_size > cluster.nodes * cluster.gpus_per_node:
+        raise WhatIfError(f"{resolved.name} needs {resolved.world_size} GPUs; cluster {cluster.name!r} has "
+                          f"{cluster.nodes} nodes × {cluster.gpus_per_node} = {cluster.nodes * cluster.gpus_per_node}")
+    if resolved.tp > cluster.gpus_per_node:
+        raise WhatIfError(f"{resolved.name}: tp {resolved.tp} spans nodes of {cluster.gpus_per_node} GPUs; tensor "
+                          f"parallelism is kept within a node: use tp ≤ {cluster.gpus_per_node}")
+    return resolved
+
+
+# -- one engine ------------------------------------------------------------------------------------------------
+
+
+def part(value: float, line: Line | None, bound: str, assumed: bool = False, fixed: float = 0.0) -> dict[str, Any]:
+    """A predicted figure: ``value`` (s), its range from ``line``'s spread (``fixed``: a share without spread, such
+    as a measured D2H copy), what bounds it, whether a cited constant entered it."""
+    spread = line.range(value - fixed) if line is not None else (value - fixed, value - fixed)
+    return {"s": value, "low_s": min(value, spread[0] + fixed), "high_s": max(value, spread[1] + fixed),
+            "bound": bound, "assumed": assumed}
+
+
+def checkpoint_parts(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[str, dict[str, Any]]:
+    lines = fit.engine(engine)
+    d2h = terms.d2h_s(engine, job, cluster)
+    stall = terms.stall_s(lines["stall"], engine, job, cluster)
+    durable = max(stall, terms.durable_s(lines["durable"], engine, job, cluster))
+    fraction, sigma_line, sigma_assumed = _slowdown_fraction(engine, lines, cluster)
+    slowdown = terms.slowdown_s(fraction, engine, stall, durable)
+    limit = terms.node_write_limit(cluster, job.nodes)
+    stall_bound = "D2H" if d2h > stall - d2h else "host CPU (the engine's blocking path)"
+    shared = cluster.storage == "shared" and limit.resource != "network (NIC)"
+    return {"stall": part(stall, lines["stall"], stall_bound, fixed=d2h),
+            "durable": part(durable, lines["durable"], limit.resource, assumed=shared and _cited_shared(cluster),
+                            fixed=d2h),
+            "slowdown": part(slowdown, sigma_line, "interference with training", assumed=sigma_assumed),
+            "cost": part(stall + slowdown, None, stall_bound, assumed=sigma_assumed)}
+
+
+def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None, bool]:
+    """σ: the calibration's where it measured one, else the cluster's (cited) figure."""
+    if terms.base_engine(engine) not in terms.ASYNCHRONOUS:
+        return 0.0, None, False
+    fitted = lines.get("slowdown")
+    if cluster.device == "cuda" or fitted is None or not fitted.runs:
+        return cluster.async_slowdown_fraction, None, cluster.assumed("async_slowdown_fraction")
+    return fitted.intercept, fitted, False
+
+
+def _cited_shared(cluster: Cluster) -> bool:
+    return any(cluster.assumed(f) for f in ("shared_write_GBps", "shared_read_GBps", "shared_per_client_GBps"))
+
+
+def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float) -> dict[str, dict]:
+    s, lines = fit.startup, fit.engine(engine)
+    dist, cited = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
+    read = terms.node_read_limit(cluster, job.nodes)
+    setup_line = lines.get("engine setup") or Line(0.0)
+    first = s["1st iter ratio"].intercept * iteration_s
+    parts = {
+        "launch": part(s["launch"](), s["launch"], "start-up"),
+        "imports": part(s["imports"](), s["imports"], "start-up"),
+        "dist init": part(dist, s["dist init"], "start-up (rendezvous)", assumed=cited),
+        "model build": part(s["model build"](params=job.params_rank), s["model build"], "start-up (host CPU)"),
+        "ds init": part(s["ds init"](params=job.params_rank), s["ds init"], "start-up (host CPU)"),
+        "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster), setup_line,
+                             "pinning" if cluster.device == "cuda" and terms.base_engine(engine) == "lazy"
+                             else "start-up"),
+        "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource,
+                          assumed=cluster.storage == "shared" and _cited_shared(cluster)),
+        "1st iter": part(first, s["1st iter ratio"], "compute"),
+        "gaps": part(s["gaps"](), s["gaps"], "start-up"),
+    }
+    parts["total"] = {"s": sum(p["s"] for p in parts.values()), "low_s": sum(p["low_s"] for p in parts.values()),
+                      "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts),
+                      "assumed": any(p["assumed"] for p in parts.values())}
+    return parts
+
+
+def _largest(parts: dict[str, dict]) -> str:
+    name = max(parts, key=lambda k: parts[k]["s"])
+    return f"{name} ({parts[name]['bound']})"
+
+
+def goodput_at(cost: float, restart: float, gpus: int, failures_per_gpu_hour: float,
+               iteration_s: float) -> dict[str, float]:
+    mtbf = goodput.mtbf_s(failures_per_gpu_hour, gpus)
+    budget = goodput.at_optimum(cost, restart, mtbf, iteration_s)
+    return {"gpus": gpus, "failures_per_gpu_hour": failures_per_gpu_hour, "mtbf_s": mtbf,
+            "interval_s": budget.interval_s, "interval_iterations": budget.interval_s / iteration_s,
+            "goodput_pct": 100 * budget.goodput}
+
+
+def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
+                   failures_per_gpu_hour: float) -> dict[str, Any]:
+    checkpoint = checkpoint_parts(engine, job, fit, cluster)
+    restart = restart_parts(engine, job, fit, cluster, iteration_s)
+    rates = {key: goodput_at(checkpoint["cost"][key], restart["total"][key], job.ranks, failures_per_gpu_hour,
+                             iteration_s) for key in ("s", "low_s", "high_s")}
+    return {"engine": engine, "ranks": job.ranks, "nodes": job.nodes, "bytes_per_rank": job.bytes_rank,
+            "files_per_rank": job.files_rank, "bytes_per_node": job.bytes_node, "files_per_node": job.files_node,
+            "checkpoint": checkpoint, "restart": restart,
+            "goodput": {**rates["s"], "goodput_pct_low": rates["high_s"]["goodput_pct"],
+                        "goodput_pct_high": rates["low_s"]["goodput_pct"]}}
+
+
+# -- the command's whole prediction --------------------------------------------------------------------------------
+
+
+def iteration_s_for(preset: str, layout: Layout, cluster: Cluster, given: float | None,
+                    micro_batch: int = 1) -> tuple[float, str]:
+    """The target's iteration time: as given, else 6·P·tokens / (GPUs · peak · MFU) with the study's default batch
+    (micro-batch 1, pp micro-batches per rank, dp ranks)."""
+    if given is not None:
+        if given <= 0:
+            raise WhatIfError(f"--iteration-s must be above 0, got {given}")
+        return given, "given (--iteration-s)"
+    model = get_preset(preset)
+    tokens = model.seq_len * micro_batch * layout.pp * layout.dp
+    estimate = terms.iteration_estimate_s(model.param_count(), tokens, layout.world_size, cluster)
+    return estimate, (f"estimated: 6·P·tokens/(GPUs·peak·MFU), {tokens} tokens per iteration (sequence "
+                      f"{model.seq_len} × micro-batch {micro_batch} × {layout.pp} micro-batches × dp {layout.dp}), "
+                      f"peak {cluster.gpu_peak_tflops:g} TFLOP/s, MFU {cluster.mfu:g} (assumed)")
+
+
+def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: Fit,
+           failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
+           iteration_s: float | None = None, dtype: str = "bf16") -> dict[str, Any]:
+    """Every engine's prediction, and goodput against scale."""
+    if failures_per_gpu_hour <= 0:
+        raise WhatIfError(f"--failures-per-gpu-hour must be above 0, got {failures_per_gpu_hour}")
+    resolved = check_fits(preset, layout, cluster)
+    for engine in engines:
+        fit.engine(engine)  # refuses an engine the calibration never ran, before any work
+    iteration, how = iteration_s_for(preset, resolved, cluster, iteration_s)
+    params = get_preset(preset).param_count()
+    shapes = {e: shape_of(plan_for(preset, resolved.name, e, dtype), resolved, params) for e in engines}
+    per_node = cluster.gpus_per_node
+    results = [predict_engine(e, job_for(shapes[e], resolved.dp, per_node), fit, cluster, iteration,
+                              failures_per_gpu_hour) for e in engines]
+    return {"preset": preset, "layout": resolved.name, "cluster": cluster.name, "cluster_file": cluster.path,
+            "device": cluster.device, "storage": cluster.storage, "dtype": dtype,
+            "iteration_s": iteration, "iteration_basis": how, "failures_per_gpu_hour": failures_per_gpu_hour,
+            "assumed": assumed_fields(cluster), "engines": results,
+            "scale": scale_sweep(preset, resolved, shapes, cluster, fit, failures_per_gpu_hour, iteration_s)}
+
+
+def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: Cluster, fit: Fit,
+                failures_per_gpu_hour: float, iteration_s: float | None) -> list[dict[str, Any]]:
+    """Goodput from 8 to 16,384 GPUs: the layout's tp and pp, dp = GPUs / (tp·pp) where it divides, on a cluster
+    with as many nodes as needed."""
+    rows = []
+    for gpus in SCALES:
+        if gpus % (layout.tp * layout.pp):
+            continue
+        at = Layout(layout.tp, layout.pp, gpus // (layout.tp * layout.pp))
+        big = replace(cluster, nodes=max(cluster.nodes, math.ceil(gpus / cluster.gpus_per_node)))
+        iteration, _ = iteration_s_for(preset, at, big, iteration_s)
+        for engine, shape in shapes.items():
+            result = predict_engine(engine, job_for(shape, at.dp, cluster.gpus_per_node), fit, big, iteration,
+                                    failures_per_gpu_hour)
+            rows.append({"gpus": gpus, "layout": at.name, "engine": engine,
+                         "cost_s": result["checkpoint"]["cost"]["s"], "restart_s": result["restart"]["total"]["s"],
+                         **{k: result["goodput"][k] for k in ("goodput_pct", "goodput_pct_low", "goodput_pct_high",
+                                                              "interval_s")},
+                         "assumed": result["restart"]["total"]["assumed"] or result["checkpoint"]["durable"]["assumed"]
+                         or iteration_s is None})
+    return rows
+
+
+def assumed_fields(cluster: Cluster) -> dict[str, str]:
+    """The cluster's cited constants, each with its source."""
+    return {name: source for name, (basis, source) in cluster.sources.items() if basis == "cited"}

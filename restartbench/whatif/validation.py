@@ -1,0 +1,114 @@
+"""Predictions set against measured runs: each part's error (``bench/whatif_validation.py``).
+
+``measured_parts`` takes a run's figures from the analysis's tidy table (medians over its checkpoints; its restart);
+``predicted_parts`` predicts the same run from its preset, layout, engine (and emulation) alone; ``errors`` sets them
+side by side, relative error = (predicted − measured) / measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+
+from restartbench.layout import validate_layout
+from restartbench.presets import get_preset
+from restartbench.whatif import terms
+from restartbench.whatif.cluster import Cluster
+from restartbench.whatif.fit import Fit
+from restartbench.whatif.predict import checkpoint_parts, job_for, plan_for, restart_parts, shape_of
+from restartbench.whatif.terms import Job
+
+#: A held-out run's restart parts compared (real runs; emulated runs restore but start nothing up).
+REAL_PARTS = ("stall", "durable", "launch", "imports", "dist init", "model build", "ds init", "engine setup",
+              "ckpt load", "1st iter", "restart total")
+EMULATED_PARTS = ("stall", "durable", "ckpt load")
+TARGET_MEDIAN = 0.15
+TARGET_MAX = 0.35
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A run as the model sees it: what it was asked to do, nothing it measured (but its iteration time, an input
+    of the first iteration's term)."""
+
+    run_id: str
+    preset: str
+    layout: str
+    engine: str
+    dtype: str
+    scale: float | None
+    ranks_per_process: int
+    iteration_s: float | None
+
+
+def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
+    first = rows.iloc[0]
+    emulation = config.get("emulation") or {}
+    emulated = bool(emulation.get("emulate"))
+    iteration = first.get("iteration_s")
+    return RunSpec(str(first["run_id"]), str(first["preset"]), str(first["layout"]),
+                   terms.base_engine(str(first["engine"])), str(first["dtype"]),
+                   float(emulation["emulate_scale"]) if emulated else None,
+                   int(emulation.get("ranks_per_process") or 1) if emulated else 1,
+                   float(iteration) if pd.notna(iteration) else None)
+
+
+def measured_parts(rows: pd.DataFrame) -> dict[str, float]:
+    """Medians over the run's checkpoints (stall, durable) and restore attempts (each restart part; the total less
+    the harness's verify, which a production restart does not run)."""
+    ckpt, rest = rows[rows["kind"] == "checkpoint"], rows[(rows["kind"] == "restart") & rows["restart_ckpt_load_s"]
+                                                          .notna()]
+    out = {"stall": ckpt["stall_max_s"].median(), "durable": ckpt["durable_rank_max_s"].median()}
+    columns = {"launch": "restart_launch_s", "imports": "restart_imports_s", "dist init": "restart_dist_init_s",
+               "model build": "restart_model_build_s", "ds init": "restart_ds_init_s",
+               "engine setup": "restart_engine_setup_s", "ckpt load": "restart_ckpt_load_s",
+               "1st iter": "restart_1st_iter_s"}
+    for name, column in columns.items():
+        if column in rest and rest[column].notna().any():
+            out[name] = rest[column].median()
+    if "restart_s" in rest and rest["restart_s"].notna().any():
+        verify = rest["path_verify_s"].fillna(0.0) if "path_verify_s" in rest else 0.0
+        out["restart total"] = (rest["restart_s"] - verify).median()
+    return {k: float(v) for k, v in out.items() if pd.notna(v)}
+
+
+def job_of(spec: RunSpec, cluster: Cluster) -> Job:
+    layout = validate_layout(spec.layout, get_preset(spec.preset))
+    plan = plan_for(spec.preset, layout.name, spec.engine, spec.dtype, spec.scale or 1.0)
+    shape = shape_of(plan, layout, get_preset(spec.preset).param_count())
+    return job_for(shape, layout.dp, layout.world_size, spec.ranks_per_process)
+
+
+def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, float]:
+    """The run predicted on ``cluster`` (this machine: one node holding every rank) from the fit alone."""
+    job = job_of(spec, cluster)
+    one_node = replace(cluster, nodes=1, gpus_per_node=max(cluster.gpus_per_node, job.ranks))
+    label = spec.engine if spec.scale is None else f"{spec.engine}-emulated"
+    checkpoint = checkpoint_parts(label, job, fit, one_node)
+    out = {"stall": checkpoint["stall"]["s"], "durable": checkpoint["durable"]["s"]}
+    if spec.scale is not None:
+        out["ckpt load"] = terms.load_s(fit.engine(label)["load"], job, one_node)
+        return out
+    parts = restart_parts(label, job, fit, one_node, spec.iteration_s or 0.0)
+    out.update({name: parts[name]["s"] for name in REAL_PARTS if name in parts})
+    out["restart total"] = parts["total"]["s"]
+    return out
+
+
+def errors(predicted: dict[str, float], measured: dict[str, float]) -> list[dict[str, Any]]:
+    return [{"part": name, "predicted_s": predicted[name], "measured_s": measured[name],
+             "error": terms.relative_error(predicted[name], measured[name])}
+            for name in predicted if name in measured]
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and largest absolute error, and the parts beyond ``TARGET_MAX``."""
+    absolute = [abs(r["error"]) for r in rows]
+    return {"parts": len(rows), "median_abs_error": statistics.median(absolute) if absolute else None,
+            "max_abs_error": max(absolute, default=None),
+            "meets_target": bool(absolute) and statistics.median(absolute) <= TARGET_MEDIAN
+            and max(absolute) <= TARGET_MAX,
+            "misses": [r for r in rows if abs(r["error"]) > TARGET_MAX]}

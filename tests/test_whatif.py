@@ -1,0 +1,250 @@
+"""restartbench.whatif without launching anything: each term's form against hand-computed figures, the fit against
+synthetic run tables with known constants, the cluster file's refusals, the layout refusals, and the CLI's JSON."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from restartbench.layout import Layout
+from restartbench.whatif import cli, terms
+from restartbench.whatif.cluster import ClusterError, cluster_from_mapping, load_cluster
+from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, write_fit
+from restartbench.whatif.predict import Shape, WhatIfError, check_fits, job_for
+from restartbench.whatif.terms import GB, Job, Line
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "clusters" / "h100-pfs.yaml"
+
+
+def _raw() -> dict:
+    return yaml.safe_load(H100.read_text())
+
+
+def _cluster(**changes):
+    raw = _raw()
+    for name, value in changes.items():
+        raw[name]["value"] = value
+    return cluster_from_mapping(raw, "test.yaml")
+
+
+JOB = Job(ranks=16, nodes=2, concurrency=8, bytes_rank=2 * GB, files_rank=3, bytes_node=10 * GB, files_node=24,
+          params_rank=1e9)
+
+
+# -- terms ------------------------------------------------------------------------------------------------------
+
+
+def test_write_limit_is_the_least_of_the_aggregate_share_the_client_cap_and_the_nic():
+    cluster = _cluster(shared_write_GBps=60.0, shared_per_client_GBps=40.0, nic_GBps=50.0)
+    assert terms.node_write_limit(cluster, nodes=2) == terms.Bound(30.0, "shared file system (aggregate share)")
+    assert terms.node_write_limit(cluster, nodes=1) == terms.Bound(40.0, "shared file system (per-client cap)")
+    assert terms.node_write_limit(_cluster(nic_GBps=10.0), nodes=1).resource == "network (NIC)"
+    assert terms.node_write_limit(_cluster(storage="local"), nodes=64) == terms.Bound(1.4, "node disk")
+
+
+def test_stall_is_the_pageable_copy_for_torch_plus_the_host_line():
+    cluster = _cluster()
+    line = Line(0.5, {"files": 0.1, "bytes": 1 / (0.8 * GB)})
+    # 2 GB at 11 GB/s pageable + 0.5 + 3 * 0.1 + 2 GB at 0.8 GB/s
+    assert terms.stall_s(line, "torch", JOB, cluster) == pytest.approx(2 / 11 + 0.5 + 0.3 + 2 / 0.8)
+    # the lazy engine stages into pinned memory: 2 GB at 53.5 GB/s
+    assert terms.stall_s(line, "lazy", JOB, cluster) == pytest.approx(2 / 53.5 + 0.5 + 0.3 + 2 / 0.8)
+    assert terms.stall_s(line, "torch", JOB, _cluster(device="cpu")) == pytest.approx(0.5 + 0.3 + 2 / 0.8)
+
+
+def test_durable_is_node_bytes_at_the_limit_over_eta_plus_files_per_writer():
+    cluster = _cluster(device="cpu", shared_write_GBps=40.0)  # 20 GB/s per node on 2 nodes
+    line = Line(1.0, {"files": 0.01, "at_limit": 2.0})  # η = 0.5
+    assert terms.durable_s(line, "torch", JOB, cluster) == pytest.approx(1.0 + 0.01 * 24 / 8 + 2.0 * 10 / 20)
+
+
+def test_load_is_the_ranks_share_of_the_read_limit():
+    cluster = _cluster(shared_read_GBps=1000.0, shared_per_client_GBps=16.0)
+    line = Line(0.2, {"files": 0.05, "at_limit": 1.25})
+    # 2 GB × 8 ranks at 16 GB/s per node = 1 s at the limit
+    assert terms.load_s(line, JOB, cluster) == pytest.approx(0.2 + 0.15 + 1.25)
+
+
+def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_world():
+    cluster = _cluster(dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
+    line = Line(1.0, {"ranks": 0.5})
+    assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == (3.0, False)
+    seconds, cited = terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4)
+    assert cited and seconds == pytest.approx(3.0 + (16_384 - 4) * 1e-3)
+
+
+def test_engine_setup_pins_the_lazy_buffer_on_cuda_only():
+    line = Line(0.3)
+    assert terms.engine_setup_s(line, "lazy", JOB, _cluster(pin_GBps=2.0)) == pytest.approx(0.3 + 1.0)
+    assert terms.engine_setup_s(line, "torch", JOB, _cluster(pin_GBps=2.0)) == pytest.approx(0.3)
+    assert terms.engine_setup_s(line, "lazy", JOB, _cluster(device="cpu")) == pytest.approx(0.3)
+
+
+def test_slowdown_only_for_asynchronous_engines_and_iteration_estimate():
+    assert terms.slowdown_s(0.1, "lazy", 1.0, 21.0) == pytest.approx(2.0)
+    assert terms.slowdown_s(0.1, "torch-emulated", 1.0, 21.0) == 0.0
+    cluster = _cluster(gpu_peak_tflops=1000.0, mfu=0.5)
+    assert terms.iteration_estimate_s(1e9, 1e6, 8, cluster) == pytest.approx(6e15 / (8 * 5e14))
+
+
+def test_a_line_gives_its_range_from_the_residual_spread():
+    assert Line(1.0, low=-0.2, high=0.5).range(10.0) == (8.0, 15.0)
+
+
+# -- fit -------------------------------------------------------------------------------------------------------
+
+LIMITS = Limits(write_GBps=1.0, read_GBps=2.0, source="synthetic")
+TRUE = {"stall": (0.05, 0.002, 1 / (0.8 * GB)), "durable": (0.1, 0.003, 2.5), "load": (0.2, 0.004, 1.5)}
+
+
+def _synthetic(engine: str = "torch", runs: int = 4) -> pd.DataFrame:
+    rows = []
+    for i in range(runs):
+        bytes_rank, files_rank, ranks = (i + 1) * 1e8, 2 + 3 * (i % 2), 2 + 2 * (i // 2)
+        bytes_all, files_all = bytes_rank * ranks, files_rank * ranks
+        common = {"run_id": f"r{i}", "engine": engine, "preset": "tiny" if i < 2 else "small", "layout": "x",
+                  "tp": 1, "pp": 1, "ranks": ranks, "nodes": 1, "iteration_s": 0.5, "restore_layout": None}
+        a, f, s = TRUE["stall"]
+        da, df, ds = TRUE["durable"]
+        rows.append({**common, "kind": "checkpoint", "bytes_per_rank_max": bytes_rank,
+                     "files_per_rank_max": files_rank, "bytes": bytes_all, "files": files_all,
+                     "stall_max_s": a + f * files_rank + s * bytes_rank,
+                     "durable_rank_max_s": da + df * files_all / ranks + ds * bytes_all / GB,
+                     "slowdown_s": 0.25 * (da + df * files_all / ranks + ds * bytes_all / GB
+                                           - (a + f * files_rank + s * bytes_rank)),
+                     "background_seen": True})
+        la, lf, ls = TRUE["load"]
+        rows.append({**common, "kind": "restart", "restart_ckpt_load_s": la + lf * files_rank
+                     + ls * bytes_rank * ranks / (2 * GB), "restart_launch_s": 0.1, "restart_imports_s": 5.0,
+                     "restart_dist_init_s": 0.5 + 0.25 * ranks, "restart_model_build_s": 0.2,
+                     "restart_ds_init_s": 1.0, "restart_engine_setup_s": 0.01, "restart_1st_iter_s": 1.5,
+                     "path_gaps_s": 0.05})
+    return pd.DataFrame(rows)
+
+
+def test_the_fit_recovers_known_constants_from_a_synthetic_run_table():
+    fit = fit_table(_synthetic("lazy"), LIMITS)
+    lines = fit.engines["lazy"]
+    for term, (a, f, slope) in TRUE.items():
+        coefficient = "bytes" if term == "stall" else "at_limit"
+        assert lines[term].intercept == pytest.approx(a, rel=1e-6), term
+        assert lines[term].coefficients["files"] == pytest.approx(f, rel=1e-6), term
+        assert lines[term].coefficients[coefficient] == pytest.approx(slope, rel=1e-6), term
+        assert lines[term].low == pytest.approx(0, abs=1e-6) and lines[term].high == pytest.approx(0, abs=1e-6)
+    assert lines["slowdown"].intercept == pytest.approx(0.25)
+    assert fit.startup["dist init"].coefficients["ranks"] == pytest.approx(0.25)
+    assert fit.startup["1st iter ratio"].intercept == pytest.approx(3.0)
+    assert fit.calibrated_ranks == 4
+
+
+def test_a_term_with_too_few_runs_is_refused_naming_the_term_and_the_runs_that_would_fit_it():
+    with pytest.raises(FitError, match=r"term 'torch stall'.*r0.*runs that would fit it.*different bytes"):
+        fit_table(_synthetic("torch", runs=1), LIMITS)
+
+
+def test_a_regressor_that_never_varies_is_left_out_with_a_note():
+    rows = [{"run_id": f"r{i}", "x": 1.0 + i, "files": 3.0, "y": 2.0 + i} for i in range(3)]
+    line = fit_line("t", rows, ("files", "x"), "y")
+    assert "files" not in line.coefficients and "files not fitted" in line.note
+    assert line.coefficients["x"] == pytest.approx(1.0)
+
+
+# -- cluster file --------------------------------------------------------------------------------------------
+
+
+def test_the_example_clusters_load_and_say_where_every_value_comes_from():
+    cluster = load_cluster(H100)
+    assert cluster.storage == "shared" and cluster.assumed("shared_write_GBps")
+    assert not cluster.assumed("d2h_pinned_GBps")
+    assert all(source.strip() for _basis, source in cluster.sources.values())
+
+
+@pytest.mark.parametrize("field", ["nodes", "d2h_pinned_GBps", "calibration"])
+def test_a_missing_field_is_refused_by_name(field):
+    raw = _raw()
+    del raw[field]
+    with pytest.raises(ClusterError, match=f"field '{field}' is missing"):
+        cluster_from_mapping(raw)
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("shared_write_GBps", -1.0, "is negative"), ("nodes", 2.5, "must be an integer"),
+    ("mfu", 1.5, "at most 1"), ("storage", "tape", "one of local, shared"), ("gpus_per_node", 0, "above 0"),
+    ("nic_GBps", 0.0, "needs it above 0")])
+def test_a_bad_field_is_refused_by_name(field, value, says):
+    with pytest.raises(ClusterError, match=f"'{field}'.*{says}"):
+        _cluster(**{field: value})
+
+
+def test_a_field_without_source_or_basis_is_refused():
+    raw = _raw()
+    raw["nodes"] = {"value": 4, "basis": "guess", "source": "x"}
+    with pytest.raises(ClusterError, match="'nodes' has basis 'guess'"):
+        cluster_from_mapping(raw)
+    raw["nodes"] = {"value": 4, "basis": "cited", "source": " "}
+    with pytest.raises(ClusterError, match="'nodes' says no source"):
+        cluster_from_mapping(raw)
+
+
+# -- layouts and the command ---------------------------------------------------------------------------------
+
+
+def test_a_layout_that_does_not_fit_the_preset_or_the_cluster_is_refused():
+    with pytest.raises(WhatIfError, match="tiny tp3"):
+        check_fits("tiny", "tp3pp1dp1", _cluster())
+    with pytest.raises(WhatIfError, match="needs 64 GPUs.*has 2 nodes × 8 = 16"):
+        check_fits("tiny", "tp2pp4dp8", _cluster(nodes=2))
+    with pytest.raises(WhatIfError, match="tp 16 spans nodes"):
+        check_fits("7B", "tp16pp1dp1", _cluster())
+
+
+def test_the_job_places_ranks_on_nodes_and_scales_the_optimizer_share_with_dp():
+    shape = Shape(Layout(1, 2, 2), module={(0, 0): (100, 3), (1, 0): (50, 2)},
+                  optimizer={(0, 0): (40, 1), (1, 0): (40, 1)}, params=1000)
+    job = job_for(shape, dp=2, per_node=4)
+    assert (job.ranks, job.nodes, job.concurrency) == (4, 1, 4)
+    assert (job.bytes_rank, job.files_rank, job.bytes_node, job.files_node) == (140, 4, 310, 9)
+    wider = job_for(shape, dp=4, per_node=4)  # ZeRO-1: each rank's optimizer share halves; stage 0 on node 0
+    assert (wider.ranks, wider.nodes, wider.bytes_rank, wider.files_rank) == (8, 2, 120, 4)
+    assert (wider.bytes_node, wider.files_node, wider.params_rank) == (180, 7, 500)
+
+
+def _fit_file(tmp_path: Path) -> Path:
+    fit = fit_table(pd.concat([_synthetic(e) for e in ("torch", "lazy")]).assign(
+        run_id=lambda f: f["engine"] + f["run_id"]), LIMITS)
+    path = tmp_path / "fit.json"
+    write_fit(fit, path)
+    return path
+
+
+def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path, capsys):
+    raw = _raw()
+    raw["calibration"]["value"] = str(_fit_file(tmp_path))
+    cluster_file = tmp_path / "c.yaml"
+    cluster_file.write_text(yaml.safe_dump(raw))
+    assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "torch,lazy", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [e["engine"] for e in result["engines"]] == ["torch", "lazy"]
+    torch = result["engines"][0]
+    for part in ("stall", "durable", "slowdown", "cost"):
+        figure = torch["checkpoint"][part]
+        assert figure["low_s"] <= figure["s"] <= figure["high_s"]
+    assert set(torch["restart"]) >= {"launch", "dist init", "ckpt load", "1st iter", "total"}
+    assert torch["restart"]["total"]["s"] == pytest.approx(sum(p["s"] for k, p in torch["restart"].items()
+                                                              if k != "total"))
+    assert 0 < torch["goodput"]["goodput_pct"] < 100 and torch["bytes_per_node"] >= torch["bytes_per_rank"]
+    assert {row["gpus"] for row in result["scale"]} == {2**k for k in range(3, 15)}
+    assert any(row["assumed"] for row in result["scale"]) and "shared_write_GBps" in result["assumed"]
+    before = sorted(tmp_path.iterdir())
+    assert cli.main(["tiny", "tp3pp1dp1", "--cluster", str(cluster_file)]) == 2
+    assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "dcp"]) == 2
+    assert "no runs of engine 'dcp'" in capsys.readouterr().err
+    raw["nodes"]["value"] = -1
+    cluster_file.write_text(yaml.safe_dump(raw))
+    assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--plot", str(tmp_path / "p")]) == 2
+    assert "'nodes' is negative" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before
