@@ -359,6 +359,8 @@ class Session:
         unmet = [n for n in block.needs if self.ledger["blocks"].get(n, {}).get("status") != "ok"
                  or self.ledger["blocks"][n].get("visit") != len(self.ledger["session"]["visits"])]
         needed = block.expected_s * (1 + MARGIN_SHARE) + MARGIN_S
+        if why.startswith("skipped"):
+            return {**entry, "status": "skipped"}
         if block.problem:
             return {**entry, "status": "failed", "error": block.problem, "seconds": 0.0}
         if unmet:

@@ -1,0 +1,266 @@
+"""bench/gpu_session.py on the CPU: the budget and the ledger driven by a clock of the test's own (real commands,
+fake seconds), every real block's command lines checked against the programs that take them, and the results
+written from a ledger and a real tiny run (--keep-checkpoints 1: the older checkpoint removed, the kept one
+restored exactly)."""
+
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from restartbench.config import build_parser
+from restartbench.events import read_events
+from restartbench.integrity import committed_tags
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_probe  # noqa: E402
+import gpu_session as gs  # noqa: E402
+
+PY = sys.executable
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def session(tmp_path, budget, seconds, results=None, code="c0de"):
+    """A Session whose commands run for real and take ``seconds[their first word after -c]`` on the fake clock."""
+    clock = FakeClock()
+
+    def timed(command, env, timeout, log):
+        code_ = gs.execute(command, env, timeout, log)
+        clock.t += seconds.get(command[-1], 0)
+        return code_
+
+    where = gs.Where(root=ROOT, work=tmp_path / "work", site=tmp_path / "site", wheels=tmp_path / "whl")
+    return gs.Session(where, tmp_path / "out", budget, "cpu2", {"tree": code, "files": 1, "paths": [], "commit": None},
+                      results=results or tmp_path / "results", clock=clock, execute=timed)
+
+
+def block(name, expected, code="pass", needs=(), every_visit=False):
+    return gs.Block(name, expected, "test", ((PY, "-c", code),), needs=needs, every_visit=every_visit)
+
+
+def statuses(ledger):
+    return {name: entry["status"] for name, entry in ledger["blocks"].items()}
+
+
+def test_blocks_that_do_not_fit_are_not_started_and_a_failure_does_not_stop_the_rest(tmp_path):
+    blocks = [block("a", 10, "print('a ran')"), block("big", 400), block("bad", 10, "import sys; print('boom');"
+                                                                          " sys.exit(3)"), block("d", 20)]
+    s = session(tmp_path, budget=200, seconds={"print('a ran')": 12, "pass": 25})
+    ledger = s.run(blocks, None, ["--budget", "200"], None)
+    assert statuses(ledger) == {"a": "ok", "big": "not started", "bad": "failed", "d": "ok"}
+    assert "does not fit" in ledger["blocks"]["big"]["error"]
+    bad = ledger["blocks"]["bad"]
+    assert bad["exit"] == 3 and "exited with 3" in bad["error"] and "boom" in bad["log_tail"]
+    assert ledger["blocks"]["d"]["seconds"] == 25
+    assert json.loads((tmp_path / "out" / gs.LEDGER).read_text()) == json.loads(json.dumps(ledger, default=str))
+    with tarfile.open(tmp_path / "out" / gs.LOGS_TAR) as tar:
+        assert {"a.log", "bad.log", "d.log"} <= set(tar.getnames())
+
+
+def test_the_margin_keeps_a_block_that_only_just_fits_from_starting(tmp_path):
+    """100 s left less the reserve: a 75 s block needs 75 x 1.15 + 10 = 96 s, more than 85."""
+    ledger = session(tmp_path, budget=100, seconds={}).run([block("x", 75), block("y", 60)], None, [], None)
+    assert statuses(ledger) == {"x": "not started", "y": "ok"}
+
+
+def test_a_command_past_its_time_is_stopped_and_its_block_recorded_as_timed_out(tmp_path):
+    log = tmp_path / "slow.log"
+    started = time.monotonic()
+    assert gs.execute([PY, "-c", "import time; time.sleep(60)"], {}, 1, log) == 124
+    assert time.monotonic() - started < 30 and "stopped after 1 s" in log.read_text()
+    assert gs.execute(["no-such-program-here"], {}, 1, log) == 127
+    ledger = session(tmp_path, 100, {}).run([block("slow", 1, "raise SystemExit(124)")], None, [], None)
+    assert statuses(ledger) == {"slow": "timed out"} and ledger["blocks"]["slow"]["exit"] == 124
+
+
+def test_a_block_held_in_bench_results_is_skipped_unless_a_block_run_now_needs_it(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, code in (("prep", "c0de"), ("x", "c0de"), ("y", "other")):
+        (results / f"2026-11-20-cpu2-gpu-{name}.json").write_text(json.dumps({"meta": {"code": {"tree": code},
+                                                                                     "status": "ok"}}))
+    blocks = [block("setup", 1, every_visit=True), block("prep", 1, needs=("setup",)),
+              block("x", 1, needs=("setup",)), block("y", 1, needs=("setup", "prep"))]
+    ledger = session(tmp_path, 100, {}, results).run(blocks, None, [], None)
+    assert statuses(ledger) == {"setup": "ok", "prep": "ok", "x": "skipped", "y": "ok"}
+    assert ledger["blocks"]["prep"]["why"] == "needed by y" and "held in" in ledger["blocks"]["x"]["why"]
+
+
+def test_a_block_whose_need_failed_is_blocked(tmp_path):
+    blocks = [block("setup", 1, "raise SystemExit(1)", every_visit=True), block("x", 1, needs=("setup",))]
+    ledger = session(tmp_path, 100, {}).run(blocks, None, [], None)
+    assert statuses(ledger) == {"setup": "failed", "x": "blocked"}
+    assert "needs setup" in ledger["blocks"]["x"]["error"]
+
+
+def test_a_session_resumes_in_its_output_folder_with_the_remaining_blocks(tmp_path):
+    blocks = [block("setup", 5, "print(0)", every_visit=True), block("a", 50, needs=("setup",)),
+              block("b", 50, "print(2)", needs=("setup",))]
+    first = session(tmp_path, 100, {"print(0)": 5, "pass": 50}).run(blocks, None, [], None)
+    assert statuses(first) == {"setup": "ok", "a": "ok", "b": "not started"}
+    second = session(tmp_path, 200, {"print(0)": 5, "print(2)": 50}).run(blocks, None, [], None)
+    assert statuses(second) == {"setup": "ok", "a": "skipped", "b": "ok"}
+    assert second["blocks"]["a"]["why"].startswith("skipped: done earlier") and len(second["session"]["visits"]) == 2
+    third = session(tmp_path, 200, {}, code="changed").run(blocks, None, [], None)
+    assert statuses(third) == {"setup": "ok", "a": "ok", "b": "ok"}  # other code: nothing done counts
+
+
+def test_only_selects_blocks_and_names_the_choices_for_an_unknown_one(tmp_path):
+    blocks = gs.plan_blocks(gs.Where(work=tmp_path), free_bytes=60 * gs.GiB)
+    wanted = gs.selected(blocks, ["engines-1B"], lambda b: None)
+    assert sorted(wanted) == sorted(["setup", "datastates-build"] + [b.name for b in blocks
+                                                                     if b.name.startswith("engines-1B-")])
+    assert wanted["datastates-build"] == "needed by engines-1B-datastates"
+    with pytest.raises(gs.SessionError, match="unknown block.*smok.*choose among setup, probe"):
+        gs.selected(blocks, ["smok"], lambda b: None)
+
+
+def test_setup_unpacks_the_debs_there_are_and_refuses_without_wheels(tmp_path):
+    where = gs.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    where.wheels.mkdir()
+    assert "no wheels" in gs.setup_block(where).problem
+    (where.wheels / "x-1.0-py3-none-any.whl").write_bytes(b"")
+    without = gs.setup_block(where)
+    assert without.problem is None and not [c for c in without.commands if c[0] in ("dpkg", "ldconfig")]
+    (where.wheels / "libaio1t64_0.3_amd64.deb").write_bytes(b"")
+    assert [c[:2] for c in gs.setup_block(where).commands if c[0] in ("dpkg", "ldconfig")] == [("dpkg", "-x"),
+                                                                                              ("ldconfig",)]
+
+
+def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
+    ckpt = 21 * 10**9
+    assert gs.probe_mib(64 * gs.GiB, ckpt) == 8192
+    assert gs.probe_mib(30 * gs.GiB, ckpt) == (30 * gs.GiB - ckpt - 4 * gs.GiB) // gs.MiB
+    assert "does not fit" in gs.probe_block(gs.Where(work=tmp_path), 24 * gs.GiB, ckpt).problem
+
+
+def test_every_blocks_command_lines_parse(tmp_path):
+    """--dry-run's command lines, each against the program that takes it: config-n-run.py's parser (and one real
+    config-n-run.py --dry-run), gpu_probe.py's, pytest's collection, bash's syntax check of the build script."""
+    where = gs.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    blocks = gs.plan_blocks(where, free_bytes=60 * gs.GiB)
+    commands = [c for b in blocks for c in b.commands + b.cleanup]
+    runs = [c for c in commands if c[1:2] == (str(ROOT / "config-n-run.py"),)]
+    assert len(runs) == 2 + 8
+    for command in runs:
+        config = build_parser().parse_args(list(command[2:]))
+        assert vars(config)["launch.device"] == "cuda"
+    probe = next(c for c in commands if c[1:2] == (str(ROOT / "bench/gpu_probe.py"),))
+    assert gpu_probe.parser().parse_args(list(probe[2:])).json.endswith("copies.json")
+    build = next(c for c in commands if c[:1] == ("bash",))
+    assert subprocess.run(["bash", "-n", build[1]]).returncode == 0
+    pytest_line = next(c for c in commands if c[1:3] == ("-m", "pytest"))
+    collected = subprocess.run([*pytest_line, "--collect-only"], cwd=ROOT, capture_output=True, text=True)
+    assert collected.returncode == 0 and "test_engine_restores_exactly_on_cuda" in collected.stdout
+    smoke = [*runs[0], "--dry-run"]
+    rendered = subprocess.run(smoke, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    dry = subprocess.run([PY, str(ROOT / "bench/gpu_session.py"), "--budget", "540", "--dry-run", "--work",
+                          str(tmp_path / "w")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and all(f"[{b.name}]" in dry.stdout for b in blocks)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A real tiny run as an engines-1B block would make it: two saves, the older removed, a cold restore."""
+    logs = tmp_path_factory.mktemp("gpu-session") / "engines-1B-lazy" / "runs"
+    done = subprocess.run([PY, str(ROOT / "config-n-run.py"), "tiny", "tp1pp1", "--device", "cpu", "--dtype", "fp32",
+                           "--engine", "lazy", "--iters", "2", "--save-interval", "1", "--keep-checkpoints", "1",
+                           "--baseline-mib", "0", "--logs", str(logs)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return logs
+
+
+def test_keep_checkpoints_1_keeps_the_newest_and_restores_it_exactly(tiny_run):
+    [run] = [p.parent for p in tiny_run.rglob("metadata.json")]
+    events = read_events(run)
+    [removed] = [e for e in events if e["event"] == "checkpoint.removed"]
+    assert (removed["tag"], removed["committed"]) == ("step1", "step2") and removed["bytes"] > 0
+    assert committed_tags(run / "checkpoints") == ["step2"]
+    assert all(e["exact"] for e in events if e["event"] == "restore.result")
+    assert not [f for f in json.loads((run / "inventory.json").read_text()) if f["tag"] == "step1"]
+
+
+def visit(tmp_path, runs: Path) -> Path:
+    """What a visit brings back: a ledger with a probe and an engines-1B-lazy block, and the logs' archive."""
+    out = tmp_path / "out"
+    out.mkdir()
+    visit = {"started": "2026-11-26T10:00:00+00:00", "argv": ["--budget", "540"], "budget_s": 540, "gpu": "H100"}
+    entry = {"expected_s": 300, "basis": "test", "commands": ["config-n-run.py 1B ..."], "code": "c0de", "visit": 1,
+             "started": visit["started"], "ended": visit["started"], "exit": 0, "error": None, "log_tail": []}
+    probe_files = {"copies.json": {"d2h_pinned": {"best_GBps": 50.0}, "pin": {"best_s_per_GiB": 0.5}},
+                   "limits.json": {"write": {"best_MBps": 1000.0}, "read": {"best_MBps": 2000.0}}}
+    ledger = {"session": {"machine": "h100", "gpu": "NVIDIA H100 80GB HBM3", "visits": [visit],
+                          "code": {"tree": "c0de", "files": 3, "paths": ["restartbench"], "commit": None}},
+              "blocks": {"probe": {**entry, "status": "ok", "seconds": 100.0, "files": probe_files},
+                         "engines-1B-lazy": {**entry, "status": "ok", "seconds": 280.0, "files": {}},
+                         "tests": {**entry, "status": "not started", "error": "does not fit"}}}
+    (out / gs.LEDGER).write_text(json.dumps(ledger))
+    with tarfile.open(out / gs.LOGS_TAR, "w:gz") as tar:
+        tar.add(runs, arcname="engines-1B-lazy/runs")
+    return out
+
+
+def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_probe(tmp_path, tiny_run):
+    results = tmp_path / "results"
+    written = gs.import_results(visit(tmp_path, tiny_run), results)
+    names = sorted(p.name for p in written)
+    assert names == ["2026-11-26-h100-gpu-engines-1B-lazy.md", "2026-11-26-h100-gpu-engines-1B.md",
+                     "2026-11-26-h100-gpu-probe.md"]
+    lazy = json.loads((results / "2026-11-26-h100-gpu-engines-1B-lazy.json").read_text())
+    [run] = lazy["runs"]
+    assert run["engine"] == "lazy" and run["verdict"] == "exact" and run["cache"] == "cold"
+    assert run["d2h_floor_s"] == pytest.approx(run["bytes_per_rank_max"] / 50e9)
+    assert run["stall_over_floor"] == pytest.approx(run["stall_s"] / run["d2h_floor_s"])
+    assert run["durable_over_write"] == pytest.approx(run["durable_MBps"] / 1000.0)
+    assert run["restore_over_read"] == pytest.approx(run["restore_MBps"] / 2000.0)
+    assert {"imports", "dist_init", "ckpt_load"} <= set(run["restart_parts_s"])
+    md = (results / "2026-11-26-h100-gpu-engines-1B-lazy.md").read_text()
+    assert "stall ÷ D2H floor" in md and "D2H floor = the rank's checkpoint bytes" in md and "**ok**" in md
+    assert json.loads((results / "2026-11-26-h100-gpu-probe.json").read_text())["limits"]["write_MBps"] == 1000.0
+    summary = json.loads((results / "2026-11-26-h100-gpu-engines-1B.json").read_text())
+    assert summary["headline"]["checks"]["cost_ahead_of_every_other_engine"] is None  # no other engine yet
+    assert gs.held_result(results, "h100", "c0de", "engines-1B-lazy") is not None
+
+
+def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
+    lazy = {"engine": "lazy", "cost_s": 0.4, "durable_s": 20.0, "restore_s": 10.0, "cost_over_floor": 1.5,
+            "durable_over_write": 0.95, "restore_over_read": 0.8}
+    torch_ = {"engine": "torch", "cost_s": 30.0, "durable_s": 40.0, "restore_s": 9.0}
+    head = gs.headline([lazy, torch_])
+    assert head["checks"] == {"cost_within_2x_floor": True, "durable_at_least_90pct_of_fio_write": True,
+                              "cold_restore_at_least_90pct_of_fio_read": False,
+                              "cost_ahead_of_every_other_engine": True, "durable_ahead_of_every_other_engine": True,
+                              "restore_ahead_of_every_other_engine": False}
+    assert head["met"] is False and head["others"] == ["torch"]
+    assert gs.headline([torch_]) == {"judged": False, "reason": "no lazy run with figures yet"}
+
+
+def test_import_results_refuses_a_folder_without_a_ledger(tmp_path):
+    with pytest.raises(gs.SessionError, match="holds no ledger.json"):
+        gs.import_results(tmp_path, tmp_path / "results")
+
+
+def test_the_code_identity_follows_the_code_and_not_the_results(tmp_path):
+    for rel in ("restartbench/a.py", "bench/results/x.json", "bench/b.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("1")
+    before = gs.code_identity(tmp_path)
+    (tmp_path / "bench/results/x.json").write_text("2")
+    assert gs.code_identity(tmp_path)["tree"] == before["tree"] and before["files"] == 2
+    (tmp_path / "bench/b.py").write_text("2")
+    assert gs.code_identity(tmp_path)["tree"] != before["tree"]
