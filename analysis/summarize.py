@@ -39,6 +39,9 @@ from restartbench.report import (  # noqa: E402
     fmt_share,
     write_outputs,
 )
+from restartbench.whatif.cluster import ClusterError, load_cluster  # noqa: E402
+from restartbench.whatif.fit import FitError, read_fit  # noqa: E402
+from restartbench.whatif.validation import beside_measured  # noqa: E402
 
 TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact", "write_limit", "read_limit",
              "cost_basis", "run_id", "verdict", "verdicts", "tag", "requested_tag", "fell_back_from")
@@ -68,10 +71,20 @@ def main(argv: list[str] | None = None) -> int:
                              "in 54 days on 16,384 GPUs)")
     parser.add_argument("--gpus", type=_positive(int, "a whole number"),
                         help="GPUs the failure rate applies to (default: each run's own world size)")
+    parser.add_argument("--what-if", type=Path, metavar="CLUSTER_FILE",
+                        help="also show, beside each run's measured figures, what restartbench.whatif predicts for its "
+                             "configuration on this cluster (a cluster file, clusters/*.yaml): a check, not a "
+                             "replacement")
     args = parser.parse_args(argv)
     console = Console(width=max(120, shutil.get_terminal_size((160, 24)).columns), highlight=False)
     if not args.logs.is_dir():
         console.print(f"[red]error:[/] {escape(str(args.logs))} is not a folder")
+        return 2
+    try:  # a cluster file that cannot be used is refused before anything is read or written
+        cluster = load_cluster(args.what_if) if args.what_if else None
+        what_if = (cluster, read_fit(cluster.fit_path())) if cluster else None
+    except (ClusterError, FitError) as error:
+        console.print(f"[red]error:[/] --what-if: {escape(str(error))}")
         return 2
     out = args.out or args.logs / "summary"
     try:  # before reading any run: a place that cannot hold the results is said at once
@@ -104,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(_file_table(collected.file_table()))
     rates = analysis.goodput_table(table, args.failures_per_gpu_hour, args.gpus)
     console.print(_goodput_table(rates, analysis.goodput_assumptions(args.failures_per_gpu_hour, args.gpus)))
+    if what_if:
+        beside = beside_measured(table, *what_if)
+        console.print(_what_if_table(beside, what_if[0]))
+        beside.to_csv(out / "whatif.csv", index=False)
     lines = findings(table)
     if lines:
         console.print("[bold]Findings[/]")
@@ -120,6 +137,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"plots (PNG, SVG) and the report in {out}")
     console.print(f"report: {outputs.report}")
     return 0
+
+
+def _what_if_table(beside: pd.DataFrame, cluster) -> Table:
+    """The prediction beside the measured figures of each run (``restartbench.whatif``)."""
+    grid = Table(title=f"what-if on {cluster.name} (prediction beside measurement; error = predicted / measured - 1)")
+    for column in ("run", "engine", "part", "measured s", "predicted s", "error"):
+        grid.add_column(column)
+    for row in beside.itertuples(index=False):
+        if row.note:
+            grid.add_row(escape(str(row.run_id)), escape(str(row.engine)), escape(row.note), "", "", "")
+            continue
+        grid.add_row(escape(str(row.run_id)), escape(str(row.engine)), row.part, f"{row.measured_s:.3g}",
+                     f"{row.predicted_s:.3g}", f"{100 * row.error:+.0f} %")
+    return grid
 
 
 def _print_excluded(console: Console, collected: analysis.Collected) -> None:

@@ -7,8 +7,10 @@ side by side, relative error = (predicted − measured) / measured.
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -17,8 +19,8 @@ from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import terms
 from restartbench.whatif.cluster import Cluster
-from restartbench.whatif.fit import Fit
-from restartbench.whatif.predict import checkpoint_parts, job_for, plan_for, restart_parts, shape_of
+from restartbench.whatif.fit import Fit, FitError
+from restartbench.whatif.predict import WhatIfError, checkpoint_parts, job_for, plan_for, restart_parts, shape_of
 from restartbench.whatif.terms import Job
 
 #: A held-out run's restart parts compared (real runs; emulated runs restore but start nothing up).
@@ -112,3 +114,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "meets_target": bool(absolute) and statistics.median(absolute) <= TARGET_MEDIAN
             and max(absolute) <= TARGET_MAX,
             "misses": [r for r in rows if abs(r["error"]) > TARGET_MAX]}
+
+
+def beside_measured(table: pd.DataFrame, cluster: Cluster, fit: Fit) -> pd.DataFrame:
+    """Per complete run of ``table`` and part: what it measured and what the model predicts for its configuration on
+    ``cluster`` (``analysis/summarize.py --what-if``). A run the model cannot predict (an engine the calibration
+    never ran) has one row saying why."""
+    rows = []
+    for run_id, group in table.groupby("run_id", sort=True):
+        config = json.loads((Path(group.iloc[0]["run"]) / "config.json").read_text())
+        spec = spec_from_rows(group, config)
+        ident = {"run_id": run_id, "preset": spec.preset, "layout": spec.layout,
+                 "engine": spec.engine + ("-emulated" if spec.scale is not None else "")}
+        try:
+            predicted = predicted_parts(spec, fit, cluster)
+        except (FitError, WhatIfError, ValueError) as error:
+            rows.append({**ident, "part": None, "note": f"not predicted: {error}"})
+            continue
+        rows.extend({**ident, **entry, "note": None} for entry in errors(predicted, measured_parts(group)))
+    return pd.DataFrame(rows, columns=["run_id", "preset", "layout", "engine", "part", "measured_s", "predicted_s",
+                                       "error", "note"])

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""The what-if cost model checked on runs it never saw (issue 26, item 5).
+
+    python bench/whatif_validation.py --logs /tmp/whatif-validation          # run every case, fit, predict, write
+    python bench/whatif_validation.py --logs /tmp/whatif-validation --collect-only   # fit and predict only
+
+1. ``CALIBRATION`` and ``HELD_OUT`` below are fixed in this file, before any fit: the held-out configurations are
+   (preset, layout, engine, emulated or real) tuples that no calibration run has (``tests/test_whatif_validation.py``
+   holds that). Real runs are CPU gloo runs (fp32, 4 iterations, a checkpoint every 2); emulated runs save and
+   restore the predicted files of a big preset at ``--emulate-scale`` through the engine's own code.
+2. Runs each case through ``config-n-run.py`` into ``<logs>/calibration/`` or ``<logs>/held-out/`` (a case whose
+   folder already holds a complete run is not run again), one after another (the machine's 2 cores are the limit).
+3. Measures this machine's storage limits at the checkpoint's concurrency (``restartbench.whatif.limits``) and
+   writes them, with the fit, into ``clusters/cpu2.yaml`` and ``clusters/cpu2-fit.json``.
+4. Fits the model on the calibration runs only (``restartbench.whatif.fit``, through ``restartbench.analysis``),
+   predicts every held-out run's parts from its preset, layout and engine, and writes each part's and each total's
+   error to ``bench/results/YYYY-MM-DD-<machine>-whatif-validation.json`` and ``.md``.
+5. Sets the model against FACTS.md's H100 probe (DeepSpeed's default engine, 0.86 B parameters, one GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+
+sys.path.insert(0, str(ROOT))
+
+from restartbench.analysis import collect  # noqa: E402
+from restartbench.whatif import cluster as clusters  # noqa: E402
+from restartbench.whatif import fit as fitting  # noqa: E402
+from restartbench.whatif import limits as probes  # noqa: E402
+from restartbench.whatif import predict as model  # noqa: E402
+from restartbench.whatif import validation  # noqa: E402
+
+REAL = ("--dtype", "fp32", "--iters", "4", "--save-interval", "2")
+EMULATED = ("--dtype", "bf16", "--iters", "1", "--save-interval", "1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One configuration of the validation: a real run, or an emulated big checkpoint."""
+
+    preset: str
+    layout: str
+    engine: str
+    scale: float | None = None
+    """--emulate-scale for an emulated case; None: a real run."""
+    ranks_per_process: int = 1
+    """--ranks-per-process of an emulated case."""
+
+    @property
+    def key(self) -> tuple[str, str, str, bool]:
+        """What must differ between the calibration and the held-out set: preset, layout, engine, emulated."""
+        return (self.preset, self.layout, self.engine, self.scale is not None)
+
+    def argv(self, logs: Path) -> list[str]:
+        common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
+        if self.scale is None:
+            return [*common, *REAL]
+        return [*common, *EMULATED, "--emulate", "--emulate-scale", str(self.scale),
+                "--ranks-per-process", str(self.ranks_per_process)]
+
+
+def _real(preset: str, layout: str, engines: tuple[str, ...]) -> list[Case]:
+    return [Case(preset, layout, engine) for engine in engines]
+
+
+def _emulated(preset: str, layout: str, scale: float, per_process: int, engines: tuple[str, ...]) -> list[Case]:
+    return [Case(preset, layout, engine, scale, per_process) for engine in engines]
+
+
+ENGINES = ("torch", "lazy", "dcp")
+
+#: Fixed before fitting. Real: tiny and small on tp1pp1dp2 (2 ranks). Emulated: 3B on dp2 at two scales (the byte
+#: slope at equal file counts) and 33B on a wide layout (many files per rank), through torch and lazy; DCP saves
+#: collectively (one rank per process), so its emulated cases are layouts of 2 ranks.
+CALIBRATION: tuple[Case, ...] = (
+    *_real("tiny", "tp1pp1dp2", ENGINES),
+    *_real("small", "tp1pp1dp2", ENGINES),
+    *_emulated("3B", "tp1pp1dp2", 0.05, 1, ENGINES),
+    *_emulated("3B", "tp1pp1dp2", 0.1, 1, ENGINES),
+    *_emulated("33B", "tp2pp4dp1", 0.02, 4, ("torch", "lazy")),
+    *_emulated("33B", "tp1pp2dp1", 0.02, 1, ("dcp",)),
+)
+
+#: Fixed before fitting: configurations no calibration run has. Real: small on pp2dp2 (4 ranks: another layout,
+#: twice the ranks per core). Emulated: 7B, 13B and 70B (70B tp8pp8: 792 files for torch) through torch, lazy and
+#: dcp, for their durable and load times.
+HELD_OUT: tuple[Case, ...] = (
+    *_real("small", "tp1pp2dp2", ENGINES),
+    *_emulated("7B", "tp2pp2dp1", 0.04, 2, ("torch", "lazy")),
+    *_emulated("13B", "tp2pp2dp2", 0.03, 4, ("torch", "lazy")),
+    *_emulated("70B", "tp8pp8dp1", 0.016, 32, ("torch", "lazy")),
+    *_emulated("7B", "tp1pp1dp2", 0.04, 1, ("dcp",)),
+    *_emulated("70B", "tp1pp2dp1", 0.012, 1, ("dcp",)),
+)
+
+SETS = {"calibration": CALIBRATION, "held-out": HELD_OUT}
+
+
+def overlap(calibration: tuple[Case, ...] = CALIBRATION, held_out: tuple[Case, ...] = HELD_OUT) -> set:
+    """Configurations in both sets (must be empty)."""
+    return {case.key for case in calibration} & {case.key for case in held_out}
+
+
+# -- runs --------------------------------------------------------------------------------------------------
+
+
+def completed(folder: Path, case: Case) -> bool:
+    """Whether ``folder`` already holds a complete run of ``case``."""
+    for meta_path in folder.rglob("metadata.json"):
+        meta = json.loads(meta_path.read_text())
+        config = json.loads((meta_path.parent / "config.json").read_text())
+        emulation = config.get("emulation") or {}
+        scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
+        if (meta.get("status") == "complete" and meta.get("preset") == case.preset
+                and meta.get("engine") == case.engine and scale == case.scale
+                and (config.get("layout") or {}).get("layout") == case.layout):
+            return True
+    return False
+
+
+def run_case(case: Case, folder: Path, timeout: int) -> dict:
+    if completed(folder, case):
+        return {"case": dataclasses.asdict(case), "exit": 0, "wall_s": None, "note": "already complete"}
+    argv = [sys.executable, str(ROOT / "config-n-run.py"), *case.argv(folder)]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    wall = time.perf_counter() - start
+    print(f"  {case.preset} {case.layout} {case.engine} scale={case.scale}: exit {proc.returncode}, {wall:.0f} s",
+          flush=True)
+    return {"case": dataclasses.asdict(case), "exit": proc.returncode, "wall_s": wall, "tail": tail}
+
+
+def run_order() -> list[tuple[str, Case]]:
+    """Engine by engine (torch, lazy, dcp), real runs then emulated ones, each calibration then held-out: the
+    machine's load (shared with other work) then falls on both sets alike, and a validation cut short still holds
+    both sets of the first engines."""
+    order = []
+    for engine in ENGINES:
+        for emulated in (False, True):
+            for name, cases in SETS.items():
+                order += [(name, c) for c in cases if c.engine == engine and (c.scale is not None) == emulated]
+    return order
+
+
+def run_all(logs: Path, timeout: int) -> list[dict]:
+    steps = []
+    for name, case in run_order():
+        steps.append({"set": name, **run_case(case, logs / name, timeout)})
+    return steps
+
+
+# -- fit, predict, compare -------------------------------------------------------------------------------------
+
+CLUSTERS = ROOT / "clusters"
+CPU2 = CLUSTERS / "cpu2.yaml"
+FIT_FILE = "cpu2-fit.json"
+H100 = CLUSTERS / "h100-pfs.yaml"
+#: FACTS.md's H100 probe: DeepSpeed's default engine, a 0.86 B-parameter LLaMA, ZeRO-1 bf16, one GPU, its own disk.
+H100_PROBE = {"bytes": 12.05e9, "files": 5, "params": 0.86e9,
+              "measured": {"stall": 17.9, "durable": 23.1, "ckpt load": 11.5}}
+
+
+def per_process(collected) -> dict[str, int]:
+    """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
+    out = {}
+    for run_id, run in collected.table()[["run_id", "run"]].drop_duplicates().itertuples(index=False):
+        emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
+        out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
+    return out
+
+
+def machine_limits(logs: Path, repeats: int) -> dict:
+    """This machine's limits at the calibration's concurrency (2 writers: 2 ranks, or 2 emulating processes), each
+    file larger than the biggest rank's checkpoint here."""
+    storage = probes.storage_limits(logs / "probe", jobs=2, size_mib=256, repeats=repeats)
+    return {"storage": storage, "host_copy": probes.host_copy_MBps(128 * 2**20, jobs=2)}
+
+
+def cpu2_cluster(limits: dict) -> clusters.Cluster:
+    """This machine as a cluster file: its limits as measured, the start-up and engine constants in the fit file;
+    fields this machine has no use for say so."""
+    storage, copy = limits["storage"], limits["host_copy"]
+    write, read = storage["write"], storage["read"]
+    measured = (f"{storage['jobs']} writers at once, {storage['size_mib_per_job']} MiB each, {storage['repeats']} "
+                f"repeats on {storage['target']}")
+    h100 = clusters.load_cluster(H100)
+    copy_gbps = copy["MBps"]["median"] / 1e3
+    fields = {
+        "name": ("cpu2: 2-CPU x86_64 VM, gloo", "probe", "runtime of this machine (bench/whatif_validation.py)"),
+        "device": ("cpu", "probe", "no GPU: ranks hold their state in host memory"),
+        "nodes": (1, "probe", "one host"),
+        "gpus_per_node": (2, "probe", "2 cores: the calibration runs 2 ranks (or 2 emulating processes) at once"),
+        "d2h_pinned_GBps": (copy_gbps, "probe", f"host memcpy, {copy['jobs']} at once ({copy['method']}), median of "
+                            f"{copy['MBps']['min']:.0f}-{copy['MBps']['max']:.0f} MB/s; a CPU rank copies nothing "
+                            "out of a device: the term is 0 on cpu"),
+        "d2h_pageable_GBps": (copy_gbps, "probe", "as d2h_pinned_GBps (unused on cpu)"),
+        "pin_GBps": (copy_gbps, "probe", "nothing is pinned on cpu (the term is 0 on cpu); the memcpy rate stands in"),
+        "local_write_GBps": (write["MBps"]["median"] / 1e3, "fio" if write["best"].startswith("fio") else "probe",
+                             f"best of {', '.join(write['methods'])}: {write['best']}, median of "
+                             f"{write['MBps']['min']:.0f}-{write['MBps']['max']:.0f} MB/s; {measured}"),
+        "local_read_GBps": (read["MBps"]["median"] / 1e3, "fio" if read["best"].startswith("fio") else "probe",
+                            f"best of {', '.join(read['methods'])}: {read['best']}, median of "
+                            f"{read['MBps']['min']:.0f}-{read['MBps']['max']:.0f} MB/s; {measured}"),
+        "storage": ("local", "probe", "the run folder's disk"),
+        "shared_write_GBps": (0.0, "probe", "no shared file system"),
+        "shared_read_GBps": (0.0, "probe", "no shared file system"),
+        "shared_per_client_GBps": (0.0, "probe", "no shared file system"),
+        "nic_GBps": (0.0, "probe", "no network storage"),
+        "calibration": (FIT_FILE, "calibration", "bench/whatif_validation.py: the calibration runs (CALIBRATION)"),
+    }
+    for name in ("dist_init_anchor_ranks", "dist_init_anchor_s", "gpu_peak_tflops", "mfu", "async_slowdown_fraction"):
+        fields[name] = (getattr(h100, name), *h100.sources[name])
+    return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s} for k, (v, b, s)
+                                          in fields.items()}, str(CPU2))
+
+
+def compare(collected, fit, cluster) -> list[dict]:
+    """Every held-out run: its parts predicted from its configuration, against what it measured."""
+    table = collected.table()
+    rows = []
+    for run_id, group in table.groupby("run_id", sort=True):
+        config = json.loads((Path(group.iloc[0]["run"]) / "config.json").read_text())
+        spec = validation.spec_from_rows(group, config)
+        try:
+            predicted = validation.predicted_parts(spec, fit, cluster)
+        except (fitting.FitError, model.WhatIfError) as error:
+            rows.append({"run": run_id, "spec": dataclasses.asdict(spec), "error": str(error), "parts": []})
+            continue
+        rows.append({"run": run_id, "spec": dataclasses.asdict(spec),
+                     "parts": validation.errors(predicted, validation.measured_parts(group))})
+    return rows
+
+
+def h100_comparison(fit) -> dict:
+    """The model against FACTS.md's H100 probe: one GPU, its own disk, DeepSpeed's default engine."""
+    cluster = dataclasses.replace(clusters.load_cluster(H100), storage="local", nodes=1, gpus_per_node=1)
+    job = model.Job(ranks=1, nodes=1, concurrency=1, bytes_rank=H100_PROBE["bytes"], files_rank=H100_PROBE["files"],
+                    bytes_node=H100_PROBE["bytes"], files_node=H100_PROBE["files"], params_rank=H100_PROBE["params"])
+    parts = model.checkpoint_parts("torch", job, fit, cluster)
+    lines = fit.engine("torch")
+    load = model.terms.load_s(lines["load"], job, cluster)
+    predicted = {"stall": parts["stall"], "durable": parts["durable"],
+                 "ckpt load": model.part(load, lines["load"], model.terms.node_read_limit(cluster, 1).resource)}
+    return {"job": dataclasses.asdict(job),
+            "d2h_s": model.terms.d2h_s("torch", job, cluster),
+            "rows": [{"part": name, **predicted[name], "measured_s": measured,
+                      "error": model.terms.relative_error(predicted[name]["s"], measured)}
+                     for name, measured in H100_PROBE["measured"].items()]}
+
+
+def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: float) -> dict:
+    limits = machine_limits(args.logs, args.limit_repeats)
+    cluster = cpu2_cluster(limits)
+    limit = fitting.Limits(cluster.local_write_GBps, cluster.local_read_GBps, cluster.sources["local_write_GBps"][1])
+    calibration = collect(args.logs / "calibration")
+    fit = fitting.fit_table(calibration.table(), limit, per_process(calibration))
+    fitting.write_fit(fit, CLUSTERS / FIT_FILE)
+    clusters.write_cluster(cluster, CPU2, "This machine (cpu2), written by bench/whatif_validation.py: its limits "
+                           "as measured,\nthe engines' and start-up constants in the fit file it names.")
+    held_out = collect(args.logs / "held-out")
+    compared = compare(held_out, fit, cluster)
+    parts = [p for row in compared for p in row["parts"]]
+    not_run = [{"set": name, **dataclasses.asdict(case)} for name, case in run_order()
+               if not completed(args.logs / name, case)]
+    return {"meta": meta, "steps": steps, "runs_s": run_s,
+            "calibration_cases": [dataclasses.asdict(c) for c in CALIBRATION],
+            "held_out_cases": [dataclasses.asdict(c) for c in HELD_OUT], "limits": limits,
+            "excluded": [{"run": str(e.run), "status": e.status, "reason": e.reason}
+                         for e in [*calibration.excluded, *held_out.excluded]],
+            "not_run": not_run, "fit": fitting.to_json(fit), "held_out": compared, "summary": validation.summary(parts),
+            "h100": h100_comparison(fit)}
+
+
+# -- markdown -------------------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{100 * value:+.0f} %"
+
+
+def markdown(result: dict) -> str:
+    meta, s, limits = result["meta"], result["summary"], result["limits"]["storage"]
+    out = [f"# What-if model against held-out runs — {meta['machine']}, {meta['date']}", "",
+           f"`{meta['command']}`", "", machine_line(meta), "",
+           f"Calibration: {len(result['calibration_cases'])} configurations; held out: "
+           f"{len(result['held_out_cases'])} (fixed in bench/whatif_validation.py before fitting; none in both). "
+           f"Runs took {result['runs_s']:.0f} s on a machine shared with other work (load average "
+           f"{meta['load_average_at_start']:.1f} at the start).", "",
+           "## Limits measured (the cluster file's)", ""]
+    if result["not_run"]:
+        out[-2:-2] = ["Not run (the machine's time ran out before them; listed, not predicted): "
+                      + "; ".join(f"{c['set']} {c['preset']} {c['layout']} {c['engine']}"
+                                  + (f" scale {c['scale']}" if c["scale"] else "") for c in result["not_run"]), ""]
+    for side in ("write", "read"):
+        for method, spread in limits[side]["methods"].items():
+            best = " (best)" if method == limits[side]["best"] else ""
+            out.append(f"- {side}, {method}{best}: {spread['min']:.0f} / {spread['median']:.0f} / "
+                       f"{spread['max']:.0f} MB/s (min / median / max)")
+    out += ["", f"## Held-out runs: median |error| {_pct(s['median_abs_error'])}, largest {_pct(s['max_abs_error'])} "
+            f"over {s['parts']} parts; target (≤ 15 % median, none beyond 35 %) "
+            f"{'met' if s['meets_target'] else 'missed'}", "",
+            "| run | preset | layout | engine | emulated | part | predicted s | measured s | error |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for row in result["held_out"]:
+        spec = row["spec"]
+        ident = (f"{row['run']} | {spec['preset']} | {spec['layout']} | {spec['engine']} | "
+                 f"{'scale ' + str(spec['scale']) if spec['scale'] else 'real'}")
+        if row.get("error"):
+            out.append(f"| {ident} | — | — | — | not predicted: {row['error']} |")
+        out += [f"| {ident} | {p['part']} | {p['predicted_s']:.3g} | {p['measured_s']:.3g} | {_pct(p['error'])} |"
+                for p in row["parts"]]
+    out += ["", "## Parts beyond 35 %", ""]
+    out += [f"- {m['part']}: predicted {m['predicted_s']:.3g} s, measured {m['measured_s']:.3g} s "
+            f"({_pct(m['error'])})" for m in s["misses"]] or ["none"]
+    h = result["h100"]
+    out += ["", "## Against FACTS.md's H100 probe (0.86 B, DeepSpeed's default engine, one GPU, its own disk)", "",
+            f"D2H (pageable, 11.0 GB/s): {h['d2h_s']:.2f} s of the stall.", "",
+            "| part | predicted s | range | measured s | error | bound |", "|---|---|---|---|---|---|"]
+    out += [f"| {r['part']} | {r['s']:.3g} | {r['low_s']:.3g}–{r['high_s']:.3g} | {r['measured_s']} | "
+            f"{_pct(r['error'])} | {r['bound']} |" for r in h["rows"]]
+    return "\n".join(out) + "\n"
+
+
+# -- main --------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--logs", type=Path, required=True, help="root of the validation's run folders")
+    parser.add_argument("--collect-only", action="store_true", help="fit and predict from the runs already there")
+    parser.add_argument("--run-only", action="store_true", help="run the cases, nothing else")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per run (default: %(default)s)")
+    parser.add_argument("--limit-repeats", type=int, default=3, help="repetitions of each storage probe")
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    meta = run_meta("whatif-validation", sys.argv[1:] if argv is None else argv, args.machine)
+    start = time.perf_counter()
+    steps = [] if args.collect_only else run_all(args.logs, args.timeout)
+    if args.run_only:
+        return 0 if all(step["exit"] == 0 for step in steps) else 1
+    result = validate(args, meta, steps, time.perf_counter() - start)
+    write_results(args.out, result, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
