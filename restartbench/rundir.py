@@ -209,15 +209,14 @@ def _absolute_paths(folder: Path, run_dir: str, checkpoint_dir: str) -> tuple[st
     is relative to ``folder``, relative checkpoints to the run folder. A plan written with absolute paths whose run
     folder has since moved reads its checkpoints under the recorded run folder from the folder's place now."""
     if not os.path.isabs(run_dir):
-        here = os.path.normpath(os.path.join(os.path.abspath(folder), run_dir))
-        external = "://" in checkpoint_dir or os.path.isabs(checkpoint_dir)
-        return here, checkpoint_dir if external else os.path.normpath(os.path.join(here, checkpoint_dir))
-    here = os.path.abspath(_run_folder_of(folder))
-    if not _moved(run_dir, here):
+        run_dir = os.path.normpath(os.path.join(os.path.abspath(folder), run_dir))
+    elif _moved(run_dir, here := os.path.abspath(_run_folder_of(folder))):  # written before run folders could move
+        if os.path.isabs(checkpoint_dir) and _inside(checkpoint_dir, run_dir):
+            checkpoint_dir = os.path.normpath(os.path.join(here, os.path.relpath(checkpoint_dir, run_dir)))
+        run_dir = here
+    if "://" in checkpoint_dir or os.path.isabs(checkpoint_dir):
         return run_dir, checkpoint_dir
-    if _inside(checkpoint_dir, run_dir):
-        checkpoint_dir = os.path.normpath(os.path.join(here, os.path.relpath(checkpoint_dir, run_dir)))
-    return here, checkpoint_dir
+    return run_dir, os.path.normpath(os.path.join(run_dir, checkpoint_dir))
 
 
 def _moved(recorded: str, here: str) -> bool:

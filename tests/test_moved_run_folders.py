@@ -172,3 +172,9 @@ def test_emulate_refuses_both_at_once_naming_both(tmp_path):
                             "dp4", "--consolidated-digest"])
     with pytest.raises(StudyError, match=r"--restore-layout .*; --consolidated-digest .*: leave them out"):
         cli.run(cfg)
+
+
+def test_an_absolute_run_folder_with_relative_checkpoints_reads_them_under_it(plan, tmp_path):
+    """A plan.json whose run folder was named by hand (absolute) keeps its own checkpoints relative to it."""
+    (tmp_path / rundir.PLAN).write_text(json.dumps({**plan.stored(tmp_path), "run_dir": str(tmp_path)}))
+    assert RunPlan.load(tmp_path).checkpoint_dir == str(tmp_path / "checkpoints")

@@ -1,9 +1,12 @@
 """Restarts measured again from a run's kept checkpoints (``./submit-job.sh --restore RUN_DIR --repeat N``): each
 attempt a record of its own, nothing appended to an earlier one, a run folder never executed twice."""
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, relaunch, run_study
@@ -70,3 +73,59 @@ def test_bad_restore_options_are_refused_before_anything_launches(tmp_path):
 
     assert "--repeat: must be at least 1 (got 0)" in refused(str(tmp_path), "--repeat", "0")
     assert f"{tmp_path} is not a run folder (no metadata.json)" in refused(str(tmp_path))
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (symlinks as their targets' names) by its sha256."""
+    return {str(p.relative_to(folder)): hashlib.sha256(str(p.readlink()).encode() if p.is_symlink() else
+                                                       p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+def test_a_copied_run_folder_relaunches_and_summarizes_where_it_is_and_leaves_the_original_alone(tmp_path):
+    """cp -r RUN ARCHIVE/RUN; ./submit-job.sh --restore ARCHIVE/RUN: the copy restores from its own checkpoints and
+    records the attempt in itself; the original is byte for byte as it was. A copy without its checkpoints, and a
+    run folder from before run folders could move that has moved, are refused before anything is written."""
+    logs = tmp_path / "logs"
+    proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2", "--baseline-mib", "0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["run_dir"], plan["checkpoint_dir"], plan["checkpoint_external"]) == (".", "checkpoints", False)
+    assert str(run_dir) not in (run_dir / "launch.sh").read_text() + (run_dir / "config.json").read_text()
+    copy = tmp_path / "archive" / run_dir.relative_to(logs)
+    shutil.copytree(run_dir, copy, symlinks=True)
+    original = file_hashes(run_dir)
+
+    done = relaunch(copy)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "restore attempt 2: exact" in done.stdout
+    assert file_hashes(run_dir) == original, "the original run folder is untouched"
+    restarts = json.loads((copy / "metadata.json").read_text())["restarts"]
+    assert [(r["attempt"], r["verdict"]) for r in restarts] == [(1, "exact"), (2, "exact")]
+    assert sorted(p.name for p in (copy / "events").glob("restore-2-rank*.jsonl")) == [
+        "restore-2-rank00000.jsonl", "restore-2-rank00001.jsonl"]
+    table = analysis.collect(tmp_path / "archive").table()
+    rows = table[table["kind"] == "restart"].sort_values("attempt")
+    assert rows["attempt"].tolist() == [1, 2] and rows["verdict"].tolist() == ["exact", "exact"]
+
+    gone = tmp_path / "no-checkpoints" / "run"
+    shutil.copytree(run_dir, gone, ignore=shutil.ignore_patterns("checkpoints"))
+    before = file_hashes(gone)
+    refused = relaunch(gone)
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-3000:]
+    assert (f"the checkpoints of run {gone} are gone: looked in {gone / 'checkpoints'} (the run folder's own "
+            "checkpoints/)") in refused.stdout
+    assert file_hashes(gone) == before and not (gone / ".restore.lock").exists()
+
+    legacy = tmp_path / "moved-legacy" / run_dir.relative_to(logs)
+    shutil.copytree(run_dir, legacy, symlinks=True)
+    as_written_before = {k: v for k, v in plan.items() if k != "checkpoint_external"}  # absolute paths, no mark
+    (legacy / "plan.json").write_text(json.dumps({**as_written_before, "run_dir": str(run_dir),
+                                                  "checkpoint_dir": str(run_dir / "checkpoints")}))
+    before = file_hashes(legacy)
+    refused = relaunch(legacy)
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-3000:]
+    assert f"run folder {legacy} was written at {run_dir} by an earlier version" in refused.stdout
+    assert file_hashes(legacy) == before and file_hashes(run_dir) == original
+    legacy_rows = analysis.collect(tmp_path / "moved-legacy").table()
+    assert legacy_rows[legacy_rows["kind"] == "restart"]["verdict"].tolist() == ["exact"]
