@@ -21,12 +21,13 @@ cannot run (an engine it lacks, a timeout) is recorded with its error and the ot
 is parsed; its text output never is. MB = 10^6 bytes.
 
 A run measures at its checkpoint's concurrency (``record_for_run``): as many jobs as ranks on a node, each file one
-rank's share of the checkpoint, capped at ``--baseline-mib`` (``SIZING``), with the ``QUICK`` methods only. Its
-cost is bounded (``COST_BOUND``): ``len(QUICK)`` fio passes of jobs × size each, each pass stopped after
-``PASS_TIMEOUT_S``; at the tiny preset (2 jobs × 3 MiB) the whole baseline takes about a second. ``bench/limits.py``
-runs the ``FULL`` set, repeated, with min/median/max per method.
+rank's share of the checkpoint raised to ``PROBE_MIN_MIB`` and capped at ``--baseline-mib`` (``SIZING``,
+``PROBE_RULE``), with the ``QUICK`` methods only. Its cost is bounded (``COST_BOUND``): ``len(QUICK)`` fio passes
+of jobs × size each, each pass stopped after ``PASS_TIMEOUT_S``; at the default --baseline-mib of 64, a 2-rank run
+moves 640 MiB, a few seconds here (tests/test_baseline.py prints it). ``bench/limits.py`` runs the ``FULL`` set,
+repeated, with min/median/max per method.
 
-The probe's size (``PROBE_RULE``, ``probe_mib``): see bench/results/*-limits.md for the experiment behind it.
+The probe's size (``PROBE_RULE``, ``probe_mib``): bench/results/2026-11-26-cpu2-limits.md has the experiment.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class BaselineError(RuntimeError):
 
 SIZING = ("one fio job per rank of a node (every engine the study runs writes from every rank: each holds its own "
           "ZeRO-1 optimizer partition), each file a rank's even share of the checkpoint (the plan's estimate / "
-          "world size, rounded up to whole MiB), capped at --baseline-mib")
+          "world size, rounded up to whole MiB), raised to PROBE_MIN_MIB (the probe rule), capped at --baseline-mib")
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,15 @@ FULL: tuple[Method, ...] = (
 COST_BOUND = (f"{len(QUICK)} fio passes ({', '.join(m.name for m in QUICK)}), each of jobs x size bytes and each "
               f"stopped after {PASS_TIMEOUT_S} s: at most jobs x --baseline-mib x {len(QUICK)} bytes moved and "
               f"{len(QUICK) * PASS_TIMEOUT_S} s")
-#: How big each job's file must be to measure the disk and not a cache or fio's fixed costs (see ``probe_mib``).
+#: How big each job's file must be to measure the disk and not what sits before it (see ``probe_mib``). The experiment
+#: (bench/results/2026-11-26-cpu2-limits.md, 2 jobs, 5 repeats at 8, 64, 256 and 1024 MiB per job): at 8 MiB the
+#: buffered write ending in fsync read 305 MB/s (median), twice its 141-175 MB/s at 64 MiB and above, as a burst that
+#: small is taken by the layers below the guest's page cache (the virtual disk, the host); from 64 MiB on, the size
+#: no longer moved the medians beyond the spread that the machine's load gives at one size.
 PROBE_MIN_MIB = 64
-PROBE_RULE = (f"each job's file is the rank's share of the checkpoint, at least {PROBE_MIN_MIB} MiB (smaller files "
-              "time fio's start and the fsync's fixed latency more than the transfer), capped at --baseline-mib; a "
-              "figure measured on less is marked 'probe_below_rule'")
+PROBE_RULE = (f"each job's file is the rank's share of the checkpoint, at least {PROBE_MIN_MIB} MiB (at 8 MiB a write "
+              "ending in fsync read twice what it read from 64 MiB up: a burst that small is absorbed below the "
+              "page cache), capped at --baseline-mib; a figure measured on less is marked 'probe_below_rule'")
 
 
 def probe_mib(share_mib: int, cap_mib: int) -> int:
@@ -161,9 +166,11 @@ def concurrency(plan: RunPlan, cap_mib: int) -> tuple[int, int]:
 
 
 def record_for_run(run_dir: Path, plan: RunPlan, cap_mib: int) -> Path | None:
-    """The run's baseline at its checkpoint's concurrency (``concurrency``), into ``run_dir/baseline.json``."""
-    jobs, size_mib = concurrency(plan, cap_mib)
-    return record_baseline(run_dir, Path(plan.checkpoint_dir), size_mib, jobs=jobs, sizing=SIZING)
+    """The run's baseline at its checkpoint's concurrency (``concurrency``), each file sized by ``PROBE_RULE``, into
+    ``run_dir/baseline.json``."""
+    jobs, share_mib = concurrency(plan, cap_mib)
+    return record_baseline(run_dir, Path(plan.checkpoint_dir), probe_mib(share_mib, cap_mib), jobs=jobs,
+                           sizing=SIZING)
 
 
 def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,

@@ -54,7 +54,11 @@ def test_record_for_run_measures_with_the_plans_concurrency(tmp_path, monkeypatc
     run = plan(tmp_path, world_size=4, nproc_per_node=2, checkpoint_bytes=40 * MiB)
     record_for_run(tmp_path, run, 64)
     (run_dir, target, size_mib), kwargs = calls[0]
-    assert (run_dir, str(target), size_mib, kwargs["jobs"]) == (tmp_path, run.checkpoint_dir, 10, 2)
+    assert (run_dir, str(target), size_mib, kwargs["jobs"]) == (tmp_path, run.checkpoint_dir, 64, 2)  # 10 raised
+    record_for_run(tmp_path, plan(tmp_path, world_size=2, nproc_per_node=2, checkpoint_bytes=400 * MiB), 1000)
+    assert calls[1][0][2] == 200  # a share above the rule's minimum is measured as it is
+    record_for_run(tmp_path, run, 16)
+    assert calls[2][0][2] == 16  # below the rule where --baseline-mib asks for less
     assert kwargs["sizing"] == baseline.SIZING
 
 
@@ -202,21 +206,22 @@ def test_no_fio_means_no_run_baseline_and_a_note(tmp_path, monkeypatch, capsys):
 
 @needs_fio
 def test_baseline_json_says_how_it_was_sized_and_every_quick_method(tmp_path):
-    """A tiny run's baseline: every QUICK method measured once, the limits their best, within the cost bound."""
+    """A tiny run's baseline (its 3 MiB share raised to the rule's 64 MiB): every QUICK method measured once, the
+    limits their best, within the cost bound."""
     run = plan(tmp_path, world_size=2, nproc_per_node=2, checkpoint_bytes=6 * MiB)
     start = time.perf_counter()
     data = json.loads(record_for_run(tmp_path, run, 64).read_text())
     took = time.perf_counter() - start
-    assert data["jobs"] == 2 and data["size_bytes"] == 3 * MiB and data["sizing"] == baseline.SIZING
+    assert data["jobs"] == 2 and data["size_bytes"] == 64 * MiB and data["sizing"] == baseline.SIZING
     assert [m["name"] for m in data["methods"]] == [m.name for m in QUICK]
     measured = [m for m in data["methods"] if m["n"] == 1]
     assert measured, data["methods"]
     for side in ("write", "read"):
         medians = {m["name"]: m["median_MBps"] for m in measured if m["rw"] == side}
         assert data[f"{side}_MBps"] == max(medians.values()) > 0 and data[f"{side}_best"] in medians
-    assert data["cost_bound"] == baseline.COST_BOUND and data["probe_below_rule"]
+    assert data["cost_bound"] == baseline.COST_BOUND and not data["probe_below_rule"]
     assert took < len(QUICK) * baseline.PASS_TIMEOUT_S
-    print(f"tiny baseline (2 jobs x 3 MiB, {len(QUICK)} methods): {took:.2f} s")
+    print(f"tiny run's baseline (2 jobs x 64 MiB, {len(QUICK)} methods): {took:.2f} s")
 
 
 @needs_fio
