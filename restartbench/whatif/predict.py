@@ -20,7 +20,7 @@ from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, predict
 from restartbench.presets import get_preset
 from restartbench.whatif import terms
-from restartbench.whatif.cluster import Cluster
+from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster
 from restartbench.whatif.fit import Fit
 from restartbench.whatif.terms import Job, Line
 
@@ -156,11 +156,15 @@ def checkpoint_parts(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[
     limit = terms.node_write_limit(cluster, job.nodes)
     stall_bound = "D2H" if d2h > stall - d2h else "host CPU (the engine's blocking path)"
     shared = cluster.storage == "shared" and limit.resource != "network (NIC)"
-    return {"stall": part(stall, lines["stall"], stall_bound, fixed=d2h),
-            "durable": part(durable, lines["durable"], limit.resource, assumed=shared and _cited_shared(cluster),
-                            fixed=d2h),
-            "slowdown": part(slowdown, sigma_line, "interference with training", assumed=sigma_assumed),
-            "cost": part(stall + slowdown, None, stall_bound, assumed=sigma_assumed)}
+    parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=d2h),
+             "durable": part(durable, lines["durable"], limit.resource, assumed=shared and _cited_shared(cluster),
+                             fixed=d2h),
+             "slowdown": part(slowdown, sigma_line, "interference with training", assumed=sigma_assumed)}
+    spread = {k: parts["stall"][k] + parts["slowdown"][k] for k in ("low_s", "high_s")}
+    parts["cost"] = {"s": stall + slowdown, **spread,
+                     "bound": stall_bound if stall >= slowdown else "interference with training",
+                     "assumed": sigma_assumed}
+    return parts
 
 
 def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None, bool]:
@@ -296,4 +300,5 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
 
 def assumed_fields(cluster: Cluster) -> dict[str, str]:
     """The cluster's cited constants, each with its source."""
-    return {name: source for name, (basis, source) in cluster.sources.items() if basis == "cited"}
+    return {name: source for name, (basis, source) in cluster.sources.items()
+            if basis == "cited" and name in NUMBER_FIELDS}
