@@ -517,7 +517,7 @@ def import_results(out: Path, results: Path) -> list[Path]:
                 written.append(write_results(results, result, markdown))
         engines = engines_summary(results, ledger)
         if engines:
-            written.append(write_results(results, engines, engines_markdown))
+            written.append(write_results(results, engines, markdown))
     return written
 
 
@@ -714,6 +714,9 @@ def _meta_lines(meta: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
+    """Every gpu-<block> result's Markdown (the engines' comparison's too), made from its JSON alone."""
+    if result["meta"]["benchmark"] == "gpu-engines-1B":
+        return engines_markdown(result)
     meta = result["meta"]
     lines = [f"# GPU block `{meta['benchmark'][4:]}` — {meta['machine']}, {meta['date']}", "",
              *_meta_lines(meta), "",

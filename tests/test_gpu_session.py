@@ -149,7 +149,8 @@ def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
 
 def test_every_blocks_command_lines_parse(tmp_path):
     """--dry-run's command lines, each against the program that takes it: config-n-run.py's parser (and one real
-    config-n-run.py --dry-run), gpu_probe.py's, pytest's collection, bash's syntax check of the build script."""
+    config-n-run.py --dry-run), gpu_probe.py's, bench/limits.py's options, pytest's collection, bash's syntax check
+    of the build script."""
     where = gs.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
     blocks = gs.plan_blocks(where, free_bytes=60 * gs.GiB)
     commands = [c for b in blocks for c in b.commands + b.cleanup]
@@ -160,6 +161,9 @@ def test_every_blocks_command_lines_parse(tmp_path):
         assert vars(config)["launch.device"] == "cuda"
     probe = next(c for c in commands if c[1:2] == (str(ROOT / "bench/gpu_probe.py"),))
     assert gpu_probe.parser().parse_args(list(probe[2:])).json.endswith("copies.json")
+    limits = next(c for c in commands if c[1:2] == (str(ROOT / "bench/limits.py"),))
+    shown = subprocess.run([PY, limits[1], "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert all(word in shown for word in limits[2:] if word.startswith("--"))
     build = next(c for c in commands if c[:1] == ("bash",))
     assert subprocess.run(["bash", "-n", build[1]]).returncode == 0
     pytest_line = next(c for c in commands if c[1:3] == ("-m", "pytest"))
@@ -235,6 +239,8 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
     summary = json.loads((results / "2026-11-26-h100-gpu-engines-1B.json").read_text())
     assert summary["headline"]["checks"]["cost_ahead_of_every_other_engine"] is None  # no other engine yet
     assert gs.held_result(results, "h100", "c0de", "engines-1B-lazy") is not None
+    for path in written:  # as tests/test_bench_results.py reads every result: the .md is markdown() of the .json
+        assert path.read_text() == gs.markdown(json.loads(path.with_suffix(".json").read_text()))
 
 
 def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
