@@ -79,12 +79,13 @@ def _emulated(preset: str, layout: str, scale: float, per_process: int, engines:
 
 ENGINES = ("torch", "lazy", "dcp")
 
-#: Fixed before fitting. Real: tiny and small on tp1pp1dp2 (2 ranks). Emulated: 3B on dp2 at two scales (the byte
-#: slope at equal file counts) and 33B on a wide layout (many files per rank), through torch and lazy; DCP saves
-#: collectively (one rank per process), so its emulated cases are layouts of 2 ranks.
+#: Fixed before fitting. Real: tiny and small on tp1pp1dp2 (2 ranks), tiny on dp4 (4 ranks, torch). Emulated: 3B
+#: on dp2 at two scales (the byte slope at equal file counts) and 33B on a wide layout (many files per rank), through
+#: torch and lazy; DCP saves collectively (one rank per process), so its emulated cases are layouts of 2 ranks.
 CALIBRATION: tuple[Case, ...] = (
     *_real("tiny", "tp1pp1dp2", ENGINES),
     *_real("small", "tp1pp1dp2", ENGINES),
+    *_real("tiny", "tp1pp1dp4", ("torch",)),  # a second world size, for distributed init's slope in ranks
     *_emulated("3B", "tp1pp1dp2", 0.05, 1, ENGINES),
     *_emulated("3B", "tp1pp1dp2", 0.1, 1, ENGINES),
     *_emulated("33B", "tp2pp4dp1", 0.02, 4, ("torch", "lazy")),
@@ -122,7 +123,7 @@ def completed(folder: Path, case: Case) -> bool:
         emulation = config.get("emulation") or {}
         scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
         if (meta.get("status") == "complete" and meta.get("preset") == case.preset
-                and meta.get("engine") == case.engine and scale == case.scale
+                and meta.get("engine") in (case.engine, f"{case.engine}-emulated") and scale == case.scale
                 and (config.get("layout") or {}).get("layout") == case.layout):
             return True
     return False
@@ -142,15 +143,15 @@ def run_case(case: Case, folder: Path, timeout: int) -> dict:
 
 
 def run_order() -> list[tuple[str, Case]]:
-    """Engine by engine (torch, lazy, dcp), real runs then emulated ones, each calibration then held-out: the
-    machine's load (shared with other work) then falls on both sets alike, and a validation cut short still holds
-    both sets of the first engines."""
-    order = []
-    for engine in ENGINES:
-        for emulated in (False, True):
-            for name, cases in SETS.items():
-                order += [(name, c) for c in cases if c.engine == engine and (c.scale is not None) == emulated]
-    return order
+    """Engine by engine (torch, lazy, dcp), calibration and held-out interleaved so that the machine's load (shared
+    with other work) falls on both sets alike and a validation cut short still holds both sets of the first
+    engines; 13B, a third emulated size, last."""
+    groups = [(engine, emulated, name) for engine in ENGINES
+              for emulated, name in ((False, "calibration"), (True, "calibration"), (True, "held-out"),
+                                     (False, "held-out"))]
+    order = [(name, c) for engine, emulated, name in groups for c in SETS[name]
+             if c.engine == engine and (c.scale is not None) == emulated and c.preset != "13B"]
+    return order + [(name, c) for name, cases in SETS.items() for c in cases if c.preset == "13B"]
 
 
 def run_all(logs: Path, timeout: int) -> list[dict]:
@@ -171,6 +172,10 @@ H100_PROBE = {"bytes": 12.05e9, "files": 5, "params": 0.86e9,
               "measured": {"stall": 17.9, "durable": 23.1, "ckpt load": 11.5}}
 
 
+#: Why a part can miss, written after reading the runs' records (kept with the result; shown for the parts that miss).
+MISS_REASONS: dict[str, str] = {}
+
+
 def per_process(collected) -> dict[str, int]:
     """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
     out = {}
@@ -178,6 +183,16 @@ def per_process(collected) -> dict[str, int]:
         emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
         out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
     return out
+
+
+def runs_wall_s(*collected) -> float:
+    """The runs' own wall time: the sum over the complete runs of metadata.json's end - start."""
+    total = 0.0
+    for found in collected:
+        for run in found.table()["run"].drop_duplicates():
+            meta = json.loads((Path(run) / "metadata.json").read_text())
+            total += (meta.get("end") or 0) - (meta.get("start") or 0)
+    return total
 
 
 def machine_limits(logs: Path, repeats: int) -> dict:
@@ -237,8 +252,8 @@ def compare(collected, fit, cluster) -> list[dict]:
         except (fitting.FitError, model.WhatIfError) as error:
             rows.append({"run": run_id, "spec": dataclasses.asdict(spec), "error": str(error), "parts": []})
             continue
-        rows.append({"run": run_id, "spec": dataclasses.asdict(spec),
-                     "parts": validation.errors(predicted, validation.measured_parts(group))})
+        parts = validation.errors(predicted, validation.measured_parts(group))
+        rows.append({"run": run_id, "spec": dataclasses.asdict(spec), "parts": [{"run": run_id, **p} for p in parts]})
     return rows
 
 
@@ -273,12 +288,13 @@ def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: flo
     parts = [p for row in compared for p in row["parts"]]
     not_run = [{"set": name, **dataclasses.asdict(case)} for name, case in run_order()
                if not completed(args.logs / name, case)]
-    return {"meta": meta, "steps": steps, "runs_s": run_s,
+    return {"meta": meta, "steps": steps, "runs_s": runs_wall_s(calibration, held_out), "script_s": run_s,
             "calibration_cases": [dataclasses.asdict(c) for c in CALIBRATION],
             "held_out_cases": [dataclasses.asdict(c) for c in HELD_OUT], "limits": limits,
             "excluded": [{"run": str(e.run), "status": e.status, "reason": e.reason}
                          for e in [*calibration.excluded, *held_out.excluded]],
-            "not_run": not_run, "fit": fitting.to_json(fit), "held_out": compared, "summary": validation.summary(parts),
+            "not_run": not_run, "miss_reasons": MISS_REASONS, "fit": fitting.to_json(fit), "held_out": compared,
+            "summary": validation.summary(parts),
             "h100": h100_comparison(fit)}
 
 
@@ -295,7 +311,8 @@ def markdown(result: dict) -> str:
            f"`{meta['command']}`", "", machine_line(meta), "",
            f"Calibration: {len(result['calibration_cases'])} configurations; held out: "
            f"{len(result['held_out_cases'])} (fixed in bench/whatif_validation.py before fitting; none in both). "
-           f"Runs took {result['runs_s']:.0f} s on a machine shared with other work (load average "
+           f"The runs took {result['runs_s']:.0f} s together (their metadata's start to end) on a machine shared with "
+           f"other work (load average "
            f"{meta['load_average_at_start']:.1f} at the start).", "",
            "## Limits measured (the cluster file's)", ""]
     if result["not_run"]:
@@ -321,8 +338,12 @@ def markdown(result: dict) -> str:
         out += [f"| {ident} | {p['part']} | {p['predicted_s']:.3g} | {p['measured_s']:.3g} | {_pct(p['error'])} |"
                 for p in row["parts"]]
     out += ["", "## Parts beyond 35 %", ""]
-    out += [f"- {m['part']}: predicted {m['predicted_s']:.3g} s, measured {m['measured_s']:.3g} s "
+    out += [f"- {m['run']}, {m['part']}: predicted {m['predicted_s']:.3g} s, measured {m['measured_s']:.3g} s "
             f"({_pct(m['error'])})" for m in s["misses"]] or ["none"]
+    missed = dict.fromkeys(m["part"] for m in s["misses"])
+    if missed:
+        out += ["", "Why, by part:", ""]
+        out += [f"- {part}: {result['miss_reasons'].get(part, 'not explained')}" for part in missed]
     h = result["h100"]
     out += ["", "## Against FACTS.md's H100 probe (0.86 B, DeepSpeed's default engine, one GPU, its own disk)", "",
             f"D2H (pageable, 11.0 GB/s): {h['d2h_s']:.2f} s of the stall.", "",

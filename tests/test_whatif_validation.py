@@ -80,8 +80,9 @@ def test_the_markdown_says_every_part_and_the_misses():
             "machine": "cpu2", "host": "vm", "cpus": 2, "cpu": "x86_64", "memory_bytes": 2**34, "device": "cpu",
             "python": "3.11", "torch": "2.13", "deepspeed": "0.19.8", "commit": None, "load_average_at_start": 3.0}
     spread = {"min": 1.0, "median": 2.0, "max": 3.0}
-    part = {"part": "durable", "predicted_s": 2.0, "measured_s": 1.0, "error": 1.0}
+    part = {"run": "r1", "part": "durable", "predicted_s": 2.0, "measured_s": 1.0, "error": 1.0}
     result = {"meta": meta, "runs_s": 60.0, "calibration_cases": [{}], "held_out_cases": [{}], "not_run": [],
+              "miss_reasons": {"durable": "the page cache"},
               "limits": {"storage": {side: {"best": "m", "methods": {"m": spread}} for side in ("write", "read")}},
               "held_out": [{"run": "r1", "spec": {"preset": "7B", "layout": "tp2pp2dp1", "engine": "torch",
                                                   "scale": 0.04}, "parts": [part]}],
@@ -90,7 +91,8 @@ def test_the_markdown_says_every_part_and_the_misses():
                                               "measured_s": 17.9, "error": -0.1, "bound": "host CPU"}]}}
     text = bench.markdown(result)
     assert "| r1 | 7B | tp2pp2dp1 | torch | scale 0.04 | durable | 2 | 1 | +100 % |" in text
-    assert "- durable: predicted 2 s, measured 1 s (+100 %)" in text and "missed" in text
+    assert "- r1, durable: predicted 2 s, measured 1 s (+100 %)" in text and "missed" in text
+    assert "- durable: the page cache" in text
     assert "| stall | 16 | 15–17 | 17.9 | -10 % | host CPU |" in text
 
 
