@@ -4,6 +4,7 @@ including a rank killed in the middle of the flush."""
 
 import json
 import math
+import time
 import types
 
 import pytest
@@ -191,13 +192,16 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
     engine.module(torch.randn(5, 8)).pow(2).mean().backward()  # gradients ready, state unchanged
     before = training_state_digest(engine)
     seen = []
-    saver.on_copy_wait = lambda tag, seconds: seen.append((tag, seconds))
+    saver.on_copy_wait = lambda tag, seconds, at: seen.append((tag, seconds, at))
     saver.save(engine, str(tmp_path), "step1")
     assert engine.optimizer.step._lazy_guard is saver
+    stepped = time.time()
     engine.optimizer.step()  # at once: it must not change what is still being copied
+    after_step = time.time()
     saver.wait_until_durable()
-    assert [w["tag"] for w in saver.copy_waits] == [tag for tag, _ in seen] == ["step1"]
+    assert [w["tag"] for w in saver.copy_waits] == [tag for tag, _, _ in seen] == ["step1"]
     assert saver.stall_extra_s == seen[0][1] >= 0
+    assert stepped <= seen[0][2] <= after_step, "the wait is placed at the step (its iteration), not at the report"
 
     fresh = fake_engine(seed=1)
     fresh.module.append(torch.nn.Linear(4, 1 << 20))
@@ -205,6 +209,109 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
     fresh.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(fresh.optimizer, lambda step: 1.0)
     LazyEngine(options()).load(fresh, str(tmp_path), "step1")
     assert training_state_digest(fresh) == before
+
+
+# -- host buffer and copy wait (the CUDA side's arithmetic; tests/test_gpu_lazy.py runs it on a GPU) --------------
+
+
+@pytest.mark.parametrize("address, nbytes, page, span", [
+    (0, 1, 4096, (0, 4096)),  # one byte pins a page
+    (4096 * 3, 4096, 4096, (0, 4096)),  # aligned, whole pages: exactly the request
+    (64, 21_000_000_000, 4096, (4032, 21_000_003_584)),  # 21 GB from a 64-byte-aligned block: 3,584 B more
+    (4095, 8193, 4096, (1, 12288)),
+])
+def test_a_pinned_buffer_pins_the_request_rounded_to_pages(address, nbytes, page, span):
+    """Not the power of two torch's caching host allocator would pin (a 21 GB buffer: 32 GiB): the request's pages,
+    starting at the block's first page boundary, inside the padded block wherever the allocator put it."""
+    offset, length = copies.page_span(address, nbytes, page)
+    assert (offset, length) == span
+    assert offset % page == (-address) % page and (address + offset) % page == 0
+    assert nbytes <= length < nbytes + page
+    assert offset + length <= copies.padded_bytes(nbytes, page)
+
+
+def test_page_span_refuses_nothing_to_pin():
+    with pytest.raises(ValueError, match="nbytes >= 1"):
+        copies.page_span(0, 0)
+
+
+def test_a_pageable_buffer_pins_nothing_and_is_released():
+    buffer = copies.HostBuffer()
+    tensor = buffer.get(10_000, pinned=False)
+    assert tensor.numel() == 10_000 and not tensor.is_pinned() and buffer.pinned_bytes == 0
+    assert buffer.get(5_000, pinned=False) is tensor and buffer.allocations == 1, "reused while large enough"
+    buffer.release()
+    assert buffer.tensor is None and buffer.pinned_bytes == 0
+
+
+class RecordingCudart:
+    """What HostBuffer asks of torch.cuda.cudart() (no CUDA here; tests/test_gpu_lazy.py pins for real): each call,
+    answered with ``error`` (0: cudaSuccess)."""
+
+    def __init__(self, error=0):
+        self.calls, self.error = [], error
+
+    def cudaHostRegister(self, address, length, flags):  # noqa: N802 - cudart's names
+        self.calls.append(("register", address, length))
+        return self.error
+
+    def cudaHostUnregister(self, address):  # noqa: N802
+        self.calls.append(("unregister", address))
+        return self.error
+
+
+def test_a_pinned_buffer_registers_its_pages_and_unregisters_them_when_it_grows(monkeypatch):
+    cudart = RecordingCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    buffer = copies.HostBuffer()
+    first = buffer.get(10_000, pinned=True)
+    (_, address, length), = cudart.calls
+    assert first.data_ptr() == address and address % copies.PAGE == 0 and first.numel() == 10_000
+    assert length == buffer.pinned_bytes == -(-10_000 // copies.PAGE) * copies.PAGE
+    assert buffer.get(10_000, pinned=False) is first, "a pinned buffer serves a pageable request"
+    buffer.get(50_000, pinned=True)
+    assert cudart.calls[1] == ("unregister", address), "the old pages are unpinned before the new ones are"
+    assert cudart.calls[2][0] == "register" and buffer.allocations == 2
+    buffer.release()
+    assert cudart.calls[3] == ("unregister", cudart.calls[2][1]) and buffer.pinned_bytes == 0
+
+
+def test_a_failed_pin_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: RecordingCudart(error=2))
+    with pytest.raises(fmt.LazyRestoreError, match=r"cudaHostRegister of 12288 bytes failed with CUDA error 2.*ulimit"):
+        copies.HostBuffer().get(3 * copies.PAGE, pinned=True)
+
+
+class PassedWait:
+    """A GpuWait's answers without a GPU: whether the GPU has passed the wait, its seconds, the step's wall time."""
+
+    def __init__(self, done, seconds, at):
+        self._done, self._seconds, self.at = done, seconds, at
+
+    def done(self):
+        return self._done
+
+    def seconds(self):
+        self._done = True
+        return self._seconds
+
+
+def test_gpu_waits_are_reported_once_the_gpu_passed_them_at_their_steps_time():
+    """A CUDA wait is read later than it happened, without stalling: background_done (asked every iteration after
+    a save) reports the waits already passed, stall_extra_s and wait_until_durable all of them; each with the wall
+    time of its step, which places it in its iteration (results._step_times)."""
+    saver, seen = LazyEngine(options()), []
+    saver.on_copy_wait = lambda tag, seconds, at: seen.append((tag, seconds, at))
+    saver._gpu_waits = [("step2", PassedWait(True, 0.25, 100.0)), ("step4", PassedWait(False, 0.5, 200.0))]
+    assert saver.background_done() and seen == [("step2", 0.25, 100.0)]
+    assert saver.stall_extra_s == 0  # the last save's tag (none here) waited for nothing; both are reported now
+    assert seen == [("step2", 0.25, 100.0), ("step4", 0.5, 200.0)] and saver._gpu_waits == []
+    assert [w["seconds"] for w in saver.copy_waits] == [0.25, 0.5]
+
+
+@pytest.mark.parametrize("elapsed_ms, seconds", [(0.0, 0.0), (12.5, 0.0125), (-0.0005, 0.0)])
+def test_the_gpu_wait_is_the_compute_streams_stand_still_never_negative(elapsed_ms, seconds):
+    assert copies.gpu_wait_s(elapsed_ms) == seconds
 
 
 def test_restore_refuses_a_different_model(tmp_path):

@@ -159,11 +159,12 @@ class CheckpointEngine(abc.ABC):
     """What the harness changed for the engine's last save, read after each ``save`` and recorded with it
     as ``checkpoint.workaround`` events (empty: nothing)."""
 
-    on_copy_wait: Callable[[str, float], None] | None = None
+    on_copy_wait: Callable[[str, float, float], None] | None = None
     """Set by the harness before the first save. An engine whose ``save`` returns before its copies of the
     state are taken, and which therefore makes training wait later (at the optimizer step), calls it
-    ``(tag, seconds)`` after each such wait: the harness records it as ``checkpoint.copy_wait`` and counts
-    it in the stall. Other engines never call it."""
+    ``(tag, seconds, at)`` after each such wait (``at``: the wall time the wait began; a wait timed on the GPU is
+    reported later): the harness records it as ``checkpoint.copy_wait`` and counts it in the stall. Other engines
+    never call it."""
 
     @abc.abstractmethod
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:

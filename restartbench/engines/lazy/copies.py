@@ -8,7 +8,9 @@ wait for the bytes they need.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,28 +20,97 @@ from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, TensorS
 
 
 class HostBuffer:
-    """One host buffer per rank, allocated on first use and reused while large enough
-    (pinned when the state is on CUDA: pinning is slow, so it is done once)."""
+    """One host buffer per rank, allocated on first use and reused while large enough (pinned when the state is on
+    CUDA: pinning is slow, so it is done once).
+
+    A pinned buffer is pageable memory page-locked in place with ``cudaHostRegister`` (``pin_pages``), not
+    ``torch.empty(..., pin_memory=True)``: that goes through torch's caching host allocator, which rounds each
+    request up to a power of two (a 21 GB buffer pins 32 GiB) and, when the tensor is dropped, keeps the block in
+    its cache rather than giving it back, so a buffer that grows would keep both. Here exactly the request's pages
+    are pinned, ``pinned_bytes`` says how many, and ``release`` unpins them and frees the memory."""
 
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None
         self.pinned = False
         self.allocations = 0
+        self._pinned: PinnedPages | None = None
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        """At least ``nbytes``, uninitialised (its pages are touched by the copies, not here); a pinned buffer
-        also serves a request for pageable memory."""
+        """At least ``nbytes``, uninitialised (its pages are touched by the copies, not here, unless pinning
+        touches them); a pinned buffer also serves a request for pageable memory."""
         if self.tensor is None or self.tensor.numel() < nbytes or (pinned and not self.pinned):
-            self.tensor = None  # free the old one first
-            self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pinned)
+            self.release()  # unpin and free the old one first
+            if pinned:
+                self._pinned = pin_pages(max(nbytes, 1))
+                self.tensor = self._pinned.tensor
+            else:
+                self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8)
             self.pinned = pinned
             self.allocations += 1
         return self.tensor
 
+    def release(self) -> None:
+        """Unpin the buffer's pages (if pinned) and drop it: its memory goes back to the system."""
+        if self._pinned is not None:
+            self._pinned.unpin()
+            self._pinned = None
+        self.tensor, self.pinned = None, False
+
     @property
     def pinned_bytes(self) -> int:
-        """Page-locked host bytes this buffer holds (0 while it is pageable or not allocated)."""
-        return self.tensor.numel() if self.pinned and self.tensor is not None else 0
+        """Page-locked host bytes this buffer holds: the request rounded up to whole pages (0 while pageable or not
+        allocated)."""
+        return self._pinned.length if self._pinned is not None else 0
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def page_span(address: int, nbytes: int, page: int = PAGE) -> tuple[int, int]:
+    """Where to pin ``nbytes`` inside a block that starts at ``address`` and holds ``padded_bytes(nbytes)``: the
+    offset of its first page boundary and the length, ``nbytes`` rounded up to whole pages (what
+    ``cudaHostRegister`` locks: it works on whole pages)."""
+    if nbytes < 1 or page < 1:
+        raise ValueError(f"page_span needs nbytes >= 1 and page >= 1, got nbytes={nbytes}, page={page}")
+    return -address % page, -(-nbytes // page) * page
+
+
+def padded_bytes(nbytes: int, page: int = PAGE) -> int:
+    """A block large enough to hold ``page_span``'s range wherever the allocator puts it: one page more than
+    ``nbytes`` rounded up to pages."""
+    return page_span(0, nbytes, page)[1] + page
+
+
+class PinnedPages:
+    """``nbytes`` of pageable host memory, page-aligned, page-locked with ``cudaHostRegister`` (``pin_pages``)."""
+
+    def __init__(self, block: torch.Tensor, offset: int, length: int, nbytes: int):
+        self._block = block  # keeps the memory alive while it is registered
+        self.address = block.data_ptr() + offset
+        self.length = length
+        """Bytes page-locked: ``nbytes`` rounded up to whole pages."""
+        self.tensor = block[offset:offset + nbytes]
+
+    def unpin(self) -> None:
+        _cuda_call("cudaHostUnregister", self.address)
+        self._block = self.tensor = None  # type: ignore[assignment]
+
+
+def pin_pages(nbytes: int) -> PinnedPages:
+    """Allocate ``nbytes`` of host memory and page-lock exactly its pages (CUDA only): about 0.5 s per GiB."""
+    block = torch.empty(padded_bytes(nbytes), dtype=torch.uint8)
+    offset, length = page_span(block.data_ptr(), nbytes)
+    _cuda_call("cudaHostRegister", block.data_ptr() + offset, length, 0)  # 0: cudaHostRegisterDefault
+    return PinnedPages(block, offset, length, nbytes)
+
+
+def _cuda_call(name: str, *args: int) -> None:
+    error = int(getattr(torch.cuda.cudart(), name)(*args))
+    if error != 0:
+        size = f" of {args[1]} bytes" if len(args) > 1 else ""
+        raise LazyRestoreError(f"{name}{size} failed with CUDA error {error}: the lazy engine could not pin (or "
+                               "unpin) its host buffer. Check the host's free memory and the locked-memory limit "
+                               "(ulimit -l), or lower the state per rank (more ranks, or a smaller preset).")
 
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -124,6 +195,16 @@ class CopyProgress:
             if self.error is not None:
                 raise LazyRestoreError(f"copy into the host buffer failed: {self.error}") from self.error
 
+    @property
+    def on_gpu(self) -> bool:
+        """The copies run on a CUDA side stream (else a host thread copies)."""
+        return hasattr(self, "_marks")
+
+    def gate(self, stream: Any) -> GpuWait:
+        """Make ``stream`` (the compute stream, at the optimizer step) wait for every copy on the GPU, the host going
+        on at once; the returned ``GpuWait`` times that wait on the GPU's clock."""
+        return GpuWait(stream, self._marks[-1][1])
+
     def done(self) -> bool:
         if hasattr(self, "_marks"):
             return self._marks[-1][1].query()
@@ -131,8 +212,36 @@ class CopyProgress:
             return self._done >= self._end or self.error is not None
 
 
-def _recorded_event(stream: Any) -> Any:
-    event = torch.cuda.Event()
+class GpuWait:
+    """The compute stream's wait for the copies, timed on the GPU: a timing event at the step's entry (the GPU reaches
+    it when the forward and backward queued before it are done), ``wait_event`` on the copies' last event, and a timing
+    event after it. The host never blocks; ``seconds`` is read once the step's iteration has run (``done``)."""
+
+    def __init__(self, stream: Any, copies_done: Any):
+        self.at = time.time()
+        """Wall time at which the host reached the step: the wait belongs to the iteration running then."""
+        self._ready = _recorded_event(stream, timing=True)
+        stream.wait_event(copies_done)
+        self._resumed = _recorded_event(stream, timing=True)
+
+    def done(self) -> bool:
+        return self._resumed.query()
+
+    def seconds(self) -> float:
+        """Blocks until the step has passed the wait (at once after its iteration ended)."""
+        self._resumed.synchronize()
+        return gpu_wait_s(self._ready.elapsed_time(self._resumed))
+
+
+def gpu_wait_s(elapsed_ms: float) -> float:
+    """Seconds the compute stream stood still for the copies, from ``cudaEventElapsedTime`` (ms) between the event
+    recorded before its wait and the one after: max(0, copies done - compute ready). Only the wait lies between the
+    two events on that stream, so this is the wait itself; a negative reading (events resolve to about 0.5 us) is 0."""
+    return max(0.0, elapsed_ms) / 1e3
+
+
+def _recorded_event(stream: Any, timing: bool = False) -> Any:
+    event = torch.cuda.Event(enable_timing=timing)
     event.record(stream)
     return event
 

@@ -26,9 +26,9 @@ class LazyFiles(Emulator):
         super().__init__(ranks)
         self.engines = {rank: create_engine(ranks.cfg.engine) for rank in ranks.ranks}
         for rank, engine in self.engines.items():
-            engine.on_copy_wait = lambda tag, seconds, log=ranks.logs[rank]: log.emit(
+            engine.on_copy_wait = lambda tag, seconds, at, log=ranks.logs[rank]: log.emit(
                 Event.CHECKPOINT_COPY_WAIT, tag=tag, step=int(tag.removeprefix("step")), duration_s=seconds,
-                emulated=True)
+                emulated=True, time=at)
 
     @staticmethod
     def refusal(cfg: RunConfig) -> str | None:

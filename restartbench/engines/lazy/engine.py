@@ -19,7 +19,8 @@ none of their code is used):
 3. The optimizer step is guarded: ``ds_engine.optimizer.step`` is wrapped, on this instance
    only, so that the step first waits for the copies still in flight. The time waited there is
    the rest of the stall: ``stall_extra_s``, ``copy_waits`` and the ``on_copy_wait`` callback
-   report it (``save``'s own duration is what the harness records as the stall).
+   report it (``save``'s own duration is what the harness records as the stall). On CUDA the
+   compute stream waits on the GPU, the host going on, and the wait is timed on the GPU's clock.
 4. A writer thread streams the buffer to the files while copies are still arriving: it writes
    each chunk (``lazy_chunk_mb``, aligned) as soon as the copies covering it are done, with
    ``lazy_io_threads`` writes in flight, then fsyncs every file and the folder.
@@ -59,7 +60,7 @@ import torch
 from restartbench.config import EngineConfig
 from restartbench.engines.base import CheckpointEngine, FileRecord
 from restartbench.engines.lazy.capture import Capture, RankLayout, capture, file_meta, rank_layout, state_to_come
-from restartbench.engines.lazy.copies import CopyProgress, HostBuffer
+from restartbench.engines.lazy.copies import CopyProgress, GpuWait, HostBuffer
 from restartbench.engines.lazy.flush import Flush
 from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, encode_header, make_plan, plan_signature
 from restartbench.engines.lazy.reshard import layout_name, load_resharded, saved_sizes
@@ -93,7 +94,9 @@ class LazyEngine(CheckpointEngine):
         self._read: list[FileRecord] = []
         self.copy_waits: list[dict[str, Any]] = []
         """Every wait at the optimizer step for copies still in flight: tag, seconds; each is also reported to
-        ``on_copy_wait`` (from the training thread)."""
+        ``on_copy_wait`` (from the training thread) with the wall time the step began waiting."""
+        self._gpu_waits: list[tuple[str | None, GpuWait]] = []
+        """CUDA: the compute stream's waits not read yet (the GPU may not have passed them)."""
 
     # -- save ----------------------------------------------------------------------
 
@@ -181,24 +184,46 @@ class LazyEngine(CheckpointEngine):
 
     def wait_for_copies(self) -> None:
         """At the first optimizer step after a save: wait for its copies, and record how long (0 when already done).
-        The guarded step calls it; restartbench.emulate calls it where the next step would come."""
+        The guarded step calls it; restartbench.emulate calls it where the next step would come.
+
+        On CUDA the host does not wait: the compute stream waits for the copies' last event on the GPU, timed there
+        (``GpuWait``): the forward and backward before the step are only queued when the host gets here, so a host
+        wait would count the copies against kernel launches rather than against the GPU's work. That wait is read
+        and reported once the GPU has passed it (``_report_gpu_waits``). On CPU the host thread waits for the copy
+        thread, as the step's own work would."""
         copies, tag = self._copies, self._copies_tag
         if copies is None:
             return
         self._copies = None
-        start = time.perf_counter()
+        if copies.on_gpu:
+            self._gpu_waits.append((tag, copies.gate(torch.cuda.current_stream(self._stream.device))))
+            return
+        at, start = time.time(), time.perf_counter()
         try:
             copies.wait()
         except LazyRestoreError:
             pass  # the writer reports it at wait_until_durable; the step may go on
-        waited = time.perf_counter() - start
-        self.copy_waits.append({"tag": tag, "seconds": waited})
+        self._report_wait(tag, time.perf_counter() - start, at)
+
+    def _report_gpu_waits(self, block: bool) -> None:
+        """Report the GPU waits the GPU has passed (``block``: all of them, waiting for the GPU if it has not)."""
+        pending = []
+        for tag, wait in self._gpu_waits:
+            if block or wait.done():
+                self._report_wait(tag, wait.seconds(), wait.at)
+            else:
+                pending.append((tag, wait))
+        self._gpu_waits = pending
+
+    def _report_wait(self, tag: str | None, seconds: float, at: float) -> None:
+        self.copy_waits.append({"tag": tag, "seconds": seconds})
         if self.on_copy_wait is not None:
-            self.on_copy_wait(tag, waited)
+            self.on_copy_wait(tag, seconds, at)
 
     @property
     def stall_extra_s(self) -> float:
         """Time the last save's copies held up the optimizer step (0 when they were done before it)."""
+        self._report_gpu_waits(block=True)
         last = self._copies_tag
         return sum(w["seconds"] for w in self.copy_waits if w["tag"] == last)
 
@@ -208,6 +233,7 @@ class LazyEngine(CheckpointEngine):
             self.wait_until_durable()
 
     def wait_until_durable(self) -> float:
+        self._report_gpu_waits(block=True)
         flush = self._flush
         if flush is None:
             raise LazyRestoreError("wait_until_durable called before any save")
@@ -217,6 +243,7 @@ class LazyEngine(CheckpointEngine):
         return flush.durable_at
 
     def background_done(self) -> bool:
+        self._report_gpu_waits(block=False)
         return self._flush is None or self._flush.done()
 
     def written(self) -> list[FileRecord]:

@@ -1,0 +1,75 @@
+"""On a CUDA GPU: the lazy engine's pinned host buffer (exactly its pages, given back on release) and its copy wait
+(the compute stream waits for the copies on the GPU, the host goes on, the wait is timed on the GPU's clock), and
+the digest of a device tensor. Skipped without a GPU; their arithmetic is tested on CPU in tests/test_engine_lazy.py
+and tests/test_verify.py."""
+
+import time
+
+import pytest
+import torch
+
+from restartbench.engines.lazy import copies
+from restartbench.engines.lazy import format as fmt
+from restartbench.verify import tensor_hash
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+MiB = 2**20
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * copies.PAGE
+
+
+def test_pinned_buffer_is_its_pages_and_goes_back_to_the_system():
+    """torch's caching host allocator would pin 512 MiB for 256 MiB + 5 B and keep it after the tensor is dropped."""
+    nbytes = 256 * MiB + 5
+    buffer, before = copies.HostBuffer(), resident_bytes()
+    tensor = buffer.get(nbytes, pinned=True)
+    tensor.fill_(1)
+    held = resident_bytes()
+    assert tensor.is_pinned() and tensor.numel() == nbytes and tensor.data_ptr() % copies.PAGE == 0
+    assert buffer.pinned_bytes == 256 * MiB + copies.PAGE
+    source = torch.arange(64 * MiB, dtype=torch.int32, device="cuda")
+    tensor[:256 * MiB].view(torch.int32).copy_(source, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(tensor[:256 * MiB].view(torch.int32), source.cpu())
+    buffer.release()
+    after = resident_bytes()
+    assert held - before >= 250 * MiB and held - after >= 250 * MiB and buffer.pinned_bytes == 0
+
+
+def _copies_of(source: torch.Tensor) -> tuple[copies.CopyProgress, torch.Tensor]:
+    spec = fmt.TensorSpec("w", "float32", tuple(source.shape), "cuda")
+    plan = fmt.make_plan([("optim.lazy", "optim", [(spec, False)])])
+    buffer = copies.HostBuffer().get(plan.buffer_bytes, pinned=True)
+    progress = copies.CopyProgress(plan, {"w": source}, buffer, 64 * MiB, torch.cuda.Stream())
+    entry = next(e for _, e in plan.entries())
+    return progress, buffer[entry.buffer_offset:entry.buffer_offset + spec.nbytes].view(torch.float32)
+
+
+def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
+    """2 GiB to copy (about 40 ms at 53.5 GB/s): the gate returns at once, the step queued after it (an in-place
+    add) does not reach the bytes being copied, and the GPU's wait is most of the copy."""
+    source = torch.ones(512 * MiB, device="cuda")
+    torch.cuda.synchronize()
+    progress, host = _copies_of(source)
+    start = time.perf_counter()
+    wait = progress.gate(torch.cuda.current_stream())
+    gated_s = time.perf_counter() - start
+    source.add_(1)  # the optimizer step
+    assert gated_s < 0.005, "the host must not wait for the copies"
+    waited = wait.seconds()
+    assert wait.done() and bool((host == 1).all()), "the copies took the state before the step"
+    assert 0.01 < waited < 1.0
+
+    torch.cuda.synchronize()
+    progress, _ = _copies_of(source)
+    progress.wait()  # the copies are done before the step: nothing to wait for on the GPU
+    assert progress.gate(torch.cuda.current_stream()).seconds() < 0.001
+
+
+def test_a_device_tensors_digest_is_its_host_copys():
+    values = torch.tensor([-0.0, 0.0, 1.5, -2.25], dtype=torch.bfloat16)
+    assert tensor_hash(values.cuda()) == tensor_hash(values)
