@@ -84,6 +84,10 @@ PRESETS: dict[str, ModelPreset] = {
         _preset("tiny", 1024, 64, 176, 4, 4, 2, 32, "CPU test shape"),
         _preset("small", 8192, 512, 1376, 8, 8, 4, 128, "CPU benchmark shape"),
         # The study's sizes, with their published dimensions.
+        # 1B: the size one GPU visit can measure. P = 2*128256*2048 (525.3M) + 16 layers x 60.8M (973.1M) + 2048
+        # = 1.498B; its checkpoint P*14 = 21.0 GB. seq 2048 (not Llama-3.2's 8192): one micro-batch's logits stay
+        # at 0.5 GiB in bf16, and a step stays short beside the save it is set against.
+        _preset("1B", 128256, 2048, 8192, 16, 32, 8, 2048, "Llama-3.2-1B (untied here)"),
         _preset("3B", 128256, 3072, 8192, 28, 24, 8, 4096, "Llama-3.2-3B (untied here)"),
         _preset("7B", 32000, 4096, 11008, 32, 32, 32, 4096, "Llama-2-7B"),
         _preset("13B", 32000, 5120, 13824, 40, 40, 40, 4096, "Llama-2-13B"),
