@@ -74,8 +74,14 @@ def test_dp_is_inferred_from_ranks_given():
 def test_paths_with_spaces_are_quoted(tmp_path):
     cfg, plan = _plan("tiny", "tp2pp2", "--logs", str(tmp_path / "my logs"))
     script = render(cfg, plan).launch_script
-    assert f"'{plan.run_dir}'" in script
+    assert plan.run_dir not in script  # launch.sh finds its run folder from its own place, quoted
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    folder = tmp_path / "my logs" / "a run"
+    folder.mkdir(parents=True)
+    found = next(line for line in script.splitlines() if line.startswith("RUN_DIR="))
+    (folder / "launch.sh").write_text(f'{found}\necho "$RUN_DIR"\n')
+    printed = subprocess.run(["bash", str(folder / "launch.sh")], capture_output=True, text=True)
+    assert printed.stdout.strip() == str(folder.resolve())
 
 
 @pytest.mark.parametrize("argv, message", [
