@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from restartbench import runtime
+from restartbench import runtime, verify
 from restartbench.verify import (
     compare,
     digest,
@@ -174,6 +174,21 @@ def test_a_digest_is_what_it_was_before_the_copy_was_saved(dtype):
     cases = [values, values.t(), values[0, 0], values[:0], torch.randn(257, 3).to(dtype)]
     assert [tensor_hash(t) for t in cases] == [_hash_before_memoryview(t) for t in cases]
     assert tensor_hash(torch.tensor([-0.0], dtype=dtype)) != tensor_hash(torch.tensor([0.0], dtype=dtype))
+
+
+def test_a_digest_hashed_on_threads_equals_the_one_thread_digest(monkeypatch):
+    """A big state is hashed on several threads: the entries, their order and every hash are the one-thread
+    digest's, plain values and objects without state included."""
+    state = {"w": [torch.randn(300, 7), torch.arange(5, dtype=torch.bfloat16)], 3: {"step": 4, "x": object()},
+             "b": torch.zeros(0), "lr": 0.1, "none": None}
+    monkeypatch.setattr(verify, "PARALLEL_BYTES", 10**12)
+    one_thread = digest(state)
+    monkeypatch.setattr(verify, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(verify, "HASH_THREADS", 4)
+    threaded = digest(state)
+    assert list(threaded.items()) == list(one_thread.items())
+    assert list(one_thread) == ["w[0]", "w[1]", "3:int.step", "b", "lr", "none"]
+    assert one_thread["w[0]"] == tensor_hash(state["w"][0])
 
 
 def test_bfloat16_tensors_empty_or_not_are_digested():
