@@ -8,6 +8,8 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,41 @@ def make_cuda_arch_list_parsable() -> str | None:
     os.environ["TORCH_CUDA_ARCH_LIST"] = parsable
     return (f"TORCH_CUDA_ARCH_LIST {value!r} -> {parsable!r}: DeepSpeed's JIT op builder cannot parse "
             "architecture-specific suffixes")
+
+
+CUBLAS_PROOF_WORKSPACE = ":4096:8"
+"""cuBLAS's setting for reproducible results (NVIDIA's cuBLAS docs, 'Results reproducibility'): torch refuses a
+deterministic matmul without it. It must be set before cuBLAS makes its first handle, so at start-up."""
+
+
+def prepare_deterministic_proof(device: str) -> str | None:
+    """On CUDA, set ``CUBLAS_WORKSPACE_CONFIG`` (unless the user set it) so that the proof's iterations can run with
+    deterministic kernels (``proof_kernels``); the note to record, or None (CPU, or already set)."""
+    if device != "cuda" or "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+        return None
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_PROOF_WORKSPACE
+    return (f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_PROOF_WORKSPACE}: the proof's iteration K+1 (phase 1's reference and "
+            "the resumed one) runs with torch.use_deterministic_algorithms(True)")
+
+
+@contextmanager
+def proof_kernels(deterministic: bool) -> Iterator[None]:
+    """Run the block with deterministic kernels when asked, then restore the previous setting.
+
+    The proof compares iteration K+1 resumed with iteration K+1 of the uninterrupted run bit for bit. On CUDA the
+    flash-attention backward accumulates with atomics unless torch's deterministic mode is on (and not warn-only:
+    then it stays non-deterministic), so two runs of the same iteration on the same state may differ in the last
+    bits. Only those two iterations run deterministically: the timed training iterations run as a user's would.
+    On CPU every kernel the study uses is deterministic already, and nothing changes."""
+    if not deterministic:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def time_out_new_groups(timeout_s: int) -> str:

@@ -101,6 +101,9 @@ class RankRun:
         if arch_note:
             self.log.emit(Event.STARTUP_WORKAROUND, note=arch_note)
             self._say(f"{self.phase}: {arch_note}")
+        proof_note = runtime.prepare_deterministic_proof(self.plan.device)
+        if proof_note:
+            self.log.emit(Event.STARTUP_WORKAROUND, note=proof_note)
         self.log.emit(Event.STARTUP_WORKAROUND, note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
         hang_before_init(self.log)
         with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
@@ -363,7 +366,7 @@ class RankRun:
     def _iteration(self, step: int, **flags: bool) -> float:
         from restartbench.data import micro_batches
         from restartbench.faults import hang_before_iteration
-        from restartbench.runtime import preset_for
+        from restartbench.runtime import preset_for, proof_kernels
 
         hang_before_iteration(self.log, step)
         preset = preset_for(self.cfg)
@@ -371,7 +374,8 @@ class RankRun:
                                 micro_batch=self.cfg.train.micro_batch,
                                 grad_accum=self.engine.gradient_accumulation_steps(),
                                 step=step, dp_rank=self.dp_rank, seed=self.cfg.train.seed)
-        with self.log.span(Event.TRAIN_ITERATION, step=step, **flags) as extra:
+        proof = self.plan.device == "cuda" and (flags.get("reference") or flags.get("first_after_restore"))
+        with self.log.span(Event.TRAIN_ITERATION, step=step, **flags) as extra, proof_kernels(bool(proof)):
             loss = float(self.engine.train_batch(data_iter=iter(batches)))
             if flags.get("first_after_restore"):  # a restart part: all of its GPU work (other iterations: the
                 self._settle_device()            # loss's read waits for the compute stream, not for a save's copies)
