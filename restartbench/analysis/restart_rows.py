@@ -1,0 +1,164 @@
+"""Restarts of one run from its events: each restore attempt's row (the restart and its parts, max over ranks, and
+its critical path), its per-rank rows, its spans and host-memory samples on the restart's clock (seconds since each
+rank's launch), and the attempts ``metadata.json`` records as skipped."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any
+
+from restartbench.analysis.columns import MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
+from restartbench.events import Event
+from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
+
+
+def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    parts = info["parts"]
+    load = parts.get("ckpt load")
+    totals = [r for r in ranks if r["restart_s"] is not None]
+    return {
+        "attempt": info["attempt"], "verdict": info["verdict"], "tag": info["tag"],
+        "fell_back_from": info["fell_back_from"], "restart_s": info["total_s"],
+        "restart_min_s": min((r["restart_s"] for r in totals), default=None),
+        "restart_rank": max(totals, key=lambda r: r["restart_s"])["rank"] if totals else None,
+        **{column: parts.get(label) for column, label in RESTART_PART_COLUMNS},
+        "restores_checkpoint": info["tag"] is not None,
+        "bytes_read": info["bytes_read"], "files_read": info["files_read"],
+        "process_bytes_read": info["process_bytes_read"],
+        "read_deserialize_max_s": max((r["read_deserialize_s"] for r in ranks
+                                       if r["read_deserialize_s"] is not None), default=None),
+        "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
+        "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
+        "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
+        "peak_rss_part": info["peak_rss_part"], "ds_init_parts": info["ds_init"],
+        "restore_layout": info["restore_layout"], "loss_diff": info["loss_diff"],
+        **{f"convert_{name}": info[f"convert_{name}"] for name in RELAYOUT_CONVERSION},
+    }
+
+
+def resume_spike(restore_peak: int | None, training_peak: int | None) -> dict[str, Any]:
+    return {"restore_peak_rss_bytes": restore_peak, "train_peak_rss_bytes": training_peak,
+            "resume_spike": restore_peak / training_peak if restore_peak and training_peak else None}
+
+
+def skipped_restarts(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Restarts metadata.json records as skipped (an engine that cannot restart on another layout; nothing was
+    launched): a row each, with the reason and no times."""
+    return [{"attempt": entry.get("attempt"), "verdict": "skipped", "skip_reason": entry.get("reason"),
+             "restore_layout": entry.get("restore_layout"), "restores_checkpoint": False}
+            for entry in meta.get("restarts") or [] if isinstance(entry, dict) and entry.get("verdict") == "skipped"]
+
+
+def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
+    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, bytes read,
+    ``ready_s`` (launch -> start of its first resumed iteration) and its ``deepspeed.initialize`` in stages."""
+    labels = dict(RESTART_PARTS)
+    columns = {label: column for column, label in RESTART_PART_COLUMNS}
+    rows: dict[int, dict[str, Any]] = {}
+    for e in attempt_events(events, attempt):
+        row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "attempt": attempt, "rank": e["rank"],
+                                          "restart_s": None,
+                                          "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
+                                          "verify_s": None, "bytes_read": None, "files_read": None,
+                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None})
+        name = e["event"]
+        if name == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
+            continue
+        if name in labels:
+            row[columns[labels[name]]] = e["duration_s"]
+        if name == Event.PROCESS_START:
+            row["_launch"] = e["start"]
+        elif name == Event.TRAIN_ITERATION:
+            row["_first"], row["_end"] = e["start"], e["start"] + e["duration_s"]
+        elif name == Event.RESTORE_LOAD:
+            row.update(tag=e.get("tag"), bytes_read=e.get("bytes"), files_read=e.get("n_files"),
+                       read_deserialize_s=e.get("read_deserialize_s"))
+        elif name == Event.RESTORE_VERIFY:
+            row["verify_s"] = e["duration_s"]
+        elif name == Event.STARTUP_DS_INITIALIZE:
+            row["ds_init_parts"] = ds_init_breakdown([e])
+    for row in rows.values():
+        launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
+        row["restart_s"] = end - launch if launch is not None and end is not None else None
+        row["ready_s"] = first - launch if launch is not None and first is not None else None
+    return [rows[rank] for rank in sorted(rows)]
+
+
+#: The spans of a restore the memory figure marks: the restart's parts and the harness's exactness check.
+SPAN_PARTS = (*RESTART_PARTS, (Event.RESTORE_VERIFY, "verify"))
+
+
+def restart_spans(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
+    """One row per rank and span (``SPAN_PARTS``) of one restore attempt, on the restart's clock: seconds since the
+    rank's launch (its ``process.start`` span's start), with the RSS at the span's start and its peak. A rank
+    without a launch record has none."""
+    restore = attempt_events(events, attempt)
+    launches = _launches(restore)
+    labels = dict(SPAN_PARTS)
+    rows = []
+    for e in restore:
+        if e["event"] not in labels or e["rank"] not in launches:
+            continue
+        if e["event"] == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
+            continue
+        start = e["start"] - launches[e["rank"]]
+        rows.append({"attempt": attempt, "rank": e["rank"], "part": labels[e["event"]], "start_s": start,
+                     "end_s": start + e["duration_s"], "start_rss_bytes": e.get("start_rss_bytes"),
+                     "peak_rss_bytes": e.get("peak_rss_bytes")})
+    return sorted(rows, key=lambda r: (r["rank"], r["start_s"]))
+
+
+def restart_memory(events: list[dict[str, Any]], attempt: int, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per memory sample of each rank's ``rank.memory`` timeline of one restore attempt, moved from the
+    process's clock (seconds since ``process_start``) to the restart's (since the rank's launch), each with the span of
+    ``spans`` (``restart_spans``' rows of the attempt) it fell in. Records without a timeline give none."""
+    restore = attempt_events(events, attempt)
+    launches = _launches(restore)
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for span in sorted(spans, key=lambda s: s["start_s"]):  # stable: spans starting together keep their order
+        by_rank.setdefault(span["rank"], []).append(span)
+    rows = []
+    for e in restore:
+        if e["event"] != Event.RANK_MEMORY or e["rank"] not in launches or not e.get("timeline"):
+            continue
+        offset = e["process_start"] - launches[e["rank"]]
+        rank_spans = by_rank.get(e["rank"], [])
+        starts = [span["start_s"] for span in rank_spans]
+        for since_start, rss in e["timeline"]:
+            t = since_start + offset
+            rows.append({"attempt": attempt, "rank": e["rank"], "t_s": t, "rss_bytes": rss,
+                         "part": _part_at(rank_spans, starts, t), "resolution_s": e.get("resolution_s")})
+    return rows
+
+
+def _launches(restore: list[dict[str, Any]]) -> dict[int, float]:
+    """rank -> its launch (wall clock): the start of its ``process.start`` span, the restart's zero."""
+    return {e["rank"]: e["start"] for e in restore if e["event"] == Event.PROCESS_START}
+
+
+def _part_at(spans: list[dict[str, Any]], starts: list[float], t: float) -> str | None:
+    """The span (of one rank's, by start; ``starts`` their starts) that holds time ``t``: of those holding it the one
+    that started last (at the boundary of two, the later), the first of them where several started together."""
+    found = None
+    for span in reversed(spans[:bisect_right(starts, t)]):  # started by t, the latest first
+        if found is not None and span["start_s"] < found["start_s"]:
+            break
+        if t <= span["end_s"]:
+            found = span
+    return found["part"] if found else None
+
+
+def critical_path(ranks: list[dict[str, Any]], total: float | None) -> dict[str, Any]:
+    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``, and its
+    ``deepspeed.initialize`` in stages (``path_ds_init_parts``)."""
+    ready = [r for r in ranks if r["ready_s"] is not None]
+    if not ready or total is None:
+        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}, "path_ds_init_parts": None}
+    rank = max(ready, key=lambda r: r["ready_s"])
+    by_label = {label: rank[column] for column, label in RESTART_PART_COLUMNS}
+    path = {label: by_label.get(label) for label in PATH_PARTS if label not in ("verify", "gaps", "1st iter")}
+    path["verify"] = rank["verify_s"]
+    path["1st iter"] = max(total - rank["ready_s"], 0.0)
+    path["gaps"] = max(rank["ready_s"] - sum(v for k, v in path.items() if v is not None and k != "1st iter"), 0.0)
+    return {"path_rank": rank["rank"], **{column: path.get(label) for column, label in PATH_COLUMNS},
+            "path_ds_init_parts": rank["ds_init_parts"]}
