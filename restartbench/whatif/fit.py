@@ -63,8 +63,12 @@ class Fit:
     engines: dict[str, dict[str, Line]] = field(default_factory=dict)
     startup: dict[str, Line] = field(default_factory=dict)
     runs: list[str] = field(default_factory=list)
+    unfitted: dict[str, str] = field(default_factory=dict)
+    """Engines the calibration ran but could not fit, each with the FitError that says which term and which runs."""
 
     def engine(self, name: str) -> dict[str, Line]:
+        if name in self.unfitted:
+            raise FitError(f"engine {name!r} was not fitted: {self.unfitted[name]}")
         if name not in self.engines:
             raise FitError(f"the calibration has no runs of engine {name!r} (it has {', '.join(self.engines)}); "
                            f"runs that would fit it: real runs of {name} on two presets (tiny and small tp1pp1dp2)")
@@ -181,8 +185,11 @@ def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] |
     result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
                  runs=sorted(set(table["run_id"])))
     for engine in sorted({r["engine"] for r in checkpoints}):
-        result.engines[engine] = _engine_terms(engine, [r for r in checkpoints if r["engine"] == engine],
-                                               [r for r in restarts if r["engine"] == engine])
+        try:
+            result.engines[engine] = _engine_terms(engine, [r for r in checkpoints if r["engine"] == engine],
+                                                   [r for r in restarts if r["engine"] == engine])
+        except FitError as error:  # kept, and said whenever the engine is asked for
+            result.unfitted[engine] = str(error)
     result.startup = _startup_terms(real)
     return result
 
@@ -244,6 +251,7 @@ def _maybe_line(term: str, rows: list[dict], regressors: tuple[str, ...], target
 
 def to_json(fit: Fit) -> dict[str, Any]:
     return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
+            "unfitted": fit.unfitted,
             "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
             "startup": {t: asdict(line) for t, line in fit.startup.items()}}
 
@@ -254,7 +262,7 @@ def from_json(data: dict[str, Any]) -> Fit:
                     entry["note"])
     return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
                {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
-               {t: line(v) for t, v in data["startup"].items()}, data["runs"])
+               {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}))
 
 
 def write_fit(fit: Fit, path: Path) -> None:
