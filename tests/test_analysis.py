@@ -2,16 +2,19 @@
 runs), plus runs derived from them: skipped, failed, killed, malformed, another engine, engine none, a baseline."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from restartbench import analysis, goodput, report
-from restartbench.analysis import collect
+from restartbench.analysis import collect, collecting
+from restartbench.analysis.records import decode_column
 from restartbench.events import Event, EventFileError, EventLog, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -568,3 +571,114 @@ def test_summarize_goodput_and_limits_from_a_hand_made_run(tmp_path):
 def test_summarize_refuses_a_bad_failure_model(tmp_path, option, value, words):
     proc = summarize(tmp_path, option, value)
     assert proc.returncode == 2 and words in proc.stderr
+
+
+# -- the per-run record (restartbench.analysis.records) ------------------------------------------------------------
+
+
+def backdate(logs: Path, seconds: float = 60.0) -> None:
+    """Every file under ``logs`` modified ``seconds`` ago: a record is not kept beside inputs written within
+    records.RACY_NS of it (an edit in the same clock tick could keep their modification time), and these fixtures
+    were written just now."""
+    when = time.time() - seconds
+    for path in logs.rglob("*"):
+        os.utime(path, (when, when))
+
+
+def all_tables(collected: analysis.Collected) -> dict[str, pd.DataFrame]:
+    return {name: getattr(collected, name)() for name in ("table", "rank_table", "file_table", "span_table",
+                                                          "memory_table", "excluded_table")}
+
+
+def assert_same_tables(expected: analysis.Collected, got: analysis.Collected) -> None:
+    for name, frame in all_tables(expected).items():
+        pd.testing.assert_frame_equal(frame, getattr(got, name)(), check_exact=True, obj=name)
+    assert got.warnings == expected.warnings
+
+
+def counting_reads(monkeypatch) -> list[Path]:
+    """The folders the analysis reads from their events from now on (not from a record)."""
+    read = []
+    original = collecting.read_run
+
+    def counted(run_dir):
+        read.append(run_dir)
+        return original(run_dir)
+    monkeypatch.setattr(collecting, "read_run", counted)
+    return read
+
+
+def test_the_records_path_equals_the_events_path_table_for_table(mixed_logs, monkeypatch):
+    """Real runs and the bad ones derived from them: the first collect keeps a record in every readable folder, the
+    second reads those records and no events, and every table equals, cell for cell, the tables read from the
+    events alone (and read in two worker processes)."""
+    backdate(mixed_logs)
+    events = collect(mixed_logs, keep_records=False)
+    assert not list(mixed_logs.rglob(analysis.RECORD_FILE))
+    first = collect(mixed_logs)
+    unreadable = {e.run for e in first.excluded if e.status == "unreadable"}
+    recorded = {p.parent for p in mixed_logs.rglob(analysis.RECORD_FILE)}
+    assert recorded == set(analysis.run_folders(mixed_logs)) - unreadable and len(unreadable) == 3
+    read = counting_reads(monkeypatch)
+    second = collect(mixed_logs)
+    assert set(read) == unreadable  # everything else came from its record
+    for got in (first, second, collect(mixed_logs, keep_records=False, workers=2)):
+        assert_same_tables(events, got)
+    assert not events.table().empty and not events.memory_table().empty
+
+
+def test_a_stale_record_is_never_used(study_logs, tmp_path, monkeypatch):
+    """An event edited after the record was written (same size: only its modification time tells), an events file
+    added, a record of other code, or a record whose inputs are not its run's: each is read from the events again."""
+    run = tmp_path / "logs" / "run"
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    backdate(run)
+    before = collect(run).table()
+    assert (run / analysis.RECORD_FILE).exists()
+    stall = repr(float(before.loc[before["kind"] == "checkpoint", "stall_max_s"].iloc[0]))
+    longer = "9" + stall[1:]  # the same length, a longer stall: its checkpoint's new maximum
+    path = next(p for p in (run / "events").glob("train-rank*.jsonl") if stall in p.read_text())
+    path.write_text(path.read_text().replace(stall, longer, 1))
+    read = counting_reads(monkeypatch)
+    after = collect(run).table()
+    assert read == [run] and after.loc[after["kind"] == "checkpoint", "stall_max_s"].iloc[0] == float(longer)
+    backdate(run)
+    collect(run)  # read again (the edit was too recent to keep a record), its record kept
+    assert collect(run).table().equals(after) and read == [run, run]  # then used
+    (run / "events" / "restore-9-rank00000.jsonl").write_text("")  # an events file more
+    collect(run)
+    assert read == [run, run, run]
+
+
+def test_a_record_of_other_code_or_other_inputs_is_not_used(study_logs, tmp_path, monkeypatch):
+    """A planted figure in a current record shows (the record is what is read), but not once the record's code stamp
+    or input fingerprint is not this code's and these inputs'."""
+    run = tmp_path / "logs" / "run"
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    backdate(run)
+    truth = collect(run).table()["restart_s"].max()
+    stored = json.loads((run / analysis.RECORD_FILE).read_text())
+    rows = stored["record"]["tables"]["rows"]
+    keys, columns = next(block for block in rows if "restart_s" in block[0] and "read_MBps" in block[0])
+    columns[keys.index("restart_s")] = [123456.0] * len(decode_column(columns[0]))  # a plain list is a column too
+
+    def planted(**changes) -> float:
+        (run / analysis.RECORD_FILE).write_text(json.dumps({**stored, **changes}))
+        return collect(run).table()["restart_s"].max()
+    assert planted() == 123456.0
+    assert planted(code="0" * 32) == truth
+    inputs = [list(entry) for entry in stored["inputs"]]
+    inputs[0][2] += 1  # metadata.json one nanosecond newer
+    assert planted(inputs=inputs) == truth
+    assert planted(inputs=stored["inputs"][:-1]) == truth  # an events file the record did not read
+
+
+def test_no_record_beside_inputs_written_just_now(study_logs, tmp_path):
+    """A folder written within records.RACY_NS has no record kept: an edit in the same clock tick could keep the
+    modification time the record saw."""
+    run = tmp_path / "logs" / "run"
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    (run / "metadata.json").write_text((run / "metadata.json").read_text())
+    assert not collect(run).table().empty
+    assert not (run / analysis.RECORD_FILE).exists()
+    assert not list(run.glob(f".{analysis.RECORD_FILE}.*"))  # no temporary file left either

@@ -9,8 +9,11 @@ on the collected root, the run's id, its path and its storage baseline, is fille
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,12 +127,27 @@ def collect(root: Path | str, *, keep_records: bool = True, workers: int | None 
     collected = Collected(root=root)
     baselines = BaselineFinder(root, collected.warnings)
     folders = run_folders(root)
-    kept = [records.load(folder) if keep_records else None for folder in folders]
+    with collector_paused():
+        kept = [records.load(folder) if keep_records else None for folder in folders]
     unread = [folder for folder, record in zip(folders, kept) if record is None]
     parsed = dict(zip(unread, read_runs(unread, keep_records, workers)))
-    for folder, record in zip(folders, kept):
-        add_run(collected, folder, record if record is not None else parsed[folder], baselines)
+    with collector_paused():
+        for folder, record in zip(folders, kept):
+            add_run(collected, folder, record if record is not None else parsed[folder], baselines)
     return collected
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the tables grow: they hold no cycles, and every full collection
+    would scan all they hold so far (the work per run grew with the runs read: issue 27)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def read_runs(folders: list[Path], keep: bool, workers: int | None) -> list[RunRecord]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,15 @@ def predicted_bytes(config: dict[str, Any], planned: Any) -> int | None:
     """The checkpoint plan's size for the run's configuration and engine (restartbench.plan, to the byte where the
     format allows; cached); the run's own plan.json figure where this version cannot predict it (a preset or
     option it does not know)."""
+    predicted = _predicted_from_text(json.dumps(config, sort_keys=True))
+    return planned if predicted is None else predicted
+
+
+@functools.lru_cache(maxsize=1024)
+def _predicted_from_text(config: str) -> int | None:
+    """The prediction of one config.json (as canonical JSON text: runs of one configuration share it, and reading
+    the config again costs as much as the rest of a run's parse); None where this version cannot make one."""
     try:
-        return checkpoint_bytes(RunConfig.from_dict(config))
+        return checkpoint_bytes(RunConfig.from_dict(json.loads(config)))
     except Exception:  # noqa: BLE001 - a config this version cannot read or predict
-        return planned
+        return None

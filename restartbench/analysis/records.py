@@ -16,11 +16,14 @@ A record is used only where it is provably current:
 
 The file is JSON (the standard library reads it; tuples come back as lists, which the records never hold), written
 to a temporary file in the folder and renamed over the old one, so that a reader never sees half a record. A folder
-the analysis may not write to simply has none.
+the analysis may not write to simply has none. Each column of a block is stored as the shortest exact form that
+reads fast (``encode_column``): one value where all are the same (of one type), runs of equal values, the float64
+or int64 bytes (base64) where all are floats or all ints, else the list of values.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -31,13 +34,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from restartbench import rundir
 from restartbench.analysis.runs import RunRecord
 from restartbench.events import EVENTS_FOLDER
 
 RECORD_FILE = "analysis-record.json"
 #: The record's own layout; a change of it changes ``code_version`` too.
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 #: The run folder's files the analysis reads, besides the events.
 INPUT_FILES = (rundir.METADATA, rundir.CONFIG, rundir.PLAN, rundir.INVENTORY)
 #: An input modified this close to the record (ns, either side) makes the record unsafe to keep.
@@ -63,17 +68,18 @@ def code_version() -> str:
 
 def fingerprint(run_dir: Path) -> list[list[Any]]:
     """[name, size, mtime_ns] of every input of the run folder (None, None: absent), in a fixed order."""
-    entries = [_stat_entry(run_dir / name, name) for name in INPUT_FILES]
+    folder = os.fspath(run_dir)
     try:
-        names = sorted(e.name for e in os.scandir(run_dir / EVENTS_FOLDER) if e.name.endswith(".jsonl"))
+        events = sorted(f"{EVENTS_FOLDER}/{e.name}" for e in os.scandir(os.path.join(folder, EVENTS_FOLDER))
+                        if e.name.endswith(".jsonl"))
     except FileNotFoundError:
-        names = []
-    return entries + [_stat_entry(run_dir / EVENTS_FOLDER / name, f"{EVENTS_FOLDER}/{name}") for name in names]
+        events = []
+    return [_stat_entry(folder, name) for name in (*INPUT_FILES, *events)]
 
 
-def _stat_entry(path: Path, name: str) -> list[Any]:
+def _stat_entry(folder: str, name: str) -> list[Any]:
     try:
-        stat = os.stat(path)
+        stat = os.stat(os.path.join(folder, name))
     except FileNotFoundError:
         return [name, None, None]
     return [name, stat.st_size, stat.st_mtime_ns]
@@ -92,14 +98,19 @@ def load(run_dir: Path) -> RunRecord | None:
         return None
     if record.get("excluded") and stored.get("made_for") != str(run_dir):  # a reason may name the folder
         return None
-    return record
+    return {"excluded": record["excluded"],
+            "tables": {name: [[keys, [c if type(c) is list else decode_column(c) for c in columns]]
+                              for keys, columns in blocks] for name, blocks in record["tables"].items()}}
 
 
 def save(run_dir: Path, record: RunRecord, inputs: list[list[Any]]) -> bool:
     """Keep ``record``, read from the inputs whose ``fingerprint`` was ``inputs`` (taken before reading them), in the
     folder; False where it is not kept (a folder not writable, an input too recent)."""
+    encoded = {"excluded": record["excluded"], "tables": {name: [[keys, [encode_column(c) for c in columns]]
+                                                                 for keys, columns in blocks]
+                                                          for name, blocks in record["tables"].items()}}
     payload = json.dumps({"format": RECORD_FORMAT, "code": code_version(), "inputs": inputs,
-                          "made_for": str(run_dir), "record": record}, separators=(",", ":"))
+                          "made_for": str(run_dir), "record": encoded}, separators=(",", ":"))
     temporary = run_dir / f".{RECORD_FILE}.{uuid.uuid4().hex}.tmp"
     try:
         with open(temporary, "x", encoding="utf-8") as handle:
@@ -113,3 +124,51 @@ def save(run_dir: Path, record: RunRecord, inputs: list[list[Any]]) -> bool:
         temporary.unlink(missing_ok=True)
         return False
     return True
+
+
+INT64 = (-(2**63), 2**63 - 1)
+#: Columns shorter than this stay lists: JSON reads a list with no work of ours (most columns: a run's few rows).
+SHORT = 8
+#: Values one ``{"same": value}`` may stand for: immutable, so that the rows can share one.
+SCALARS = {str, int, float, bool, type(None)}
+
+
+def encode_column(values: list[Any]) -> Any:
+    """A column as ``{"same": value, "n": rows}`` (every value the same scalar, of one type), ``{"runs": [[value,
+    count], ...]}`` (scalars in runs, four rows a run or more), ``{"f8": base64}`` (all floats), ``{"i8": base64}``
+    (all ints within int64) or the list itself; ``decode_column`` gives back the same values."""
+    if len(values) < SHORT:
+        return values
+    kinds = {type(value) for value in values}
+    if len(kinds) == 1 and kinds <= SCALARS and all(value == values[0] for value in values):
+        return {"same": values[0], "n": len(values)}
+    runs = value_runs(values) if kinds <= SCALARS else None
+    if runs is not None and len(runs) * 4 <= len(values):
+        return {"runs": runs}
+    if kinds == {float}:
+        return {"f8": base64.b64encode(np.array(values, dtype="<f8").tobytes()).decode("ascii")}
+    if kinds == {int} and INT64[0] <= min(values) and max(values) <= INT64[1]:
+        return {"i8": base64.b64encode(np.array(values, dtype="<i8").tobytes()).decode("ascii")}
+    return values
+
+
+def value_runs(values: list[Any]) -> list[list[Any]]:
+    """[value, count] for each run of equal values of one type (scalars: NaN never equals, and stays a run of one)."""
+    runs: list[list[Any]] = []
+    for value in values:
+        if runs and runs[-1][0] == value and type(runs[-1][0]) is type(value):
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return runs
+
+
+def decode_column(column: Any) -> list[Any]:
+    if isinstance(column, list):
+        return column
+    if "same" in column:
+        return [column["same"]] * column["n"]
+    if "runs" in column:
+        return [value for value, count in column["runs"] for value in [value] * count]
+    kind = "f8" if "f8" in column else "i8"
+    return np.frombuffer(base64.b64decode(column[kind]), dtype=f"<{kind}").tolist()

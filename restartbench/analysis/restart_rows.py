@@ -121,13 +121,14 @@ def restart_memory(events: list[dict[str, Any]], attempt: int, spans: list[dict[
     for e in restore:
         if e["event"] != Event.RANK_MEMORY or e["rank"] not in launches or not e.get("timeline"):
             continue
-        offset = e["process_start"] - launches[e["rank"]]
-        rank_spans = by_rank.get(e["rank"], [])
+        rank, resolution = e["rank"], e.get("resolution_s")
+        offset = e["process_start"] - launches[rank]
+        rank_spans = by_rank.get(rank, [])
         starts = [span["start_s"] for span in rank_spans]
         for since_start, rss in e["timeline"]:
             t = since_start + offset
-            rows.append({"attempt": attempt, "rank": e["rank"], "t_s": t, "rss_bytes": rss,
-                         "part": _part_at(rank_spans, starts, t), "resolution_s": e.get("resolution_s")})
+            rows.append({"attempt": attempt, "rank": rank, "t_s": t, "rss_bytes": rss,
+                         "part": _part_at(rank_spans, starts, t), "resolution_s": resolution})
     return rows
 
 
