@@ -250,3 +250,11 @@ def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path,
     assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--plot", str(tmp_path / "p")]) == 2
     assert "'nodes' is negative" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_per_file_term_that_only_explains_one_run_is_left_out_by_leave_one_run_out():
+    rows = [{"run_id": f"r{i}", "bytes": float(i), "files": 10.0 if i == 4 else 1.0,
+             "y": 1 + 2 * i + (0.5 if i == 4 else 0.0)} for i in range(1, 5)]
+    line = fit_line("t", rows, ("files", "bytes"), "y")
+    assert "files" not in line.coefficients and "files left out" in line.note
+    assert line.coefficients["bytes"] == pytest.approx(2.0, rel=0.15)

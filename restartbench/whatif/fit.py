@@ -92,13 +92,37 @@ def fit_line(term: str, rows: list[dict[str, Any]], regressors: tuple[str, ...],
     if regressors and not kept:
         raise FitError(f"term {term!r}: {len(runs)} calibration run(s) ({', '.join(runs)}) all have the same "
                        f"{', '.join(regressors)}; runs that would fit it: {'; '.join(HINTS[x] for x in regressors)}")
-    y = np.array([r[target] for r in rows], dtype=float)
-    x = np.array([[1.0, *(r[k] for k in kept)] for r in rows], dtype=float)
-    coefficients = _nnls(x, y)
-    note = "; ".join(f"{k} not fitted (the same in every calibration run: {rows[0][k]:.4g}); runs that would fit "
-                     f"it: {HINTS[k]}" for k in dropped)
-    line = Line(float(coefficients[0]), {k: float(c) for k, c in zip(kept, coefficients[1:])}, runs=runs, note=note)
+    notes = [f"{k} not fitted (the same in every calibration run: {rows[0][k]:.4g}); runs that would fit it: "
+             f"{HINTS[k]}" for k in dropped]
+    if "files" in kept and len(kept) > 1 and _loo_error(rows, [k for k in kept if k != "files"], target) \
+            < _loo_error(rows, kept, target):
+        kept.remove("files")
+        notes.append("files left out: without it the calibration predicts its own runs better, each left out in "
+                     "turn")
+    coefficients = _nnls(_design(rows, kept), np.array([r[target] for r in rows], dtype=float))
+    line = Line(float(coefficients[0]), {k: float(c) for k, c in zip(kept, coefficients[1:])}, runs=runs,
+                note="; ".join(notes))
     return _with_spread(line, rows, target)
+
+
+def _design(rows: list[dict[str, Any]], kept: list[str]) -> np.ndarray:
+    return np.array([[1.0, *(r[k] for k in kept)] for r in rows], dtype=float)
+
+
+def _loo_error(rows: list[dict[str, Any]], kept: list[str], target: str) -> float:
+    """Mean absolute relative error of each calibration run predicted by the line fitted on the other runs (inf
+    where the others leave a regressor constant or too few to fit the line)."""
+    runs = sorted({r["run_id"] for r in rows})
+    errors = []
+    for left in runs:
+        train = [r for r in rows if r["run_id"] != left]
+        if len({tuple(round(r[k], 12) for k in kept) for r in train}) < len(kept) + 1 \
+                or any(len({round(r[k], 12) for r in train}) < 2 for k in kept):
+            return math.inf
+        c = _nnls(_design(train, kept), np.array([r[target] for r in train], dtype=float))
+        errors += [abs(float(_design([r], kept)[0] @ c) / r[target] - 1) for r in rows if r["run_id"] == left
+                   and r[target] > 0]
+    return statistics.fmean(errors) if errors else math.inf
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
