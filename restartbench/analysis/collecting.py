@@ -49,28 +49,46 @@ class Excluded:
 
 class Columns:
     """A table built column by column from blocks of rows, as ``pd.DataFrame(rows)`` builds one from the rows: the
-    columns in the order they first appear, NaN where a row lacks a column."""
+    columns in the order they first appear, NaN where a row lacks a column. A column may come encoded
+    (``records.encode_column``); a deferred block (``defer``) is decoded only when the table is asked for."""
 
     def __init__(self) -> None:
         self.columns: dict[str, list[Any]] = {}
         self.count = 0
+        self.pending: list[tuple[dict[str, Any], int]] = []
 
-    def add(self, block: dict[str, list[Any]], count: int) -> None:
-        """Append ``count`` rows given as {column: values}."""
+    def add(self, block: dict[str, Any], count: int) -> None:
+        """Append ``count`` rows given as {column: values or an encoded column}."""
+        if self.pending:
+            self.settle()
         for name, values in block.items():
             column = self.columns.setdefault(name, [])
             if len(column) < self.count:
                 column.extend([np.nan] * (self.count - len(column)))
-            column.extend(values)
+            column.extend(values if type(values) is list else records.decode_column(values))
         self.count += count
+
+    def defer(self, block: dict[str, Any], count: int) -> None:
+        """``add`` when the table is asked for (its many rows, such as memory samples, cost time only then)."""
+        self.pending.append((block, count))
+
+    def settle(self) -> None:
+        pending, self.pending = self.pending, []
+        for block, count in pending:
+            self.add(block, count)
 
     def frame(self, order: dict[str, Any]) -> pd.DataFrame:
         """The table, the columns of ``order`` first (in its order), then the others as they came."""
+        self.settle()
         for column in self.columns.values():
             column.extend([np.nan] * (self.count - len(column)))
         frame = pd.DataFrame(self.columns) if self.columns else pd.DataFrame()
         ordered = [c for c in order if c in frame.columns] + [c for c in frame.columns if c not in order]
         return frame.reindex(columns=ordered or list(order))
+
+
+#: The tables whose blocks are decoded only when asked for: many rows per run, and no printed table needs them.
+DEFERRED = ("spans", "memory")
 
 
 @dataclass
@@ -129,9 +147,8 @@ def collect(root: Path | str, *, keep_records: bool = True, workers: int | None 
     folders = run_folders(root)
     with collector_paused():
         kept = [records.load(folder) if keep_records else None for folder in folders]
-    unread = [folder for folder, record in zip(folders, kept) if record is None]
-    parsed = dict(zip(unread, read_runs(unread, keep_records, workers)))
-    with collector_paused():
+        unread = [folder for folder, record in zip(folders, kept) if record is None]
+        parsed = dict(zip(unread, read_runs(unread, keep_records, workers)))
         for folder, record in zip(folders, kept):
             add_run(collected, folder, record if record is not None else parsed[folder], baselines)
     return collected
@@ -189,13 +206,19 @@ def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: B
     place = {"run_id": run_id_of(run_dir, collected.root), "run": str(run_dir)}
     baseline = baselines.find(run_dir)
     for name in TABLES:
+        table = collected.tables[name]
         for keys, columns in record["tables"][name]:
-            count = len(columns[0]) if columns else 0
+            count = records.column_length(columns[0]) if columns else 0
             block = dict(zip(keys, columns))
-            block.update({key: [value] * count for key, value in place.items() if key in block})
+            block.update({key: {"same": value, "n": count} for key, value in place.items() if key in block})
+            if name in DEFERRED:
+                table.defer(block, count)
+                continue
+            if name == "rows" and any(type(column) is not list for column in columns):  # many rows: encoded
+                block = {key: records.decode_column(column) for key, column in block.items()}
             if name == "rows":
                 apply_baseline(block, baseline)
-            collected.tables[name].add(block, count)
+            table.add(block, count)
 
 
 def run_id_of(run_dir: Path, root: Path) -> str:

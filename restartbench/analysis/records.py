@@ -98,9 +98,7 @@ def load(run_dir: Path) -> RunRecord | None:
         return None
     if record.get("excluded") and stored.get("made_for") != str(run_dir):  # a reason may name the folder
         return None
-    return {"excluded": record["excluded"],
-            "tables": {name: [[keys, [c if type(c) is list else decode_column(c) for c in columns]]
-                              for keys, columns in blocks] for name, blocks in record["tables"].items()}}
+    return record  # its columns as encode_column made them: decode_column gives the values
 
 
 def save(run_dir: Path, record: RunRecord, inputs: list[list[Any]]) -> bool:
@@ -161,6 +159,18 @@ def value_runs(values: list[Any]) -> list[list[Any]]:
         else:
             runs.append([value, 1])
     return runs
+
+
+def column_length(column: Any) -> int:
+    """The rows of an encoded column, without decoding it."""
+    if isinstance(column, list):
+        return len(column)
+    if "same" in column:
+        return column["n"]
+    if "runs" in column:
+        return sum(count for _value, count in column["runs"])
+    text = column.get("f8") or column["i8"]
+    return (len(text) * 3 // 4 - text[-2:].count("=")) // 8
 
 
 def decode_column(column: Any) -> list[Any]:
