@@ -182,8 +182,9 @@ def read_runs(folders: list[Path], keep: bool, workers: int | None) -> list[RunR
 
 
 def read_folder(run_dir: Path, keep: bool) -> RunRecord:
-    """One folder's record from its events, kept in the folder where ``keep``; a folder that cannot be read is a
-    record of its exclusion as unreadable, never kept (its reason may not be about the files)."""
+    """One folder's record from its events, kept in the folder (encoded, as ``records.load`` gives it) where ``keep``;
+    a folder that cannot be read is a record of its exclusion as unreadable, never kept (its reason may not be about
+    the files)."""
     inputs = records.fingerprint(run_dir) if keep else []
     try:
         record = read_run(run_dir)
@@ -193,9 +194,11 @@ def read_folder(run_dir: Path, keep: bool) -> RunRecord:
         preset, layout, engine = quiet_metadata(run_dir)
         return {"excluded": {"status": "unreadable", "reason": reason, "preset": preset, "layout": layout,
                              "engine": engine}, "tables": {}}
-    if keep:
-        records.save(run_dir, record, inputs)
-    return record
+    if not keep:
+        return record
+    encoded = records.encode(record)  # also what a worker sends back: a few strings, not every sample
+    records.save(run_dir, encoded, inputs)
+    return encoded
 
 
 def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: BaselineFinder) -> None:

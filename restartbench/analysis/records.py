@@ -101,12 +101,16 @@ def load(run_dir: Path) -> RunRecord | None:
     return record  # its columns as encode_column made them: decode_column gives the values
 
 
-def save(run_dir: Path, record: RunRecord, inputs: list[list[Any]]) -> bool:
-    """Keep ``record``, read from the inputs whose ``fingerprint`` was ``inputs`` (taken before reading them), in the
-    folder; False where it is not kept (a folder not writable, an input too recent)."""
-    encoded = {"excluded": record["excluded"], "tables": {name: [[keys, [encode_column(c) for c in columns]]
-                                                                 for keys, columns in blocks]
-                                                          for name, blocks in record["tables"].items()}}
+def encode(record: RunRecord) -> RunRecord:
+    """The record with each column as ``encode_column`` stores it (what ``save`` keeps and ``load`` gives)."""
+    return {"excluded": record["excluded"], "tables": {name: [[keys, [encode_column(c) for c in columns]]
+                                                              for keys, columns in blocks]
+                                                       for name, blocks in record["tables"].items()}}
+
+
+def save(run_dir: Path, encoded: RunRecord, inputs: list[list[Any]]) -> bool:
+    """Keep the ``encode``d record read from the inputs whose ``fingerprint`` was ``inputs`` (taken before reading
+    them) in the folder; False where it is not kept (a folder not writable, an input too recent)."""
     payload = json.dumps({"format": RECORD_FORMAT, "code": code_version(), "inputs": inputs,
                           "made_for": str(run_dir), "record": encoded}, separators=(",", ":"))
     temporary = run_dir / f".{RECORD_FILE}.{uuid.uuid4().hex}.tmp"
