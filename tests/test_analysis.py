@@ -612,6 +612,8 @@ def test_the_records_path_equals_the_events_path_table_for_table(mixed_logs, mon
     """Real runs and the bad ones derived from them: the first collect keeps a record in every readable folder, the
     second reads those records and no events, and every table equals, cell for cell, the tables read from the
     events alone (and read in two worker processes)."""
+    for record in mixed_logs.rglob(analysis.RECORD_FILE):  # kept in the real runs by tests before, and copied
+        record.unlink()
     backdate(mixed_logs)
     events = collect(mixed_logs, keep_records=False)
     assert not list(mixed_logs.rglob(analysis.RECORD_FILE))
@@ -631,7 +633,7 @@ def test_a_stale_record_is_never_used(study_logs, tmp_path, monkeypatch):
     """An event edited after the record was written (same size: only its modification time tells), an events file
     added, a record of other code, or a record whose inputs are not its run's: each is read from the events again."""
     run = tmp_path / "logs" / "run"
-    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints", analysis.RECORD_FILE))
     backdate(run)
     before = collect(run).table()
     assert (run / analysis.RECORD_FILE).exists()
@@ -654,7 +656,7 @@ def test_a_record_of_other_code_or_other_inputs_is_not_used(study_logs, tmp_path
     """A planted figure in a current record shows (the record is what is read), but not once the record's code stamp
     or input fingerprint is not this code's and these inputs'."""
     run = tmp_path / "logs" / "run"
-    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints", analysis.RECORD_FILE))
     backdate(run)
     truth = collect(run).table()["restart_s"].max()
     stored = json.loads((run / analysis.RECORD_FILE).read_text())
@@ -677,7 +679,7 @@ def test_no_record_beside_inputs_written_just_now(study_logs, tmp_path):
     """A folder written within records.RACY_NS has no record kept: an edit in the same clock tick could keep the
     modification time the record saw."""
     run = tmp_path / "logs" / "run"
-    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(real_runs(study_logs)[0], run, ignore=shutil.ignore_patterns("checkpoints", analysis.RECORD_FILE))
     (run / "metadata.json").write_text((run / "metadata.json").read_text())
     assert not collect(run).table().empty
     assert not (run / analysis.RECORD_FILE).exists()
