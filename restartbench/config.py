@@ -241,11 +241,16 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:
-        """A config.json; one that is not valid JSON or not a run configuration is refused naming the file."""
+        """A config.json; one that is not valid JSON or not a run configuration is refused naming the file. A run
+        folder's config names the folder relatively (``paths.run_dir`` "."): it is made absolute where the file is
+        now, so a moved folder's configuration names its new place."""
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            cfg = cls.from_dict(json.loads(Path(path).read_text()))
         except ValueError as error:  # json.JSONDecodeError included
             raise ValueError(f"{path}: {error}") from None
+        if cfg.paths.run_dir and not Path(cfg.paths.run_dir).is_absolute():
+            cfg.paths.run_dir = str((Path(path).parent / cfg.paths.run_dir).resolve())
+        return cfg
 
 
 # --- command line, generated from the tree ----------------------------------------------

@@ -149,6 +149,21 @@ def test_execute_on_a_config_json_whose_section_is_no_object_names_it(tmp_path, 
     assert folder_state(tmp_path) == before
 
 
+def test_a_run_folders_config_names_the_folder_where_it_is_now(tmp_path):
+    """config.json says paths.run_dir "."; loaded from a moved folder it names the new place (the emulated run's
+    predicted DCP .metadata pickles the checkpoint folder's path, so a path relative to the working directory gave
+    another size than the file written)."""
+    folder = tmp_path / "moved" / "run"
+    folder.mkdir(parents=True)
+    cfg = RunConfig()
+    cfg.paths.run_dir = "."
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert RunConfig.load(folder / "config.json").paths.run_dir == str(folder.resolve())
+    cfg.paths.run_dir = "/elsewhere/run"
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert RunConfig.load(folder / "config.json").paths.run_dir == "/elsewhere/run"
+
+
 def test_a_config_json_that_is_not_json_names_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(ValueError, match=rf"{tmp_path / 'config.json'}: Expecting"):
