@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from restartbench.baseline import BaselineError, measure
+from restartbench.baseline import BaselineError, evict, measure
 
 MB = 1e6
 MiB = 2**20
@@ -34,12 +34,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 def buffered_read_MBps(paths: list[Path], block: int = 8 * MiB) -> float:
     """Read every file at once (one thread each) after evicting it from the page cache; aggregate MB/s."""
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(path)
 
     def read(path: Path) -> int:
         total = 0
