@@ -113,7 +113,7 @@ def stored_parts(run: Path) -> dict[str, Any]:
             if event["event"] == "checkpoint.durable":
                 durable.setdefault(event["tag"], {})[str(event["rank"])] = event["bytes"]
     plan = json.loads((run / "plan.json").read_text())
-    return {"config.json": json.loads((run / "config.json").read_text()),
+    return {"config.json": RunConfig.load(run / "config.json").to_dict(),  # the run folder named where it is
             "inventory.json": json.loads((run / "inventory.json").read_text()),
             "durable.json": {tag: dict(sorted(ranks.items(), key=lambda item: int(item[0])))
                              for tag, ranks in sorted(durable.items())},
