@@ -195,7 +195,7 @@ def test_the_conversion_writes_exactly_the_predicted_files_and_fragments(convert
     temporary folder removed); converted again with ``--keep_temp_folder``, the fragments left in ``tmp`` are the
     predicted ones, byte for byte."""
     conversion = converted(layout)
-    cfg = RunConfig.from_dict(json.loads((conversion.run / "config.json").read_text()))
+    cfg = RunConfig.load(conversion.run / "config.json")
     plan = predict_universal(setup_for(cfg))
     after = files_under(conversion.folder)
     assert {path: size for path, size in after.items() if path not in conversion.before} == \
