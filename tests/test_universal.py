@@ -9,7 +9,6 @@ model file, and the copies past the lowest writer keep FastPersist's suffix (``m
 which ds_to_universal.py counts as model files: "RuntimeError: Checkpoint model-state file count 4 does not match
 pp_degree=2 * tp_degree=1." (DeepSpeed 0.19.8, tiny pp2dp2)."""
 
-import json
 import re
 import subprocess
 import sys
