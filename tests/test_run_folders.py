@@ -85,7 +85,8 @@ def test_many_launches_into_one_logs_folder_at_once_all_succeed(tmp_path):
     assert len(folders) == 18
     for folder in folders:
         assert json.loads((folder / "metadata.json").read_text())["status"] == "prepared"
-        assert RunConfig.load(folder / "config.json").paths.run_dir == "."  # paths inside a run folder: relative
+        assert json.loads((folder / "config.json").read_text())["paths"]["run_dir"] == "."  # inside: relative
+        assert RunConfig.load(folder / "config.json").paths.run_dir == str(folder.resolve())  # loaded: where it is
         assert json.loads((folder / "plan.json").read_text())["run_dir"] == "."
         assert rundir.RunPlan.load(folder).run_dir == str(folder)
 
