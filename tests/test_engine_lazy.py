@@ -194,7 +194,7 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
     seen = []
     saver.on_copy_wait = lambda tag, seconds, at: seen.append((tag, seconds, at))
     saver.save(engine, str(tmp_path), "step1")
-    assert engine.optimizer.step._lazy_guard is saver
+    assert engine.optimizer.step._step_guard is saver
     stepped = time.time()
     engine.optimizer.step()  # at once: it must not change what is still being copied
     after_step = time.time()

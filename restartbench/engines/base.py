@@ -138,6 +138,23 @@ def records_as_dicts(records: list[FileRecord], root: str) -> list[dict[str, Any
     return [{**asdict(r), "path": os.path.relpath(r.path, root)} for r in records]
 
 
+def guard_optimizer_step(ds_engine: Any, owner: object, before_step: Callable[[], None]) -> None:
+    """Wrap ``ds_engine``'s optimizer step (an instance attribute, once per ``owner``) so that it first calls
+    ``before_step``: an asynchronous engine's copies must be done before the step, the first thing after a save that
+    modifies what is being copied (the lazy engine, and the DataStates engine's commit)."""
+    optimizer = ds_engine.optimizer
+    if optimizer is None or getattr(optimizer.step, "_step_guard", None) is owner:
+        return
+    original = optimizer.step
+
+    def guarded_step(*args: Any, **kwargs: Any) -> Any:
+        before_step()
+        return original(*args, **kwargs)
+
+    guarded_step._step_guard = owner  # type: ignore[attr-defined]
+    optimizer.step = guarded_step
+
+
 def durable_now(records: list[Any]) -> float:
     """fsync the files of these records (anything with a ``path``) and their folders; return the
     ``time.perf_counter()`` at which they were durable (what ``wait_until_durable`` returns)."""

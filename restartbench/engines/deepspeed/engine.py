@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.config import EngineConfig
-from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now
+from restartbench.engines.base import CheckpointEngine, FileRecord, durable_now, guard_optimizer_step
 from restartbench.engines.deepspeed.datastates_adapter import ADAPTER_NOTE
 from restartbench.storage import ObjectStore
 
@@ -325,30 +325,19 @@ class DataStatesEngine(DeepSpeedEngine):
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
         self._ds_engine = ds_engine
-        self._install_step_guard(ds_engine)
+        guard_optimizer_step(ds_engine, self, self._commit_before_step)
         self.workarounds = [ADAPTER_NOTE, self.STEP_GUARD_NOTE]
         super().save(ds_engine, save_dir, tag)
         self._pending_tag = tag
 
-    def _install_step_guard(self, ds_engine: Any) -> None:
-        """Wrap this engine's optimizer step (instance attribute, once) so that it first waits for the last save's
-        copies: the step is the first thing after a save that modifies what DataStates is copying."""
-        optimizer = ds_engine.optimizer
-        if optimizer is None or getattr(optimizer.step, "_datastates_guard", None) is self:
-            return
-        original = optimizer.step
-
-        def guarded_step(*args: Any, **kwargs: Any) -> Any:
-            tag = self._pending_tag
-            if tag is not None:
-                at, start = time.time(), time.perf_counter()
-                self._commit()
-                if self.on_copy_wait is not None:
-                    self.on_copy_wait(tag, time.perf_counter() - start, at)
-            return original(*args, **kwargs)
-
-        guarded_step._datastates_guard = self  # type: ignore[attr-defined]
-        optimizer.step = guarded_step
+    def _commit_before_step(self) -> None:
+        """The guarded step's call: commit the pending save, reported as the step's copy wait."""
+        tag = self._pending_tag
+        if tag is not None:
+            at, start = time.time(), time.perf_counter()
+            self._commit()
+            if self.on_copy_wait is not None:
+                self.on_copy_wait(tag, time.perf_counter() - start, at)
 
     def _commit(self) -> None:
         """DeepSpeed's commit of the pending save (the adapter's wait(persist=True)), once."""

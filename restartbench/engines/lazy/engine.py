@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from restartbench.config import EngineConfig
-from restartbench.engines.base import CheckpointEngine, FileRecord
+from restartbench.engines.base import CheckpointEngine, FileRecord, guard_optimizer_step
 from restartbench.engines.lazy.capture import Capture, RankLayout, capture, file_meta, rank_layout, state_to_come
 from restartbench.engines.lazy.copies import CopyProgress, GpuWait, HostBuffer
 from restartbench.engines.lazy.flush import Flush
@@ -122,7 +122,7 @@ class LazyEngine(CheckpointEngine):
         self._finish_previous()
         layout = rank_layout(ds_engine)
         state = capture(ds_engine, layout)
-        self._install_step_guard(ds_engine)
+        guard_optimizer_step(ds_engine, self, self.wait_for_copies)
         self.save_captured(state, layout, save_dir, tag)
 
     def save_captured(self, state: Capture, layout: RankLayout, save_dir: str, tag: str) -> None:
@@ -166,21 +166,6 @@ class LazyEngine(CheckpointEngine):
         if self._stream is None or self._stream.device != device:
             self._stream = torch.cuda.Stream(device)
         return self._stream
-
-    def _install_step_guard(self, ds_engine: Any) -> None:
-        """Wrap this engine's optimizer step (instance attribute, once) so that it first waits for the copies of the
-        last save: the step is the first thing after a save that modifies what is being copied."""
-        optimizer = ds_engine.optimizer
-        if optimizer is None or getattr(optimizer.step, "_lazy_guard", None) is self:
-            return
-        original = optimizer.step
-
-        def guarded_step(*args: Any, **kwargs: Any) -> Any:
-            self.wait_for_copies()
-            return original(*args, **kwargs)
-
-        guarded_step._lazy_guard = self  # type: ignore[attr-defined]
-        optimizer.step = guarded_step
 
     def wait_for_copies(self) -> None:
         """At the first optimizer step after a save: wait for its copies, and record how long (0 when already done).
