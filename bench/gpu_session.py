@@ -56,6 +56,7 @@ from restartbench.analysis import collect  # noqa: E402
 from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes  # noqa: E402
 from restartbench.events import read_events  # noqa: E402
 from restartbench.presets import get_preset  # noqa: E402
+from restartbench.storage import LocalStore  # noqa: E402
 
 MiB = 2**20
 MB = 1e6
@@ -404,7 +405,7 @@ class Session:
             self.write()
 
     def write(self) -> None:
-        write_atomically(self.out / LEDGER, json.dumps(self.ledger, indent=1, default=str) + "\n")
+        LocalStore(self.out).write_durably(LEDGER, json.dumps(self.ledger, indent=1, default=str) + "\n")
         pack_logs(self.where.work, self.out / LOGS_TAR)
 
 
@@ -438,15 +439,6 @@ def load_ledger(path: Path | None, code: dict) -> dict:
             return ledger
         raise SessionError(f"{path} is not a gpu_session ledger: give another --out")
     return {"session": {"schema": 1, "code": code}, "blocks": {}}
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
