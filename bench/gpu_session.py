@@ -20,7 +20,9 @@ Blocks, in priority order, each with its expected seconds and the basis of the e
 A block starts only if its expected seconds plus a safety margin fit in what is left; one that fails records its
 error (message, exit code, the tail of its log) and the session goes on. A block is skipped when ``bench/results``
 (or this output folder's ledger) already holds it for this machine (the GPU's name) and this code (``code_identity``),
-unless a block run this visit needs it (``setup``, ``datastates-build``: a fresh machine needs them again).
+unless a block run this visit needs it (``setup``, ``datastates-build``: a fresh machine needs them again). A block
+held only at other code (the code changes between visits) is tried after every block never measured here, and a
+block measured here before is planned with the seconds it took (``measured``, ``visit_order``).
 
 What comes back (the tool returns at most 8 files of 16 MiB from $OUT): ``ledger.json``, every block's outcome and
 result files, rewritten atomically after each block, and ``logs.tar.gz``, every block's log and the run folders
@@ -263,13 +265,45 @@ def _code_files(root: Path) -> list[Path]:
     return found
 
 
-def held_result(results: Path, machine: str, code: str, block: str) -> Path | None:
-    """The results file that already holds ``block`` for this machine and code (a result: ok or failed)."""
+def held_results(results: Path, machine: str, block: str) -> list[tuple[Path, dict]]:
+    """Every results file that holds ``block``'s result (ok or failed) for this machine, oldest first, with its meta."""
+    held = []
     for path in sorted(results.glob(f"*-{machine}-gpu-{block}.json")):
         meta = json.loads(path.read_text()).get("meta", {})
-        if meta.get("code", {}).get("tree") == code and meta.get("status") in DONE:
-            return path
-    return None
+        if meta.get("status") in DONE:
+            held.append((path, meta))
+    return sorted(held, key=lambda pair: (pair[1].get("date", ""), pair[0].name))
+
+
+def held_result(results: Path, machine: str, code: str, block: str) -> Path | None:
+    """The results file that already holds ``block`` for this machine and code (a result: ok or failed)."""
+    return next((path for path, meta in reversed(held_results(results, machine, block))
+                 if meta.get("code", {}).get("tree") == code), None)
+
+
+def measured(block: Block, held: list[tuple[Path, dict]]) -> Block:
+    """``block`` with the seconds it last took on this machine (``held``: its results, oldest first) as its expected
+    seconds, where it ended ok: a measurement plans the next visit better than the first estimate."""
+    last = next(((path, meta) for path, meta in reversed(held) if meta.get("status") == "ok" and meta.get("seconds")),
+                None)
+    if last is None:
+        return block
+    path, meta = last
+    return dataclasses.replace(block, expected_s=float(meta["seconds"]),
+                               basis=f"measured on this machine: {meta['seconds']:.0f} s on {meta.get('date')} "
+                                     f"({path.name})")
+
+
+def visit_order(blocks: list[Block], stale: set[str]) -> list[Block]:
+    """The order a visit tries ``blocks`` in: those never measured on this machine first, in priority order, then
+    those measured at other code (``stale``: refreshed as time allows). Code changes between visits; without this,
+    each visit would spend its minutes measuring again the first blocks and never reach the last. A block moves up
+    with the earliest block that needs it (``needs`` always come before their users in ``blocks``)."""
+    rank = {b.name: (int(b.name in stale), i) for i, b in enumerate(blocks)}
+    for block in reversed(blocks):
+        for need in block.needs:
+            rank[need] = (min(rank[need][0], rank[block.name][0]), rank[need][1])
+    return sorted(blocks, key=lambda b: rank[b.name])
 
 
 def gpu_machine() -> tuple[str, str | None]:
@@ -343,12 +377,18 @@ class Session:
         self.ledger["session"].setdefault("visits", []).append(
             {"started": _now(), "argv": argv, "budget_s": self.budget_s, "gpu": gpu})
         self.ledger["session"].update(machine=self.machine, gpu=gpu, code=self.code)
+        blocks = [measured(b, held_results(self.results, self.machine, b.name)) for b in blocks]
         wanted = selected(blocks, only, self.decide_held)
-        for block in blocks:
+        for block in visit_order(blocks, self.stale(blocks)):
             if block.name in wanted:
                 self.record(block, self.attempt(block, wanted[block.name]))
         self.write()
         return self.ledger
+
+    def stale(self, blocks: list[Block]) -> set[str]:
+        """The blocks whose only results on this machine were measured at other code."""
+        return {b.name for b in blocks if not b.every_visit and held_results(self.results, self.machine, b.name)
+                and not held_result(self.results, self.machine, self.code["tree"], b.name)}
 
     def decide_held(self, block: Block) -> str | None:
         """Why ``block`` need not run (held in bench/results or done in this output folder), else None."""
@@ -544,16 +584,16 @@ def block_result(ledger: dict, name: str, entry: dict, logs: Path, probe: dict |
 
 
 def probe_limits(ledger: dict, results: Path) -> dict | None:
-    """The probe's limits: this visit's probe, else the one held for this machine and code (None: no probe, or one
-    whose files do not give them: the probe's own result says why)."""
+    """The probe's limits: this visit's probe, else the latest held for this machine, at this code or another (None:
+    no probe, or one whose files do not give them: the probe's own result says why)."""
     probe = ledger["blocks"].get("probe", {})
     if probe.get("status") == "ok":
         try:
             return limits_of(probe["files"])
         except SessionError:
             return None
-    held = held_result(results, ledger["session"]["machine"], ledger["session"]["code"]["tree"], "probe")
-    return json.loads(held.read_text()).get("limits") if held else None
+    held = held_results(results, ledger["session"]["machine"], "probe")
+    return json.loads(held[-1][0].read_text()).get("limits") if held else None
 
 
 def limits_of(files: dict) -> dict:
@@ -646,19 +686,19 @@ def _over(value: float | None, limit: float | None) -> float | None:
 
 
 def engines_summary(results: Path, ledger: dict) -> dict | None:
-    """Every engine's 1B figures held in ``results`` for this machine and code (just written included), side by
-    side, with the headline for lazy judged; None when there is none."""
+    """Every engine's latest 1B figures held in ``results`` for this machine (just written included), side by side,
+    each with the commit it ran (visits run other code), with the headline for lazy judged; None when there is none."""
     session = ledger["session"]
     rows, dates = [], []
-    for path in sorted(results.glob(f"*-{session['machine']}-gpu-engines-1B-*.json")):
-        held = json.loads(path.read_text())
-        if held["meta"].get("code", {}).get("tree") != session["code"]["tree"]:
+    for engine in ENGINES_FIRST + ENGINES_THEN:
+        held = held_results(results, session["machine"], f"engines-1B-{engine}")
+        if not held:
             continue
-        engine = held["meta"]["benchmark"][len("gpu-engines-1B-"):]
-        run = next((r for r in held.get("runs", []) if r.get("engine") == engine), {})
-        rows.append({"engine": engine, "status": held["meta"]["status"], "error": held["meta"].get("error"),
-                     "file": path.name, **run})
-        dates.append(held["meta"]["date"])
+        path, meta = held[-1]
+        run = next((r for r in json.loads(path.read_text()).get("runs", []) if r.get("engine") == engine), {})
+        rows.append({"engine": engine, "status": meta["status"], "error": meta.get("error"), "file": path.name,
+                     "commit": meta.get("code", {}).get("commit"), **run})
+        dates.append(meta["date"])
     if not rows:
         return None
     meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
@@ -788,6 +828,10 @@ def engines_markdown(result: dict) -> str:
              "`gpu-engines-1B-<engine>` file.", ""]
     lines += runs_markdown([{**r, "run": r["engine"], "status": "complete" if "cost_s" in r else r["status"],
                              "reason": r.get("error") or "no figures"} for r in result["engines"]])
+    commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}
+    if len(set(commits.values())) > 1:
+        lines += ["The engines ran at different code (visits run the code of their day): "
+                  + ", ".join(f"{engine} at {str(commit)[:10]}" for engine, commit in commits.items()) + ".", ""]
     lines += ["## Headline: lazy", ""]
     if not head["judged"]:
         lines.append(f"Not judged: {head['reason']}.")
@@ -823,10 +867,13 @@ def parser() -> argparse.ArgumentParser:
 
 def dry_run(session: Session, blocks: list[Block], only: list[str] | None) -> None:
     session.ledger = load_ledger(session.out / LEDGER if session.out else None, session.code)
+    blocks = [measured(b, held_results(session.results, session.machine, b.name)) for b in blocks]
     wanted = selected(blocks, only, session.decide_held)
+    stale = session.stale(blocks)
     print(f"machine {session.machine}, code {session.code['tree'][:12]}, budget {session.budget_s:.0f} s")
-    for block in blocks:
-        decision = wanted.get(block.name, "not asked for")
+    for block in visit_order(blocks, stale):
+        decision = wanted.get(block.name, "not asked for") + (" (held at other code: after the others)"
+                                                               if block.name in stale else "")
         print(f"\n[{block.name}] expected {block.expected_s:.0f} s — {decision}" +
               (f"\n  cannot run: {block.problem}" if block.problem else ""))
         env = " ".join(f"{k}={v}" for k, v in block.env.items())

@@ -99,6 +99,45 @@ def test_a_block_held_in_bench_results_is_skipped_unless_a_block_run_now_needs_i
     assert ledger["blocks"]["prep"]["why"] == "needed by y" and "held in" in ledger["blocks"]["x"]["why"]
 
 
+def held(results, name, code, seconds, date="2026-11-20", status="ok"):
+    results.mkdir(exist_ok=True)
+    (results / f"{date}-cpu2-gpu-{name}.json").write_text(json.dumps({"meta": {
+        "code": {"tree": code, "commit": code}, "status": status, "seconds": seconds, "date": date,
+        "benchmark": f"gpu-{name}"}}))
+
+
+def test_blocks_held_at_other_code_come_after_the_unmeasured_and_are_planned_with_their_measured_seconds(tmp_path):
+    """Code changes between visits: a visit measures first what was never measured, then refreshes what was measured
+    at other code; without that each visit would spend its minutes on the first blocks again."""
+    results = tmp_path / "results"
+    held(results, "a", "older", 60)
+    blocks = [block("setup", 1, every_visit=True), block("a", 300, "print('a')", needs=("setup",)),
+              block("b", 60, "print('b')", needs=("setup",))]
+    ledger = session(tmp_path, 100, {"print('a')": 60, "print('b')": 60}, results).run(blocks, None, [], None)
+    assert statuses(ledger) == {"setup": "ok", "b": "ok", "a": "not started"}
+    assert list(ledger["blocks"]) == ["setup", "b", "a"]
+    assert ledger["blocks"]["a"]["expected_s"] == 60 and ledger["blocks"]["a"]["basis"].startswith(
+        "measured on this machine: 60 s on 2026-11-20")
+
+
+def test_a_stale_block_moves_up_with_an_unmeasured_block_that_needs_it():
+    blocks = [block("setup", 1, every_visit=True), block("build", 1, needs=("setup",)), block("x", 1),
+              block("use", 1, needs=("setup", "build"))]
+    assert [b.name for b in gs.visit_order(blocks, {"build", "x"})] == ["setup", "build", "use", "x"]
+
+
+def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_their_code_differs(tmp_path):
+    results = tmp_path / "results"
+    held(results, "engines-1B-lazy", "aaaa", 100, date="2026-11-20")
+    held(results, "engines-1B-lazy", "bbbb", 90, date="2026-11-27", status="failed")
+    held(results, "engines-1B-torch", "cccc", 80, date="2026-11-25")
+    ledger = {"session": {"machine": "cpu2", "code": {"tree": "dddd", "commit": "dddd", "files": 1, "paths": []}}}
+    summary = gs.engines_summary(results, ledger)
+    assert [(r["engine"], r["commit"], r["status"]) for r in summary["engines"]] == [
+        ("torch", "cccc", "ok"), ("lazy", "bbbb", "failed")]
+    assert "torch at cccc, lazy at bbbb" in gs.engines_markdown(summary)
+
+
 def test_a_block_whose_need_failed_is_blocked(tmp_path):
     blocks = [block("setup", 1, "raise SystemExit(1)", every_visit=True), block("x", 1, needs=("setup",))]
     ledger = session(tmp_path, 100, {}).run(blocks, None, [], None)
