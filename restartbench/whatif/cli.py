@@ -3,12 +3,15 @@
     python -m restartbench.whatif 70B tp8pp8dp4 --cluster clusters/h100-pfs.yaml
     python -m restartbench.whatif 7B tp1pp1dp8 --cluster clusters/cpu2.yaml --engines torch,lazy --json
     python -m restartbench.whatif 13B tp2pp4dp2 --cluster clusters/h100-pfs.yaml --plot out/
+    python -m restartbench.whatif --calibrate --out clusters/mine.yaml [--logs DIR] [--dry-run]
 
 Per engine: the stall, the whole cost (stall + slowdown), the durable time, every restart part and the total, the
 bytes per rank and per node, the resource that bounds each part, Daly's interval and the goodput at that scale;
 each figure with the range the calibration's spread gives, and "assumed" where a cited constant entered it.
 Bad input (a cluster file with a missing or negative field, a layout that does not fit the preset or the cluster,
 an engine the calibration never ran) is refused with the reason, and nothing is written.
+
+``--calibrate`` fits the model on the machine it runs on and writes a cluster file (restartbench.whatif.calibrate).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ GB = 1e9
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m restartbench.whatif", description=__doc__.split("\n")[0])
-    parser.add_argument("preset", help="model preset (tiny, small, 3B, 7B, 13B, 33B, 70B)")
-    parser.add_argument("layout", help="parallel layout with every degree, such as tp8pp8dp4")
-    parser.add_argument("--cluster", required=True, type=Path, help="cluster file (YAML; clusters/*.yaml)")
-    parser.add_argument("--engines", default=DEFAULT_ENGINES, help="engines, comma-separated (default: %(default)s)")
+    parser.add_argument("preset", nargs="?", help="model preset (tiny, small, 3B, 7B, 13B, 33B, 70B)")
+    parser.add_argument("layout", nargs="?", help="parallel layout with every degree, such as tp8pp8dp4")
+    parser.add_argument("--cluster", type=Path, help="cluster file (YAML; clusters/*.yaml)")
+    parser.add_argument("--engines", default=DEFAULT_ENGINES, help="engines, comma-separated (default: %(default)s; "
+                        "with --calibrate, the engines the calibration runs)")
     parser.add_argument("--failures-per-gpu-hour", type=float, default=goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
                         help="failure rate for the goodput (default: Llama 3's, %(default).3g)")
     parser.add_argument("--iteration-s", type=float, default=None,
@@ -43,7 +47,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="training precision")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--plot", type=Path, default=None, help="draw the figures into this folder")
+    calibration = parser.add_argument_group("calibration (--calibrate: fit the model on this machine, write a "
+                                            "cluster file; docs/calibrate.md)")
+    calibration.add_argument("--calibrate", action="store_true",
+                             help="run the calibration's probes and runs here, fit, write --out")
+    calibration.add_argument("--out", type=Path, help="the cluster file to write (<name>.yaml; <name>-fit.json and "
+                             "<name>-calibration.json beside it)")
+    calibration.add_argument("--logs", type=Path, default=None,
+                             help="folder of the calibration's runs and probes (default: logs/calibrate-<name>); "
+                                  "complete runs there are reused")
+    calibration.add_argument("--dry-run", action="store_true", help="print the steps and their expected time only")
+    calibration.add_argument("--force", action="store_true", help="replace --out (and its fit) if they exist")
+    calibration.add_argument("--timeout", type=int, default=900, help="seconds per run (default: %(default)s)")
+    calibration.add_argument("--gpus-per-node", type=int, default=None,
+                             help="the cluster file's GPUs per node (default: the GPUs torch sees; 8 on a CPU "
+                                  "machine)")
+    calibration.add_argument("--name", default=None, help="the cluster file's name field (default: host, CPUs, GPU)")
+    calibration.add_argument("--run-device", default="auto", choices=("auto", "cpu", "cuda"),
+                             help="config-n-run.py's --device for the runs (default: %(default)s)")
+    calibration.add_argument("--slurm", action="store_true",
+                             help="calibrate on 1 and 2 nodes under Slurm (not built: refused)")
     return parser
+
+
+def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """--calibrate: refuses the prediction's arguments, bad options and existing files before anything runs."""
+    from restartbench.whatif import calibrate
+
+    given = [name for name, value in (("PRESET", args.preset), ("LAYOUT", args.layout), ("--cluster", args.cluster),
+                                      ("--plot", args.plot), ("--json", args.json or None)) if value]
+    if given:
+        parser.error(f"--calibrate writes a cluster file and predicts nothing: drop {', '.join(given)}")
+    if args.out is None:
+        parser.error("--calibrate needs --out FILE.yaml, the cluster file it writes")
+    options = calibrate.Options(
+        out=args.out.absolute(), logs=(args.logs or Path("logs") / f"calibrate-{args.out.stem}").absolute(),
+        engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()), timeout_s=args.timeout,
+        gpus_per_node=args.gpus_per_node, name=args.name, force=args.force, slurm=args.slurm,
+        run_device=args.run_device)
+    try:
+        steps = calibrate.plan_steps(options)
+        if args.dry_run:
+            print("\n".join(f"{n:>2}. {s.kind:<6} {s.name}" + (f" (skipped: {s.skip})" if s.skip
+                                                                else f" (about {s.expected_s:.0f} s)")
+                            for n, s in enumerate(steps, 1)))
+            print(f"expected: about {sum(s.expected_s for s in steps) / 60:.0f} min on the study's 2-CPU machine; "
+                  f"runs in {options.logs}")
+            return 0
+        calibrate.calibrate(options, steps)
+    except calibrate.CalibrationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: nothing written; rerun the same command to go on (complete runs in {options.logs} "
+              "are reused)", file=sys.stderr)
+        return 130
+    return 0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,7 +116,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.calibrate:
+        return calibrate_main(args, parser)
+    calibration_only = [flag for flag, given in (("--out", args.out), ("--logs", args.logs),
+                                                 ("--dry-run", args.dry_run), ("--force", args.force),
+                                                 ("--slurm", args.slurm)) if given]
+    if calibration_only:
+        parser.error(f"{', '.join(calibration_only)} go with --calibrate")
+    missing = [name for name, value in (("PRESET", args.preset), ("LAYOUT", args.layout), ("--cluster", args.cluster))
+               if value is None]
+    if missing:
+        parser.error(f"a prediction needs {', '.join(missing)} (or --calibrate to write a cluster file)")
     try:
         with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout as it is imported: keep stdout ours
             result = run(args)
