@@ -1,9 +1,13 @@
 """Shared fixtures: real tiny-preset study runs, made once per test session and read by several tests."""
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,6 +41,7 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _stop_ops_build()
     if _forbidden_skips and not os.environ.get(ALLOW_SKIPS) and exitstatus == 0:
         session.exitstatus = 1
 
@@ -49,6 +54,73 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section(f"{len(_forbidden_skips)} non-GPU skips: {verdict}")
     for line in _forbidden_skips:
         terminalreporter.write_line(line)
+
+# DeepSpeed's writer engines (FastPersist, decoupled) JIT-build its pin_memory, async_io and utils ops on their first
+# run on a machine (restartbench.engines.deepspeed: _torch_extensions_dir), about 15 CPU-minutes on 2 cores. The
+# suite leaves part of the CPU idle, so a session that will run a test marked deepspeed_ops starts DeepSpeed's own
+# build at once, at the lowest priority, through the calls those engines make in every rank, with the ranks'
+# environment; a marked test waits for it and fails with its output if it failed. A rank that finds the build still
+# running waits on torch's build lock; one that finds it done only loads it.
+DS_OPS = "deepspeed_ops"
+_BUILD_OPS = ("from deepspeed.ops.op_builder import AsyncIOBuilder\n"
+              "from restartbench.engines.deepspeed.engine import use_deepspeed_utils_op\n"
+              "AsyncIOBuilder().load(verbose=False)\n"
+              "use_deepspeed_utils_op()\n")
+_ops_build: dict = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{DS_OPS}: runs DeepSpeed's writer engines; waits for the session's build of "
+                                       "their ops (started in the background at collection)")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests marked deepspeed_ops run last: by then the background build of their ops is over."""
+    items.sort(key=lambda item: item.get_closest_marker(DS_OPS) is not None)
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly or not any(item.get_closest_marker(DS_OPS) for item in session.items):
+        return
+    from restartbench import engines
+
+    if not engines.missing_requirements("fastpersist"):  # else those tests skip, saying why
+        _start_ops_build()
+
+
+def _start_ops_build() -> None:
+    """DeepSpeed's ops built (or, already built, loaded) in the background, as a rank of this machine's device would."""
+    from restartbench import engines
+    from restartbench.launchers import gpu_count
+
+    device = "cuda" if gpu_count() else "cpu"
+    env = {**os.environ, "DS_ACCELERATOR": device, **engines.launch_env("fastpersist", device)}
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", _BUILD_OPS], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _ops_build.update(proc=proc, log=log)
+
+
+@pytest.fixture(autouse=True)
+def _deepspeed_ops_built(request):
+    """A test marked deepspeed_ops starts once the session's build of DeepSpeed's ops is over: the build, now what the
+    suite waits for, gets back the normal priority (where this user may raise it)."""
+    if request.node.get_closest_marker(DS_OPS) and _ops_build:
+        proc, log = _ops_build["proc"], _ops_build["log"]
+        with contextlib.suppress(OSError):  # PermissionError unless root; the build may be over
+            os.setpriority(os.PRIO_PGRP, proc.pid, 0)
+        if proc.wait() != 0:
+            log.seek(0)
+            pytest.fail(f"building DeepSpeed's ops failed (exit {proc.returncode}):\n{log.read()[-6000:]}")
+
+
+def _stop_ops_build() -> None:
+    """A build still running when the session ends (its tests deselected by a failure, -x) is interrupted: SIGINT, so
+    that torch releases its build lock (a lock left behind would stall every later build)."""
+    proc = _ops_build.get("proc")
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
 
 # (layout, dtype, extra options): the three layouts the suite proves, one in bf16 (slow on these CPUs),
 # one with activation recomputation.
@@ -72,6 +144,14 @@ def relaunch(run_dir: Path, *options: str, timeout: int = 300) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout)
 
 
+def copy_run(run_dir: Path, logs: Path) -> Path:
+    """A copy of a run folder at its place under another logs root, for a test that changes it (a run folder
+    relaunches where it is: tests/test_restore_attempts.py proves it of a copy)."""
+    copy = logs / run_dir.relative_to(run_dir.parents[3])
+    shutil.copytree(run_dir, copy, symlinks=True)
+    return copy
+
+
 def last_attempt_events(run_dir: Path) -> list[dict]:
     """The events of the run's latest restore attempt (metadata.json's ``restarts``)."""
     from restartbench.events import read_events
@@ -91,3 +171,13 @@ def study_runs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def study_logs(study_runs):
     return next(iter(study_runs.values()))[1].parents[3]
+
+
+@pytest.fixture(scope="session")
+def tiny_dp2_run(tmp_path_factory):
+    """A complete tiny tp1pp1dp2 fp32 run saving at iterations 1 and 2 (no storage baseline), made once: read it, or
+    change a copy of it (copy_run)."""
+    proc, run_dir = run_study(tmp_path_factory.mktemp("tiny-dp2") / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32",
+                              "--iters", "2", "--save-interval", "1", "--baseline-mib", "0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir

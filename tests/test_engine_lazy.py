@@ -327,7 +327,7 @@ def test_restore_refuses_a_different_model(tmp_path):
 
 # -- real runs (gloo, tiny preset) ---------------------------------------------------------------------------
 
-BASE = ("tiny", "--dtype", "fp32", "--iters", "4", "--save-interval", "2", "--engine", "lazy")
+BASE = ("tiny", "--dtype", "fp32", "--iters", "4", "--save-interval", "2", "--engine", "lazy", "--baseline-mib", "0")
 
 
 def restore_result(run_dir):

@@ -194,7 +194,7 @@ def test_torchsnapshot_round_trip_of_a_harness_shaped_state(tmp_path):
 def test_engine_restores_exactly_after_a_relaunch(tmp_path, engine):
     ranks = 4
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "pp2dp2", "--dtype", "fp32", "--iters", "4",
-                              "--save-interval", "2", "--engine", engine)
+                              "--save-interval", "2", "--engine", engine, "--baseline-mib", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "complete"
     events = read_events(run_dir)

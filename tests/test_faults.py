@@ -6,13 +6,15 @@ import subprocess
 import time
 
 import pytest
-from conftest import last_attempt_events, relaunch, run_study
+from conftest import copy_run, last_attempt_events, relaunch, run_study
 
 from restartbench.events import read_events
 from restartbench.results import restart
 
 pytestmark = pytest.mark.multirank
 BASE = ("tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4", "--save-interval", "2")
+QUICK = (*BASE, "--baseline-mib", "0")
+"""BASE without the storage baseline (fio, seconds a run), which only the credentials test reads (baseline.json)."""
 FLIPPED_KEY = "module.0.weight"
 """The first tensor of tiny's module (the embedding), where flip-in-save flips a bit."""
 DEATH_TO_END_S = 10
@@ -33,7 +35,7 @@ def last_restore(run_dir):
 
 
 def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE,
+    proc, run_dir = run_study(tmp_path / "logs with spaces", *QUICK,
                               env={"RESTARTBENCH_FAULT": "kill-in-save:tag=step4:rank=1"})
     assert proc.returncode == 1
     meta = metadata(run_dir)
@@ -63,7 +65,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_full_disk_fails_the_save_cleanly_and_keeps_training_state(tmp_path, small_tmpfs):
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"),
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, "--checkpoint-dir", str(small_tmpfs / "ckpt"),
                               "--no-disk-check")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     meta = metadata(run_dir)
@@ -81,16 +83,23 @@ def test_full_disk_fails_the_save_cleanly_and_keeps_training_state(tmp_path, sma
 
 
 def test_full_disk_is_refused_up_front_by_default(tmp_path, small_tmpfs):
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--checkpoint-dir", str(small_tmpfs / "ckpt"))
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, "--checkpoint-dir", str(small_tmpfs / "ckpt"))
     assert proc.returncode == 2 and run_dir is None
     assert "GiB free, but 2 checkpoint(s)" in proc.stdout
 
 
-@pytest.fixture
-def complete_run(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs with spaces", *BASE)
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    """One complete run for the module; each test that damages it gets its own copy (complete_run)."""
+    proc, run_dir = run_study(tmp_path_factory.mktemp("clean") / "logs with spaces", *QUICK)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     return run_dir
+
+
+@pytest.fixture
+def complete_run(clean_run, tmp_path):
+    """This test's own copy of clean_run."""
+    return copy_run(clean_run, tmp_path / "logs with spaces")
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -128,7 +137,7 @@ def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(
 def test_a_checkpoint_that_passes_its_manifest_but_holds_another_state_fails_the_restore(tmp_path):
     """flip-in-save on rank 0, which writes the module file both data-parallel ranks load: every file matches its
     manifest, yet the saved weight differs by one bit from the one trained on; only the digest proof can see it."""
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, env={"RESTARTBENCH_FAULT": "flip-in-save:tag=step4:rank=0"})
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, env={"RESTARTBENCH_FAULT": "flip-in-save:tag=step4:rank=0"})
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     meta = metadata(run_dir)
     assert meta["status"] == "failed" and meta["phases"]["train"]["exit_code"] == 0
@@ -155,7 +164,7 @@ def phase_end(run_dir, phase):
 def test_rank_dying_during_restore_fails_the_run_within_seconds(tmp_path):
     """Timed from the rank's death (its fault.injected event, written just before it SIGKILLs itself) to the end
     of the restore phase in metadata.json."""
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, env={"RESTARTBENCH_FAULT": "kill-in-load:rank=1"})
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, env={"RESTARTBENCH_FAULT": "kill-in-load:rank=1"})
     assert proc.returncode == 1
     meta = metadata(run_dir)
     assert meta["status"] == "failed" and meta["error"].startswith("phase restore failed")
@@ -169,7 +178,7 @@ def test_a_stalled_rank_fails_the_run_when_the_collective_times_out(tmp_path, fa
     """README: every collective times out after --collective-timeout-s. Rank 1 stalls while rank 0 waits in the
     save's collectives on the world group, or in an iteration's on DeepSpeed's data-parallel group. The phase
     timeout is there only so that a collective without the timeout fails this test in minutes, not hangs it."""
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--collective-timeout-s", "5", "--phase-timeout-s", "150",
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, "--collective-timeout-s", "5", "--phase-timeout-s", "150",
                               env={"RESTARTBENCH_FAULT": fault})
     assert proc.returncode == 1
     meta = metadata(run_dir)
@@ -181,7 +190,7 @@ def test_a_stalled_rank_fails_the_run_when_the_collective_times_out(tmp_path, fa
 
 def test_distributed_init_timeout_fails_in_bounded_time(tmp_path):
     start = time.time()
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--collective-timeout-s", "5",
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK, "--collective-timeout-s", "5",
                               env={"RESTARTBENCH_FAULT": "hang-before-init:rank=1"})
     elapsed = time.time() - start
     assert proc.returncode == 1 and elapsed < 120, elapsed

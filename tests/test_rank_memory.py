@@ -5,7 +5,6 @@ import json
 import time
 
 import pytest
-from conftest import run_study
 
 from restartbench.events import Event, EventLog, read_events
 from restartbench.memwatch import SAMPLE_INTERVAL_S, MemoryWatch
@@ -39,10 +38,8 @@ def test_on_cpu_the_rank_watch_adds_nothing_to_the_host_figures(tmp_path):
 
 
 @pytest.mark.multirank
-def test_a_real_run_records_memory_on_every_span_and_the_timeline_of_each_phase(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2",
-                              "--save-interval", "1", "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_a_real_run_records_memory_on_every_span_and_the_timeline_of_each_phase(tiny_dp2_run):
+    run_dir = tiny_dp2_run
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "complete"
     for record in ("train", "restore"):
         events = read_events(run_dir, record)

@@ -9,18 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, relaunch, run_study
+from conftest import ROOT, copy_run, relaunch, run_study
 
 from restartbench import analysis
 
 pytestmark = pytest.mark.multirank
 
 
-def test_three_more_attempts_are_three_exact_restart_rows_and_nothing_appends(tmp_path):
+def test_three_more_attempts_are_three_exact_restart_rows_and_nothing_appends(tiny_dp2_run, tmp_path):
     logs = tmp_path / "logs"
-    proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2", "--save-interval", "1",
-                              "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    run_dir = copy_run(tiny_dp2_run, logs)
     first = {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()}
 
     again = subprocess.run([str(ROOT / "submit-job.sh"), "--restore", str(run_dir), "--repeat", "3"],

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.multirank
 def test_twenty_checkpoints_leak_no_handles_threads_or_memory(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "40",
-                              "--save-interval", "2")
+                              "--save-interval", "2", "--baseline-mib", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     samples = [e for e in read_events(run_dir) if e["event"] == "rank.resources"]
     for rank in (0, 1):

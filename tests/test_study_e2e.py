@@ -90,7 +90,8 @@ def test_parallel_run_computes_the_single_process_loss(study_runs, layout):
 
 
 def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1")
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1",
+                              "--baseline-mib", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
     (run_dir / "checkpoints" / "step1" / "manifest.json").unlink()
@@ -104,7 +105,7 @@ def test_latest_is_a_pointer_not_the_only_truth(tmp_path):
     """Without 'latest', the restore names the committed checkpoints it found, and restores the newest under
     --on-corrupt fallback."""
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4",
-                              "--save-interval", "2")
+                              "--save-interval", "2", "--baseline-mib", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     (run_dir / "checkpoints" / "latest").unlink()
 
@@ -121,7 +122,8 @@ def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_
     import psutil
 
     before = {p.pid for p in psutil.process_iter()}
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--phase-timeout-s", "4")
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--phase-timeout-s", "4",
+                              "--baseline-mib", "0")
     assert proc.returncode == 1
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "failed" and "timed out after 4 s" in meta["error"]
