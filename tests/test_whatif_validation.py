@@ -44,8 +44,9 @@ def test_the_held_out_set_has_what_the_issue_asks_for():
 
 def test_every_case_runs_once_in_the_run_order():
     order = bench.run_order()
-    assert sorted(map(repr, (c for _, c in order))) == sorted(map(repr, (*bench.CALIBRATION, *bench.HELD_OUT)))
-    assert {name for name, _ in order} == {"calibration", "held-out"}
+    assert sorted(map(repr, (c for _, c in order))) == sorted(map(repr, (*bench.CALIBRATION, *bench.HELD_OUT,
+                                                                         *bench.HELD_OUT_2NODES)))
+    assert {name for name, _ in order} == {"calibration", "held-out", "held-out-2nodes"}
 
 
 def test_a_case_launches_the_configuration_it_names(tmp_path):
@@ -107,3 +108,38 @@ def test_summarize_refuses_an_unusable_cluster_file_before_writing_anything(tmp_
     out = tmp_path / "out"
     assert summarize.main([str(tmp_path / "logs"), "--out", str(out), "--what-if", str(bad)]) == 2
     assert not out.exists()
+
+
+def test_slurm_nodes_on_one_host_share_its_disk():
+    from dataclasses import replace
+
+    from restartbench.whatif import terms
+    from restartbench.whatif.cluster import load_cluster
+
+    cpu2 = replace(load_cluster(Path(__file__).resolve().parent.parent / "clusters" / "cpu2.yaml"),
+                   local_write_GBps=0.4, local_read_GBps=1.6)
+    two = validation.nodes_on_one_host(cpu2, 2)
+    assert terms.node_write_limit(two, 2).GBps == pytest.approx(0.2)
+    assert terms.node_read_limit(two, 2).GBps == pytest.approx(0.8)
+    assert validation.nodes_on_one_host(cpu2, 1) is cpu2
+    # the same checkpoint on one node or on two that share the disk: the same seconds at the limit
+    one_job = terms.Job(4, 1, 2, 1e8, 20, 4e8, 80, 1e9, sequential=2)
+    two_job = terms.Job(4, 2, 1, 1e8, 20, 2e8, 40, 1e9, sequential=2)
+    line = terms.Line(0.1, {"files": 0.01, "at_limit": 1.0}, intercept_per="in_turn")
+    assert terms.durable_s(line, "torch", two_job, two) == pytest.approx(terms.durable_s(line, "torch", one_job, cpu2))
+    assert terms.read_seconds(two_job, terms.node_read_limit(two, 2)) == pytest.approx(
+        terms.read_seconds(one_job, terms.node_read_limit(cpu2, 1)))
+
+
+def test_a_two_node_case_is_submitted_to_slurm_and_not_run_without_one(tmp_path, monkeypatch):
+    case = bench.HELD_OUT_2NODES[0]
+    argv = case.argv(tmp_path)
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--launcher") + 1] == "slurm"
+    assert "--submit" in argv and int(argv[argv.index("--master-port") + 1]) > 0
+    assert all(c.nodes == 2 and c.scale is not None for c in bench.HELD_OUT_2NODES)
+    assert {c.preset for c in bench.HELD_OUT_2NODES} >= {"7B", "13B", "70B"}
+    assert {c.engine for c in bench.HELD_OUT_2NODES} == {"torch", "lazy", "dcp"}
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    step = bench.run_case(case, tmp_path, timeout=5)
+    assert step["exit"] is None and step["note"].startswith("not run: no Slurm")
+    assert not any(tmp_path.iterdir())

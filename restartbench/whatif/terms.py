@@ -15,8 +15,10 @@ Checkpoint:
   plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ).
 - ``durable``: the node's bytes go to storage at the node's bandwidth ``L`` (``node_write_limit``: the local disk, or
   the least of the shared file system's aggregate share per node, its per-client cap and the NIC), of which the
-  engine reaches a fraction ``η`` (fitted against this machine's measured limit), plus a cost per file:
-  ``a + f·files_node/concurrency + bytes_node / (η·L)``. For a synchronous engine this includes the stall.
+  engine reaches a fraction ``η`` (fitted against this machine's measured limit), plus a cost per file and a cost
+  per rank, paid once for each of the ``k`` ranks a process handles one after another (``Job.sequential``: an
+  emulated run's --ranks-per-process; 1 for real ranks): ``a·k + f·files_node/concurrency + bytes_node / (η·L)``.
+  For a synchronous engine this includes the stall.
 - ``slowdown``: an asynchronous engine's background work slows the iterations it overlaps by a fraction ``σ``
   of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits).
 - whole cost = stall + slowdown.
@@ -85,9 +87,13 @@ class Line:
     """The calibration runs the constants were fitted on."""
     note: str = ""
     """What could not be fitted, and which runs would fit it."""
+    intercept_per: str = ""
+    """A regressor the intercept is paid once per unit of (``in_turn``: a cost per rank, paid by a process once for
+    each rank it handles one after another); empty: paid once."""
 
     def __call__(self, **regressors: float) -> float:
-        return self.intercept + sum(c * regressors[name] for name, c in self.coefficients.items())
+        times = regressors.get(self.intercept_per, 1.0) if self.intercept_per else 1.0
+        return self.intercept * times + sum(c * regressors[name] for name, c in self.coefficients.items())
 
     def range(self, value: float) -> tuple[float, float]:
         return max(0.0, value * (1 + self.low)), max(0.0, value * (1 + self.high))
@@ -123,6 +129,8 @@ def node_read_limit(cluster: Cluster, nodes: int) -> Bound:
 #: Engines whose save copies device tensors into pageable memory (torch.save of CUDA tensors; DCP's sync save);
 #: the others stage into a pinned buffer they reuse.
 PAGEABLE = ("torch", "fastpersist", "dcp", "torchsnapshot")
+#: Engines whose save is a collective: every rank of the group takes part at once (DCP's save plans and gathers).
+COLLECTIVE = ("dcp", "dcp-async")
 #: Engines whose durable write runs in the background while training goes on.
 ASYNCHRONOUS = ("lazy", "dcp-async")
 
@@ -146,10 +154,11 @@ def write_seconds(job: Job, limit: Bound) -> float:
 
 
 def durable_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
-    """Save start → the busiest node's files fsync'd: D2H + ``a + f·files_node/concurrency + (1/η)·bytes_node/L``."""
+    """Save start → the busiest node's files fsync'd: D2H + ``a·k + f·files_node/concurrency + (1/η)·bytes_node/L``
+    (``k``: ranks a process handles in turn, ``line.intercept_per`` = ``in_turn``)."""
     limit = node_write_limit(cluster, job.nodes)
     return d2h_s(engine, job, cluster) + line(files=job.files_node / job.concurrency,
-                                              at_limit=write_seconds(job, limit))
+                                              at_limit=write_seconds(job, limit), in_turn=job.sequential)
 
 
 def slowdown_s(fraction: float, engine: str, stall: float, durable: float) -> float:

@@ -19,7 +19,7 @@ from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import terms
 from restartbench.whatif.cluster import Cluster
-from restartbench.whatif.fit import Fit, FitError
+from restartbench.whatif.fit import Fit, FitError, with_own_times
 from restartbench.whatif.predict import WhatIfError, checkpoint_parts, job_for, plan_for, restart_parts, shape_of
 from restartbench.whatif.terms import Job
 
@@ -44,6 +44,8 @@ class RunSpec:
     scale: float | None
     ranks_per_process: int
     iteration_s: float | None
+    nodes: int = 1
+    """Nodes the run spanned (--nnodes: Slurm nodes; here all on one host)."""
 
 
 def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
@@ -55,12 +57,15 @@ def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
                    terms.base_engine(str(first["engine"])), str(first["dtype"]),
                    float(emulation["emulate_scale"]) if emulated else None,
                    int(emulation.get("ranks_per_process") or 1) if emulated else 1,
-                   float(iteration) if pd.notna(iteration) else None)
+                   float(iteration) if pd.notna(iteration) else None,
+                   int((config.get("layout") or {}).get("nnodes") or 1))
 
 
 def measured_parts(rows: pd.DataFrame) -> dict[str, float]:
-    """Medians over the run's checkpoints (stall, durable) and restore attempts (each restart part; the total less
-    the harness's verify, which a production restart does not run)."""
+    """Medians over the run's checkpoints (stall, durable; an emulated run's without its staging:
+    ``fit.with_own_times``) and restore attempts (each restart part; the total less the harness's verify, which a
+    production restart does not run)."""
+    rows = with_own_times(rows)
     ckpt, rest = rows[rows["kind"] == "checkpoint"], rows[(rows["kind"] == "restart") & rows["restart_ckpt_load_s"]
                                                           .notna()]
     out = {"stall": ckpt["stall_max_s"].median(), "durable": ckpt["durable_rank_max_s"].median()}
@@ -78,16 +83,33 @@ def measured_parts(rows: pd.DataFrame) -> dict[str, float]:
 
 
 def job_of(spec: RunSpec, cluster: Cluster) -> Job:
+    """What the terms scale with for the run: its ranks split over ``spec.nodes`` nodes in rank order (Slurm's
+    block distribution; an emulated run's processes, each ``ranks_per_process`` ranks, as torchrun places them)."""
     layout = validate_layout(spec.layout, get_preset(spec.preset))
     plan = plan_for(spec.preset, layout.name, spec.engine, spec.dtype, spec.scale or 1.0)
     shape = shape_of(plan, layout, get_preset(spec.preset).param_count())
-    return job_for(shape, layout.dp, layout.world_size, spec.ranks_per_process)
+    return job_for(shape, layout.dp, -(-layout.world_size // spec.nodes), spec.ranks_per_process)
+
+
+def nodes_on_one_host(cluster: Cluster, nodes: int) -> Cluster:
+    """``cluster`` (one host) as ``nodes`` nodes that share its disk: Slurm nodes brought up on one host
+    (scripts/slurm-local.sh) are separate nodes to the launcher and the rendezvous, but write to one disk. The disk
+    is then storage the nodes share: its write and read limits the aggregate, each node's share the aggregate over
+    the nodes (``terms.node_write_limit``); no network stands between a node and the disk (the per-client cap and
+    the NIC set to the disk's own limit, never below the share)."""
+    if nodes <= 1:
+        return cluster
+    disk = max(cluster.local_write_GBps, cluster.local_read_GBps)
+    return replace(cluster, nodes=nodes, storage="shared", shared_write_GBps=cluster.local_write_GBps,
+                   shared_read_GBps=cluster.local_read_GBps, shared_per_client_GBps=disk, nic_GBps=disk)
 
 
 def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, float]:
-    """The run predicted on ``cluster`` (this machine: one node holding every rank) from the fit alone."""
+    """The run predicted on ``cluster`` (this machine: one host holding every rank, as one node or as
+    ``spec.nodes`` Slurm nodes sharing its disk) from the fit alone."""
     job = job_of(spec, cluster)
-    one_node = replace(cluster, nodes=1, gpus_per_node=max(cluster.gpus_per_node, job.ranks))
+    one_node = replace(nodes_on_one_host(cluster, job.nodes),
+                       gpus_per_node=max(cluster.gpus_per_node, -(-job.ranks // job.nodes)))
     label = spec.engine if spec.scale is None else f"{spec.engine}-emulated"
     checkpoint = checkpoint_parts(label, job, fit, one_node)
     out = {"stall": checkpoint["stall"]["s"], "durable": checkpoint["durable"]["s"]}
