@@ -30,6 +30,7 @@ from rich.table import Table  # noqa: E402
 
 from restartbench import analysis, goodput  # noqa: E402
 from restartbench.analysis import RESTART_PART_COLUMNS, collect  # noqa: E402
+from restartbench.analysis.baselines import limit_summary  # noqa: E402
 from restartbench.report import (  # noqa: E402
     GOODPUT_FORMATS,
     findings,
@@ -44,7 +45,8 @@ from restartbench.whatif.fit import FitError, read_fit  # noqa: E402
 from restartbench.whatif.validation import beside_measured  # noqa: E402
 
 TEXT_KEYS = ("preset", "layout", *analysis.SETUP_KEYS, "engine", "kind", "cache", "exact", "write_limit", "read_limit",
-             "cost_basis", "run_id", "verdict", "verdicts", "tag", "requested_tag", "fell_back_from")
+             "cost_basis", "run_id", "verdict", "verdicts", "tag", "requested_tag", "fell_back_from", "tool", "side",
+             "method", "judged")
 
 
 def _positive(kind: type, what: str):
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{table['run_id'].nunique()} complete run(s) read in {elapsed:.2f} s")
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
+    limits = limit_summary(table)
+    if not limits.empty:
+        console.print(_limit_table(limits))
     if "ds_init_parts" in table.columns and table["ds_init_parts"].notna().any():
         console.print(_ds_init_table(table))
     if (table["kind"] == "restart").sum() > table.loc[table["kind"] == "restart", "run_id"].nunique():
@@ -192,8 +197,10 @@ def _checkpoint_table(table: pd.DataFrame) -> Table:
                  "per checkpoint; "
                  "durable = max over ranks of save start -> files fsync'd; committed = rank 0 wrote latest (medians "
                  "over checkpoints and runs; rank spread = slowest - fastest rank; write pct of storage = write "
-                 "throughput / the storage's write bandwidth in baseline.json; write limit = 'limit "
-                 "underestimated' where a checkpoint wrote above 105% of it: the baseline is too low)",
+                 "throughput / the storage's write limit in baseline.json, the winning method's median (Storage "
+                 "limits, below); write limit = the most serious note of the configuration's checkpoints: 'defect: "
+                 "above the limit's max' where one wrote faster than the method's fastest pass (a finding says "
+                 "what to investigate), 'limit underestimated' above 105% of a baseline without spread)",
                  {"runs": "{}", "checkpoints": "{}", "ranks": "{}", "bytes": fmt_bytes, "files": "{:.0f}",
                   "stall_s": fmt_s, "slowdown_s": fmt_s, "whole_cost_s": fmt_s, "overlapped": "{:.0f}",
                   "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "committed_s": fmt_s,
@@ -223,12 +230,24 @@ def _restart_table(table: pd.DataFrame) -> Table:
     view = _rich(summary, "Restarts: medians over runs and their restore attempts (those that restored) of launch "
                           "-> end of first resumed iteration, max over ranks; each part max over ranks (engine none: "
                           "nothing restored, the start-up floor); read = bytes read / ckpt load; read pct of storage "
-                          "= read / the storage's read bandwidth in baseline.json; read limit = 'limit underestimated' "
-                          "above 105% of it on a restore that was not warm, 'warm cache' where memory answered; "
+                          "= read / the storage's read limit in baseline.json, the winning method's median (Storage "
+                          "limits, below); read limit = 'defect: above the limit's max' where a restore that was not "
+                          "warm read faster than the method's fastest pass, 'warm cache' where memory answered, "
+                          "'limit underestimated' above 105% of a baseline without spread; "
                           "restore peak rss = the largest host RSS of any rank in any restart part, sampled at 100 "
                           "Hz; resume spike = it / steady training's peak)",
                  formats)
     return view
+
+
+def _limit_table(limits: pd.DataFrame) -> Table:
+    """The limits the ratios above are set against: the winning method and its spread (``limit_summary``)."""
+    return _rich(limits, "Storage limits the ratios are set against (baseline.json of each run or a folder above it): "
+                         "per storage, tool, side and winning method, the runs, the method's passes per run (n) and "
+                         "its spread: min = the slowest pass of any run, median = the median of the runs' limits, max "
+                         "= the fastest pass of any run; judged = how a throughput above it is read",
+                 {"runs": "{}", "n": "{:.0f}", "min_MBps": fmt_rate, "median_MBps": fmt_rate, "max_MBps": fmt_rate,
+                  "storage": None})
 
 
 def _ds_init_table(table: pd.DataFrame) -> Table:

@@ -112,7 +112,7 @@ def test_markdown_says_what_each_figure_is():
     assert "| 0.41 | 1.31 |" in text
     assert "| optimizer_sanity_check | ds_config | other stages | collective wait | other | sum |" in text
     assert "| 2 | 25278 | 1996 (39671) |" in text and "99.9978" in text
-    assert "Unflagged above 1.05: none." in text
+    assert "Above it without a note: none." in text
     for table in text.split("\n\n"):  # every table's rows, separator included, have as many columns as its header
         rows = [line for line in table.splitlines() if line.startswith("|")]
         assert len({row.count("|") - row.count("\\|") for row in rows}) <= 1, table

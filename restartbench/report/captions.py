@@ -55,8 +55,9 @@ FIGURES: dict[str, tuple[str, str]] = {
                        "example data-parallel rank 0 writing all the weights)."),
     "throughput": ("Throughput against the storage baseline",
                    "Checkpoint write throughput = all ranks' bytes / durable time (max over ranks); restore read "
-                   "throughput = bytes read / ckpt load time. Dashed lines: the storage's own bandwidth from a "
-                   "<code>baseline.json</code> (e.g. fio) in the run folder or a parent folder, where one exists."),
+                   "throughput = bytes read / ckpt load time. Dashed lines: the storage's limit from a "
+                   "<code>baseline.json</code> (e.g. fio) in the run folder or a parent folder, where one exists: "
+                   "the median of the method that won; the table below names that method and its spread."),
     "checkpoint_size": ("Predicted against measured checkpoint size",
                         "The prediction made before launching (<code>python -m restartbench.plan</code>: every file "
                         "the run's engine writes for this preset and layout, from the engine's own code on "

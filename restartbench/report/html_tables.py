@@ -11,6 +11,7 @@ import pandas as pd
 
 from restartbench import analysis
 from restartbench.analysis import RESTART_PART_COLUMNS, Collected
+from restartbench.analysis.baselines import limit_summary
 from restartbench.report.goodput_figure import GOODPUT_FORMATS
 from restartbench.report.style import fmt_bytes, fmt_rate, fmt_s, fmt_share
 
@@ -80,12 +81,15 @@ def figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: p
                     "Write one with the storage's fio result, e.g. <code>{\"tool\": \"fio\", \"write_MBps\": 1830, "
                     "\"read_MBps\": 2950, \"target\": \"/path\", \"block_size\": \"1M\", \"jobs\": 8, "
                     "\"direct\": true}</code>.</p>")
-        view = baselines.groupby(["storage", "baseline_tool"], dropna=False).agg(
-            write=("baseline_write_MBps", "median"), read=("baseline_read_MBps", "median"),
-            runs=("run_id", "nunique")).reset_index()
-        return "<p>Storage baselines used:</p>" + html_table(view_of(view, {"write": fmt_rate, "read": fmt_rate,
-                                                                              "runs": None}, keys=["storage",
-                                                                                                   "baseline_tool"]))
+        view = limit_summary(baselines)
+        return ("<p>Storage limits the ratios are set against: per side, the method that won (the best of several "
+                "fio methods, its median the limit) and its spread over its passes (<i>min</i> / <i>max</i>: the "
+                "slowest and fastest pass of any run; <i>n</i>: passes per run). A throughput above the max is a "
+                "defect to investigate (the findings name each); a baseline without spread (an older "
+                "<code>baseline.json</code>) keeps the 105 % rule:</p>"
+                + html_table(view_of(view, {"method": None, "runs": None, "n": "{:.0f}", "min_MBps": fmt_rate,
+                                            "median_MBps": fmt_rate, "max_MBps": fmt_rate, "judged": None},
+                                     keys=["storage", "tool", "side"])))
     if name == "checkpoint_size":
         size = analysis.size_check(table, files)
         fmt = {"params": "{:.0f}", "predicted_bytes": fmt_bytes, "measured_bytes": fmt_bytes,
