@@ -684,3 +684,28 @@ def test_no_record_beside_inputs_written_just_now(study_logs, tmp_path):
     assert not collect(run).table().empty
     assert not (run / analysis.RECORD_FILE).exists()
     assert not list(run.glob(f".{analysis.RECORD_FILE}.*"))  # no temporary file left either
+
+
+def test_a_runs_own_baseline_is_kept_in_its_record(study_logs, tmp_path, monkeypatch):
+    """A run folder's own baseline.json is read into its record, and from there on every later collect (a planted
+    figure shows); one that warns is read again each time, its warning the same; editing it makes the record stale."""
+    logs = tmp_path / "logs"
+    own, bad = logs / "a" / "run", logs / "b" / "run"
+    for run in (own, bad):
+        shutil.copytree(real_runs(study_logs)[0], run,
+                        ignore=shutil.ignore_patterns("checkpoints", analysis.RECORD_FILE))
+    (own / "baseline.json").write_text(json.dumps({"tool": "fio", "write_MBps": 10.0, "read_MBps": 1000.0}))
+    (bad / "baseline.json").write_text('{"tool": "fio"}')
+    backdate(logs)
+    events = collect(logs, keep_records=False)
+    assert len(events.warnings) == 1 and (events.table()["baseline_write_MBps"] == 10.0).sum() > 0
+    collect(logs)
+    read = counting_reads(monkeypatch)
+    assert_same_tables(events, collect(logs))
+    assert read == []
+    stored = json.loads((own / analysis.RECORD_FILE).read_text())
+    stored["record"]["baseline"]["write_MBps"] = 12.5
+    (own / analysis.RECORD_FILE).write_text(json.dumps(stored))
+    assert set(collect(logs).table()["baseline_write_MBps"].dropna()) == {12.5}  # the record's, not the file's
+    (own / "baseline.json").write_text(json.dumps({"tool": "fio", "write_MBps": 20.0, "read_MBps": 1000.0}))
+    assert set(collect(logs).table()["baseline_write_MBps"].dropna()) == {20.0} and read == [own]

@@ -41,8 +41,9 @@ Each run folder is read once: the first collect keeps what it read in the folder
 ``restartbench.analysis.records``), later ones read that record instead of the events wherever it is current (made
 by this code, from the files as they are now).
 
-The package, by concern: ``collecting`` (finding and reading run folders, the ``Collected`` tables), ``runs`` (one
-run folder into its rows), ``records`` (the per-run record), ``checkpoints``, ``interference``, ``restart_rows`` and
+The package, by concern: ``collecting`` (finding and reading run folders, the ``Collected`` tables), ``blocks`` (a
+table joined from the runs' blocks of rows), ``runs`` (one run folder into its rows), ``records`` (the per-run
+record), ``checkpoints``, ``interference``, ``restart_rows`` and
 ``restarts``, ``relayout``, ``files``, ``goodput_rates``, ``comparison``, ``baselines``, ``grouping``, ``reading`` and
 ``columns``. Every public name is importable from ``restartbench.analysis``.
 """

@@ -10,6 +10,7 @@ on the collected root, the run's id, its path and its storage baseline, is fille
 from __future__ import annotations
 
 import gc
+import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -18,20 +19,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from restartbench import rundir
 from restartbench.analysis import records
 from restartbench.analysis.baselines import BaselineFinder, apply_baseline
+from restartbench.analysis.blocks import Columns
 from restartbench.analysis.columns import MEMORY_COLUMNS, RANK_COLUMNS, SPAN_COLUMNS, TABLE_COLUMNS
 from restartbench.analysis.reading import quiet_metadata
 from restartbench.analysis.runs import TABLES, RunRecord, read_run
+from restartbench.baseline import BASELINE_FILE
 from restartbench.events import EventFileError
 from restartbench.rundir import RunFolderError
 
 #: A worker process of the first read is worth starting for this many folders to parse, not fewer.
 RUNS_PER_WORKER = 32
+#: The most folders a worker reads before sending their records back: the collecting adds them as they come.
+RUNS_PER_CHUNK = 64
 EXCLUDED_COLUMNS = ("run_id", "run", "status", "reason", "preset", "layout", "engine")
 FILE_COLUMNS = dict.fromkeys(("run_id", "run", "preset", "layout", "engine", "tag", "path", "bytes", "kind", "rank"))
 
@@ -45,50 +49,6 @@ class Excluded:
     preset: str | None = None
     layout: str | None = None
     engine: str | None = None
-
-
-class Columns:
-    """A table built column by column from blocks of rows, as ``pd.DataFrame(rows)`` builds one from the rows: the
-    columns in the order they first appear, NaN where a row lacks a column. A column may come encoded
-    (``records.encode_column``); a deferred block (``defer``) is decoded only when the table is asked for."""
-
-    def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {}
-        self.count = 0
-        self.pending: list[tuple[dict[str, Any], int]] = []
-
-    def add(self, block: dict[str, Any], count: int) -> None:
-        """Append ``count`` rows given as {column: values or an encoded column}."""
-        if self.pending:
-            self.settle()
-        for name, values in block.items():
-            column = self.columns.setdefault(name, [])
-            if len(column) < self.count:
-                column.extend([np.nan] * (self.count - len(column)))
-            column.extend(values if type(values) is list else records.decode_column(values))
-        self.count += count
-
-    def defer(self, block: dict[str, Any], count: int) -> None:
-        """``add`` when the table is asked for (its many rows, such as memory samples, cost time only then)."""
-        self.pending.append((block, count))
-
-    def settle(self) -> None:
-        pending, self.pending = self.pending, []
-        for block, count in pending:
-            self.add(block, count)
-
-    def frame(self, order: dict[str, Any]) -> pd.DataFrame:
-        """The table, the columns of ``order`` first (in its order), then the others as they came."""
-        self.settle()
-        for column in self.columns.values():
-            column.extend([np.nan] * (self.count - len(column)))
-        frame = pd.DataFrame(self.columns) if self.columns else pd.DataFrame()
-        ordered = [c for c in order if c in frame.columns] + [c for c in frame.columns if c not in order]
-        return frame.reindex(columns=ordered or list(order))
-
-
-#: The tables whose blocks are decoded only when asked for: many rows per run, and no printed table needs them.
-DEFERRED = ("spans", "memory")
 
 
 @dataclass
@@ -147,10 +107,9 @@ def collect(root: Path | str, *, keep_records: bool = True, workers: int | None 
     folders = run_folders(root)
     with collector_paused():
         kept = [records.load(folder) if keep_records else None for folder in folders]
-        unread = [folder for folder, record in zip(folders, kept) if record is None]
-        parsed = dict(zip(unread, read_runs(unread, keep_records, workers)))
-        for folder, record in zip(folders, kept):
-            add_run(collected, folder, record if record is not None else parsed[folder], baselines)
+        parsed = read_runs([folder for folder, record in zip(folders, kept) if record is None], keep_records, workers)
+        for folder, record in zip(folders, kept):  # the parsed ones added as they come, in order
+            add_run(collected, folder, record if record is not None else next(parsed), baselines)
     return collected
 
 
@@ -167,24 +126,25 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_runs(folders: list[Path], keep: bool, workers: int | None) -> list[RunRecord]:
+def read_runs(folders: list[Path], keep: bool, workers: int | None) -> Iterator[RunRecord]:
     """Each folder's record from its events (kept in the folder where ``keep``), in order; in parallel where
     worthwhile, after the first folder is read here: it loads what every read needs (the size prediction imports
     torch and DeepSpeed, seconds) once, for the worker processes to start with."""
     count = workers if workers is not None else min(len(os.sched_getaffinity(0)), len(folders) // RUNS_PER_WORKER)
     if count <= 1 or len(folders) < 2:
-        return [read_folder(folder, keep) for folder in folders]
-    first = read_folder(folders[0], keep)
+        yield from (read_folder(folder, keep) for folder in folders)
+        return
+    yield read_folder(folders[0], keep)
     with ProcessPoolExecutor(max_workers=count) as pool:
         rest = folders[1:]
-        chunk = max(1, len(rest) // (count * 8))
-        return [first, *pool.map(read_folder, rest, [keep] * len(rest), chunksize=chunk)]
+        chunk = max(1, min(RUNS_PER_CHUNK, len(rest) // (count * 8)))
+        yield from pool.map(read_folder, rest, [keep] * len(rest), chunksize=chunk)
 
 
 def read_folder(run_dir: Path, keep: bool) -> RunRecord:
-    """One folder's record from its events, kept in the folder (encoded, as ``records.load`` gives it) where ``keep``;
-    a folder that cannot be read is a record of its exclusion as unreadable, never kept (its reason may not be about
-    the files)."""
+    """One folder's record from its events, kept in the folder (encoded, as ``records.load`` gives it, with the
+    folder's own storage baseline: ``own_baseline``) where ``keep``; a folder that cannot be read is a record of its
+    exclusion as unreadable, never kept (its reason may not be about the files)."""
     inputs = records.fingerprint(run_dir) if keep else []
     try:
         record = read_run(run_dir)
@@ -196,9 +156,44 @@ def read_folder(run_dir: Path, keep: bool) -> RunRecord:
                              "engine": engine}, "tables": {}}
     if not keep:
         return record
-    encoded = records.encode(record)  # also what a worker sends back: a few strings, not every sample
+    encoded = {**records.encode(record), "baseline": own_baseline(run_dir)}  # also what a worker sends back
     records.save(run_dir, encoded, inputs)
     return encoded
+
+
+#: A record's ``baseline`` that leaves the folder's own baseline.json to the ``BaselineFinder`` at every collect.
+FIND = "find"
+
+
+def own_baseline(run_dir: Path) -> dict[str, Any] | str | None:
+    """The folder's own baseline.json as the ``BaselineFinder`` reads it, for the record (opening it was a fifth of a
+    read from records): None where it gives nothing (the finder looks above the folder), ``FIND`` where the finder
+    should read it at each collect (it warns: the warning is the collect's), else what it gives but its path (where
+    the folder is then)."""
+    warnings: list[str] = []
+    found = BaselineFinder(run_dir, warnings).find(run_dir)
+    if warnings:
+        return FIND
+    if not found:
+        return None
+    own = {key: value for key, value in found.items() if key != "path"}
+    if found.get("path") != baseline_path(run_dir) or json.loads(json.dumps(own)) != own:  # JSON keeps it as it is
+        return FIND
+    return own
+
+
+def run_baseline(run_dir: Path, record: RunRecord, baselines: BaselineFinder) -> dict[str, Any]:
+    """The baseline of a run: its own from its record (``own_baseline``), else the ``BaselineFinder``'s."""
+    own = record.get("baseline", FIND)
+    if isinstance(own, dict):
+        return {**own, "path": baseline_path(run_dir)}
+    if own is None:  # nothing of its own: the nearest folder above it, up to the root
+        return {} if Path(os.path.abspath(run_dir)) == baselines.root else baselines.find(run_dir.parent)
+    return baselines.find(run_dir)
+
+
+def baseline_path(run_dir: Path) -> str:
+    return str(Path(os.path.abspath(run_dir)) / BASELINE_FILE)
 
 
 def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: BaselineFinder) -> None:
@@ -207,21 +202,32 @@ def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: B
         collected.excluded.append(Excluded(run_dir, **record["excluded"]))
         return
     place = {"run_id": run_id_of(run_dir, collected.root), "run": str(run_dir)}
-    baseline = baselines.find(run_dir)
     for name in TABLES:
         table = collected.tables[name]
         for keys, columns in record["tables"][name]:
             count = records.column_length(columns[0]) if columns else 0
-            block = dict(zip(keys, columns))
-            block.update({key: {"same": value, "n": count} for key, value in place.items() if key in block})
-            if name in DEFERRED:
-                table.defer(block, count)
-                continue
-            if name == "rows" and any(type(column) is not list for column in columns):  # many rows: encoded
-                block = {key: records.decode_column(column) for key, column in block.items()}
             if name == "rows":
-                apply_baseline(block, baseline)
-            table.add(block, count)
+                keys, columns = based_rows(keys, columns, run_baseline(run_dir, record, baselines))
+            table.add(*placed(keys, columns, count, place), count)
+
+
+def based_rows(keys: list[str], columns: list[Any], baseline: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """A block of the tidy table decoded, with its storage baseline's columns filled in (``apply_baseline``)."""
+    if any(type(column) is not list for column in columns):  # many rows: encoded
+        columns = [records.decode_column(column) for column in columns]
+    block = dict(zip(keys, columns))
+    apply_baseline(block, baseline)
+    return list(block), list(block.values())
+
+
+def placed(keys: list[str], columns: list[Any], count: int, place: dict[str, str]) -> tuple[tuple[str, ...], list]:
+    """The block's keys and columns with the run's place (``runs.PLACE_COLUMNS``) filled in, as values or, for many
+    rows, encoded."""
+    columns = list(columns)
+    for key, value in place.items():
+        if key in keys:
+            columns[keys.index(key)] = [value] * count if count < records.SHORT else {"same": value, "n": count}
+    return tuple(keys), columns
 
 
 def run_id_of(run_dir: Path, root: Path) -> str:

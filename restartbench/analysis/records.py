@@ -8,8 +8,9 @@ A record is used only where it is provably current:
   made by other code, the analysis or anything it calls (the results' aggregation rules, the size prediction), is
   not used.
 - ``inputs``: the name, size and modification time (ns) of every file the analysis reads from the folder
-  (``INPUT_FILES`` and every ``events/*.jsonl``, ``fingerprint``), taken before they were read. A file edited,
-  added or removed since is a different fingerprint, and the folder is read from its events again.
+  (``INPUT_FILES``, the folder's own baseline.json among them, and every ``events/*.jsonl``, ``fingerprint``), taken
+  before they were read. A file edited, added or removed since is a different fingerprint, and the folder is read
+  from its events again.
 - A record is not written where an input changed within ``RACY_NS`` of the record's own modification time (both
   times from the file system's clock): an edit in the same clock tick as the write it follows could keep the
   modification time, and the record would not see it.
@@ -38,13 +39,14 @@ import numpy as np
 
 from restartbench import rundir
 from restartbench.analysis.runs import RunRecord
+from restartbench.baseline import BASELINE_FILE
 from restartbench.events import EVENTS_FOLDER
 
 RECORD_FILE = "analysis-record.json"
 #: The record's own layout; a change of it changes ``code_version`` too.
-RECORD_FORMAT = 2
-#: The run folder's files the analysis reads, besides the events.
-INPUT_FILES = (rundir.METADATA, rundir.CONFIG, rundir.PLAN, rundir.INVENTORY)
+RECORD_FORMAT = 3
+#: The run folder's files the analysis reads, besides the events (the baseline: the folder's own, kept in the record).
+INPUT_FILES = (rundir.METADATA, rundir.CONFIG, rundir.PLAN, rundir.INVENTORY, BASELINE_FILE)
 #: An input modified this close to the record (ns, either side) makes the record unsafe to keep.
 RACY_NS = 2_000_000_000
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -141,17 +143,29 @@ def encode_column(values: list[Any]) -> Any:
     (all ints within int64) or the list itself; ``decode_column`` gives back the same values."""
     if len(values) < SHORT:
         return values
-    kinds = {type(value) for value in values}
-    if len(kinds) == 1 and kinds <= SCALARS and all(value == values[0] for value in values):
+    kinds = set(map(type, values))
+    if not kinds <= SCALARS:
+        return values
+    if kinds == {float} or (kinds == {int} and INT64[0] <= min(values) and max(values) <= INT64[1]):
+        return number_column(values, "f8" if kinds == {float} else "i8")
+    runs = value_runs(values)
+    if len(kinds) == 1 and len(runs) == 1:
         return {"same": values[0], "n": len(values)}
-    runs = value_runs(values) if kinds <= SCALARS else None
-    if runs is not None and len(runs) * 4 <= len(values):
-        return {"runs": runs}
-    if kinds == {float}:
-        return {"f8": base64.b64encode(np.array(values, dtype="<f8").tobytes()).decode("ascii")}
-    if kinds == {int} and INT64[0] <= min(values) and max(values) <= INT64[1]:
-        return {"i8": base64.b64encode(np.array(values, dtype="<i8").tobytes()).decode("ascii")}
-    return values
+    return {"runs": runs} if len(runs) * 4 <= len(values) else values
+
+
+def number_column(values: list[Any], kind: str) -> Any:
+    """``encode_column`` of all floats or all ints within int64 (``kind`` f8 or i8), its runs found by numpy, as
+    ``value_runs`` finds them (== between neighbours: NaN never equals): the first read encodes hundreds of memory
+    samples per run."""
+    array = np.array(values, dtype=f"<{kind}")
+    changes = np.flatnonzero(array[1:] != array[:-1]) + 1
+    if not len(changes):
+        return {"same": values[0], "n": len(values)}
+    if (len(changes) + 1) * 4 <= len(values):
+        starts, ends = [0, *changes.tolist()], [*changes.tolist(), len(values)]
+        return {"runs": [[values[start], end - start] for start, end in zip(starts, ends)]}
+    return {kind: base64.b64encode(array.tobytes()).decode("ascii")}
 
 
 def value_runs(values: list[Any]) -> list[list[Any]]:

@@ -112,24 +112,53 @@ def restart_memory(events: list[dict[str, Any]], attempt: int, spans: list[dict[
     """One row per memory sample of each rank's ``rank.memory`` timeline of one restore attempt, moved from the
     process's clock (seconds since ``process_start``) to the restart's (since the rank's launch), each with the span of
     ``spans`` (``restart_spans``' rows of the attempt) it fell in. Records without a timeline give none."""
+    columns = memory_columns(events, attempt, spans)
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+#: The columns of a memory sample (``restart_memory``), in order.
+MEMORY_SAMPLE_KEYS = ("attempt", "rank", "t_s", "rss_bytes", "part", "resolution_s")
+
+
+def memory_columns(events: list[dict[str, Any]], attempt: int, spans: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``restart_memory``'s rows as columns (attempt, rank, t_s, rss_bytes, part, resolution_s), made column by
+    column: a run has hundreds of samples, and the first read of many runs spent a quarter of its time on them."""
     restore = attempt_events(events, attempt)
     launches = _launches(restore)
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for span in sorted(spans, key=lambda s: s["start_s"]):  # stable: spans starting together keep their order
         by_rank.setdefault(span["rank"], []).append(span)
-    rows = []
+    columns: dict[str, list[Any]] = {name: [] for name in MEMORY_SAMPLE_KEYS}
     for e in restore:
         if e["event"] != Event.RANK_MEMORY or e["rank"] not in launches or not e.get("timeline"):
             continue
-        rank, resolution = e["rank"], e.get("resolution_s")
-        offset = e["process_start"] - launches[rank]
-        rank_spans = by_rank.get(rank, [])
-        starts = [span["start_s"] for span in rank_spans]
-        for since_start, rss in e["timeline"]:
-            t = since_start + offset
-            rows.append({"attempt": attempt, "rank": rank, "t_s": t, "rss_bytes": rss,
-                         "part": _part_at(rank_spans, starts, t), "resolution_s": resolution})
-    return rows
+        rank, offset = e["rank"], e["process_start"] - launches[e["rank"]]
+        times = [since_start + offset for since_start, _rss in e["timeline"]]
+        columns["attempt"] += [attempt] * len(times)
+        columns["rank"] += [rank] * len(times)
+        columns["t_s"] += times
+        columns["rss_bytes"] += [rss for _since_start, rss in e["timeline"]]
+        columns["part"] += parts_at(by_rank.get(rank, []), times)
+        columns["resolution_s"] += [e.get("resolution_s")] * len(times)
+    return columns
+
+
+def parts_at(spans: list[dict[str, Any]], times: list[float]) -> list[str | None]:
+    """The part (``_part_at``) of each time, for one rank's spans sorted by start. The answer can change only at a
+    span's start or end: between two such bounds, and at each bound, it is looked up once."""
+    starts = [span["start_s"] for span in spans]
+    bounds = sorted({*starts, *(span["end_s"] for span in spans)})
+    if any(bound != bound for bound in bounds):  # a NaN bound orders nothing: every time looked up
+        return [_part_at(spans, starts, t) for t in times]
+    found: dict[int, str | None] = {}
+    parts = []
+    for t in times:
+        index = bisect_right(bounds, t)
+        key = -index if index and bounds[index - 1] == t else index  # at a bound (-index) or between two (index)
+        if key not in found:
+            found[key] = _part_at(spans, starts, t)
+        parts.append(found[key])
+    return parts
 
 
 def _launches(restore: list[dict[str, Any]]) -> dict[int, float]:

@@ -21,8 +21,8 @@ from restartbench.analysis.interference import cost_columns
 from restartbench.analysis.reading import plan_columns, predicted_bytes, read_json, require, section
 from restartbench.analysis.restart_rows import (
     critical_path,
+    memory_columns,
     rank_restarts,
-    restart_memory,
     restart_row,
     restart_spans,
     resume_spike,
@@ -144,7 +144,7 @@ def restart_rows(events: list[dict[str, Any]], meta: dict[str, Any], common: dic
         ranks.extend({**ident, **r} for r in attempt_ranks)
         attempt_spans = restart_spans(events, attempt)
         spans.extend(placed_block(where, attempt_spans))
-        memory.extend(placed_block(where, restart_memory(events, attempt, attempt_spans)))
+        memory.extend(placed_columns(where, memory_columns(events, attempt, attempt_spans)))
     rows.extend({**common, "kind": "restart", **entry} for entry in skipped_restarts(meta))
     return rows, ranks, spans, memory
 
@@ -157,6 +157,14 @@ def placed_block(where: dict[str, Any], rows: list[dict[str, Any]]) -> list[list
     keys = list(rows[0])
     return [[[*where, *keys], [[value] * len(rows) for value in where.values()]
              + [[row[key] for row in rows] for key in keys]]]
+
+
+def placed_columns(where: dict[str, Any], columns: dict[str, list[Any]]) -> list[list[Any]]:
+    """``placed_block`` of rows given as columns of one length."""
+    count = len(next(iter(columns.values()), []))
+    if not count:
+        return []
+    return [[[*where, *columns], [[value] * count for value in where.values()] + list(columns.values())]]
 
 
 def to_blocks(rows: list[dict[str, Any]]) -> list[list[Any]]:
