@@ -17,13 +17,15 @@ What is real and what is emulated (also written into the run's ``metadata.json``
   manifest and atomic ``latest``; a cold (evicted) page cache before the restore; the engine's own read of the files;
   the restored tensors and values compared with what was saved; the event records (same schema as
   ``restartbench.train``), so the analysis reads the run folder like any other.
-- emulated: there is no model, optimizer or training step (no ``train.iteration``, so no iteration time and no
-  restart total); the state is built from random numbers just before each rank's save, outside the timed span, as
-  training would have left it in memory. The restore reads into tensors allocated before it as a fresh process
-  holds them, and compares plain values instead of setting them on a live engine; each rank reads its own
-  files once (DeepSpeed 0.19.8's own load reads each layer and model file twice and re-partitions ZeRO state). The
-  lazy engine's next optimizer step comes at once: it waits for all of the save's copies (``checkpoint.copy_wait``,
-  part of the stall), where a real step would come after a forward and backward pass.
+- emulated: there is no model, optimizer or training step (no ``train.iteration``, so no iteration time and no restart
+  total); the state is built from random numbers, as training would have left it in memory, for all of a process's
+  ranks before the checkpoint's barrier: no timed span holds it, nor does the checkpoint's durable time (first save's
+  start to the last rank durable), which a state built between two ranks' saves would lengthen. The restore reads into
+  tensors allocated before it as a fresh process holds them, and compares plain values instead of setting them on a
+  live engine; each rank reads its own files once (DeepSpeed 0.19.8's own load reads each layer and model file twice
+  and re-partitions ZeRO state). The lazy engine's next optimizer step comes at once: it waits for all of the save's
+  copies (``checkpoint.copy_wait``, part of the stall), where a real step would come after a forward and backward
+  pass.
 - ``--ranks-per-process K``: each process emulates K ranks one after another (world size / K processes), so the
   per-rank save and load times are each rank's own but K ranks never write at the same time: the aggregate
   bandwidth is that of world size / K writers. DCP saves collectively, so it takes K = 1.
@@ -159,22 +161,24 @@ def train_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
 
 def _checkpoint(ranks: EmulatedRanks, emulator: Emulator, step: int) -> None:
     """Each of the process's ranks saves and is made durable in turn (never two at once); then the harness settles
-    the checkpoint with every process."""
+    the checkpoint with every process. Every rank's state is staged before the barrier, so that all processes start
+    their saves together and none of it is timed."""
     import torch.distributed as dist
 
     tag = f"step{step}"
+    staged = {rank: emulator.stage(rank, step) for rank in ranks.ranks}  # what training left in memory
     dist.barrier()
-    shares = [_save_rank(ranks, emulator, rank, step, tag) for rank in ranks.ranks]
+    shares = [_save_rank(ranks, emulator, rank, step, tag, staged.pop(rank)) for rank in ranks.ranks]
     errors = harness.settle(ranks.logs, ranks.store, shares, step, tag, ranks.plan.checkpoint_bytes_estimate,
                             per_process=True, keep=ranks.cfg.storage.keep_checkpoints)
     ranks.say(f"train (emulated): checkpoint {tag} " + ("FAILED, previous checkpoint kept: " + "; ".join(errors)
                                                         if errors else "durable on every rank and committed"))
 
 
-def _save_rank(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, tag: str) -> harness.Share:
-    """The rank's save (the stall) and, for an engine that leaves its copies running, the next step's wait; then
-    its files made durable."""
-    staged = emulator.stage(rank, step)  # what training left in memory
+def _save_rank(ranks: EmulatedRanks, emulator: Emulator, rank: int, step: int, tag: str,
+               staged: Any) -> harness.Share:
+    """The rank's save of its ``staged`` state (the stall) and, for an engine that leaves its copies running, the
+    next step's wait; then its files made durable."""
     log = ranks.logs[rank]
     save_start = harness.begin_save(log, step, tag, engine=ranks.engine, emulated=True)
     with log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=ranks.engine, emulated=True):

@@ -165,3 +165,31 @@ def test_bad_emulation_options_are_refused(tmp_path, argv, message):
                           "--logs", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 2 and message in out.stdout + out.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_every_ranks_state_is_staged_before_the_barrier_and_none_between_two_saves(monkeypatch):
+    """A process emulating several ranks builds all their states before the checkpoint's barrier: a state built
+    between two ranks' saves would count in the checkpoint's durable time (first save's start to last rank durable),
+    and a process still staging would start its saves after the others."""
+    import torch.distributed as dist
+
+    calls = []
+
+    class Ranks:
+        ranks, logs, store, plan, engine = [3, 4], {}, None, type("Plan", (), {"checkpoint_bytes_estimate": 0}), "x"
+        cfg = type("Cfg", (), {"storage": type("Storage", (), {"keep_checkpoints": 0})})
+
+        def say(self, message):
+            calls.append("say")
+
+    class Emulator:
+        def stage(self, rank, step):
+            calls.append(f"stage {rank}")
+            return f"state {rank}"
+
+    monkeypatch.setattr(dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(emulate, "_save_rank", lambda ranks, emulator, rank, step, tag, staged: calls.append(
+        f"save {rank} {staged}"))
+    monkeypatch.setattr(emulate.harness, "settle", lambda *args, **kwargs: [])
+    emulate._checkpoint(Ranks(), Emulator(), 2)
+    assert calls == ["stage 3", "stage 4", "barrier", "save 3 state 3", "save 4 state 4", "say"]
