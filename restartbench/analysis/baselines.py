@@ -11,7 +11,9 @@ or writes faster than the disk, so the figure or the limit is wrong, and the rep
 ratio, the method and its spread and what to look at (``restartbench.report.findings``). A warm restore above it is
 ``WARM_CACHE`` instead (memory answered, which no disk limit bounds). An older baseline.json, with only
 ``write_MBps``/``read_MBps`` (or an object store's, one plain upload and download), has no spread: its ratios keep the
-rule from before issue 26, above ``LIMIT_TOLERANCE_PCT`` of the limit ``LIMIT_UNDERESTIMATED``.
+rule from before issue 26, above ``LIMIT_TOLERANCE_PCT`` of the limit ``LIMIT_UNDERESTIMATED``. So does a spread of
+fewer than ``SPREAD_MIN_PASSES`` passes (a run's own baseline measures each method once): one pass's max is its median,
+and noise alone would put half of the engines above it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from restartbench.baseline import BASELINE_FILE
 from restartbench.rundir import RunFolderError
 
 SIDES = ("write", "read")
+#: The passes of the winning method that make its max a bound: with fewer, the max is not judged against.
+SPREAD_MIN_PASSES = 3
 #: The columns a run's rows take from its baseline, all rows alike: each side's limit (the winning method's median),
 #: the method that won, and its spread over the repeats (n passes, min, max; None for a baseline without one).
 BASELINE_COLUMNS = {
@@ -103,8 +107,8 @@ def flagged(notes: pd.Series) -> str | None:
 def limit_summary(table: pd.DataFrame) -> pd.DataFrame:
     """The limits the table's ratios were set against: per storage, tool, side and winning method, the runs, the
     passes per run (``n``) and the spread (the least min, the median of the limits, the largest max); ``judged`` says
-    how a ratio to it is judged. A baseline without a spread has method and spread None and is judged by the old
-    rule."""
+    how a ratio to it is judged. A baseline without a spread (older, or of fewer than ``SPREAD_MIN_PASSES`` passes)
+    has its spread None and is judged by the old rule."""
     columns = ["storage", "tool", "side", "method", "runs", "n", "min_MBps", "median_MBps", "max_MBps", "judged"]
     if table.empty or "baseline_tool" not in table:
         return pd.DataFrame(columns=columns)
@@ -119,12 +123,12 @@ def limit_summary(table: pd.DataFrame) -> pd.DataFrame:
         spread = runs[f"baseline_{side}_max_MBps"].notna()
         parts.append(pd.DataFrame({
             "storage": runs["storage"], "tool": runs["baseline_tool"], "side": side,
-            "method": runs[f"baseline_{side}_best"].where(spread), "run_id": runs["run_id"],
-            "n": runs[f"baseline_{side}_n"].where(spread), "min_MBps": runs[f"baseline_{side}_min_MBps"],
+            "method": runs[f"baseline_{side}_best"], "run_id": runs["run_id"],
+            "n": runs[f"baseline_{side}_n"], "min_MBps": runs[f"baseline_{side}_min_MBps"],
             "median_MBps": runs[f"baseline_{side}_MBps"], "max_MBps": runs[f"baseline_{side}_max_MBps"],
             "judged": spread.map({True: "above the max: defect",
-                                  False: f"no spread (older baseline.json): above {LIMIT_TOLERANCE_PCT:.0f} %, "
-                                         "limit underestimated"})}))
+                                  False: f"no spread (older baseline.json, or under {SPREAD_MIN_PASSES} passes): "
+                                         f"above {LIMIT_TOLERANCE_PCT:.0f} %, limit underestimated"})}))
     if not parts:
         return pd.DataFrame(columns=columns)
     every = pd.concat(parts, ignore_index=True)
@@ -191,6 +195,8 @@ class BaselineFinder:
                                  "method's name); its ratios are judged by the old rule, as for a baseline without "
                                  "spread")
             return none
+        if n < SPREAD_MIN_PASSES:  # a method, but no spread to judge by: the old rule, as the summary says
+            return {**none, f"{side}_best": best, f"{side}_n": int(n)}
         return {f"{side}_best": best, f"{side}_n": int(n), f"{side}_min_MBps": float(low),
                 f"{side}_max_MBps": float(top)}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from restartbench import analysis
-from restartbench.analysis.baselines import LIMIT_DEFECT, LIMIT_UNDERESTIMATED
+from restartbench.analysis.baselines import LIMIT_DEFECT, LIMIT_UNDERESTIMATED, SPREAD_MIN_PASSES
 from restartbench.report.style import fmt_bytes, fmt_s, fmt_share
 
 
@@ -127,9 +127,10 @@ def _limit_findings(table: pd.DataFrame, ckpt: pd.DataFrame, rest: pd.DataFrame,
             out.append(f"Limit underestimated: {where} {side} at {fmt_share(row[column])} of the storage's measured "
                        f"bandwidth (median; {row[flag].removeprefix(LIMIT_UNDERESTIMATED).strip(' ()')} "
                        "above 105 %): baseline.json measured the storage too low, so this ratio is no engine beating "
-                       "the disk. Its baseline.json has no spread (an older format, or an object store's), so the "
-                       "rule from before issue 26 judges it; measure the limit again (a run's own fio baseline, or "
-                       "bench/limits.py) to judge the ratio against the best method's max.")
+                       "the disk. Its baseline.json has no spread (an older format, an object store's, or fewer "
+                       f"than {SPREAD_MIN_PASSES} passes of the winning method, as a run's own baseline has), so the "
+                       "rule from before issue 26 judges it; measure the limit's spread (bench/limits.py --repeats 5 "
+                       "at the checkpoint's concurrency) to judge the ratio against the best method's max.")
     return out
 
 
@@ -162,9 +163,7 @@ def limit_defects(table: pd.DataFrame) -> list[str]:
             measured = int(rows.loc[rows["run_id"] == run_id, pct].notna().sum())
             passes = int(worst[f"baseline_{side}_n"])
             spread = (f"{worst[f'baseline_{side}_min_MBps']:.0f}–{worst[f'baseline_{side}_MBps']:.0f}–"
-                      f"{worst[f'baseline_{side}_max_MBps']:.0f} MB/s (min–median–max of {passes} pass"
-                      + ("es)" if passes != 1 else "; one pass: its spread is not known, bench/limits.py --repeats "
-                                                   "measures it)"))
+                      f"{worst[f'baseline_{side}_max_MBps']:.0f} MB/s (min–median–max of {passes} passes)")
             resident, process = worst.get("resident_fraction"), worst.get("process_bytes_read")
             details = {"cache": worst.get("cache") if pd.notna(worst.get("cache")) else "unknown",
                        "resident": (f", at most {100 * float(resident):.0f} % of the checkpoint resident at its start"
