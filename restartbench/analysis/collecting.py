@@ -9,12 +9,10 @@ on the collected root, the run's id, its path and its storage baseline, is fille
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import pandas as pd
 from restartbench import rundir
 from restartbench.analysis import records
 from restartbench.analysis.baselines import BaselineFinder, apply_baseline
-from restartbench.analysis.blocks import Columns
+from restartbench.analysis.blocks import Columns, collector_paused
 from restartbench.analysis.columns import MEMORY_COLUMNS, RANK_COLUMNS, SPAN_COLUMNS, TABLE_COLUMNS
 from restartbench.analysis.reading import quiet_metadata
 from restartbench.analysis.runs import TABLES, RunRecord, read_run
@@ -111,19 +109,6 @@ def collect(root: Path | str, *, keep_records: bool = True, workers: int | None 
         for folder, record in zip(folders, kept):  # the parsed ones added as they come, in order
             add_run(collected, folder, record if record is not None else next(parsed), baselines)
     return collected
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the tables grow: they hold no cycles, and every full collection
-    would scan all they hold so far (the work per run grew with the runs read: issue 27)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def read_runs(folders: list[Path], keep: bool, workers: int | None) -> Iterator[RunRecord]:
