@@ -9,7 +9,7 @@ A short, fixed set of steps (``plan_steps``), each printed with how long it took
 1. probes: the storage limits of the run folder's file system at the checkpoint's concurrency
    (``restartbench.whatif.limits.storage_limits``: fio and threaded buffered I/O, best method, min/median/max over
    the repeats), the host copy (``limits.host_copy_MBps``), and, where torch sees a CUDA device, its pinned and
-   pageable device-to-host copies and the cost of pinning (``d2h_probe``; on a CPU machine skipped, with why);
+   pageable device-to-host copies and the cost of pinning (``limits.d2h_probe``; on a CPU machine skipped, with why);
 2. real runs (``CALIBRATION`` by ``calibration_cases``): tiny and small on tp1pp1dp2 through each engine, tiny on
    tp1pp1dp4 (a second world size: distributed init's slope in ranks); each a whole study run (train, checkpoint,
    end, relaunch, restore, resume) through ``restartbench.cli``, as ``config-n-run.py`` runs it;
@@ -341,47 +341,6 @@ def per_process(collected) -> dict[str, int]:
     return out
 
 
-# -- probes ------------------------------------------------------------------------------------------------------
-
-
-def d2h_probe(nbytes: int = D2H_BYTES, repeats: int = D2H_REPEATS) -> dict[str, Any]:
-    """One GPU's device-to-host copy into pinned and into pageable memory (best of ``repeats`` after a warm-up, the
-    device synchronized around each) and the rate of pinning fresh host memory (cudaHostRegister), GB/s. The method
-    of bench/gpu_probe.py (FACTS.md's H100 probe)."""
-    import torch
-
-    def best(copy: Callable[[], object]) -> float:
-        copy()
-        seconds = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            copy()
-            torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - start)
-        return nbytes / 1e9 / min(seconds)
-
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
-    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    pageable = torch.ones(nbytes, dtype=torch.uint8)
-    figures = {"d2h_pinned_GBps": best(lambda: pinned.copy_(device, non_blocking=True)),
-               "d2h_pageable_GBps": best(lambda: pageable.copy_(device))}
-    cudart, pin_s = torch.cuda.cudart(), []
-    for _ in range(min(repeats, 3)):
-        buffer = torch.ones(nbytes, dtype=torch.uint8)  # touched: the pages exist before they are pinned
-        start = time.perf_counter()
-        status = cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)
-        pin_s.append(time.perf_counter() - start)
-        if int(status) != 0:
-            raise CalibrationError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(status)}")
-        cudart.cudaHostUnregister(buffer.data_ptr())
-        del buffer
-    return {**figures, "pin_GBps": nbytes / 1e9 / min(pin_s), "bytes": nbytes, "repeats": repeats,
-            "gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
-            "method": "one torch copy_ on the current stream, synchronized before and after, best of the repeats "
-                      "after a warm-up; pinning: cudaHostRegister of a touched buffer, best of up to 3"}
-
-
 # -- the cluster file ------------------------------------------------------------------------------------------
 
 
@@ -439,14 +398,6 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
                         "this machine's GPU")
     return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s}
                                           for k, (v, b, s) in fields.items()}, str(options.out))
-
-
-def cluster_text(cluster: clusters.Cluster, header: str) -> str:
-    """The cluster file's text, as clusters.write_cluster writes it."""
-    import yaml
-
-    body = yaml.safe_dump(clusters.to_mapping(cluster), sort_keys=False, width=118, allow_unicode=True)
-    return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 
 def write_atomically(files: dict[Path, str], check: Callable[[dict[Path, Path]], None] | None = None) -> None:
@@ -552,7 +503,7 @@ def calibrate(options: Options, steps: list[Step] | None = None) -> dict[str, An
                       f"{options.record_path.name}.")
             write_atomically({options.fit_path: json.dumps(fitting.to_json(figures["fit"]), indent=1) + "\n",
                               options.record_path: json.dumps(record, indent=1, default=str) + "\n",
-                              options.out: cluster_text(cluster, header)}, _check_written(options))
+                              options.out: clusters.cluster_text(cluster, header)}, _check_written(options))
             say(f"{head}: {options.out}, {options.fit_path.name}, {options.record_path.name} written")
             continue
         entry["wall_s"] = time.perf_counter() - began
@@ -579,7 +530,10 @@ def _probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
     if step.name == "host copy":
         return probes.host_copy_MBps(HOST_COPY_BYTES, jobs=jobs)
     if step.name == "d2h":
-        return d2h_probe()
+        try:
+            return probes.d2h_probe(D2H_BYTES, D2H_REPEATS)
+        except probes.ProbeError as error:
+            raise CalibrationError(f"the d2h probe: {error}") from error
     raise CalibrationError(f"unknown probe {step.name!r}")
 
 

@@ -165,6 +165,11 @@ def to_mapping(cluster: Cluster) -> dict[str, Any]:
                    "source": cluster.sources[name][1]} for name in [*TEXT_FIELDS, *NUMBER_FIELDS]}
 
 
+def cluster_text(cluster: Cluster, header: str = "") -> str:
+    """The cluster file's text: ``header`` as comment lines, then the fields with their basis and source."""
+    body = yaml.safe_dump(to_mapping(cluster), sort_keys=False, width=118, allow_unicode=True)
+    return "".join(f"# {line}\n" for line in header.splitlines()) + body
+
+
 def write_cluster(cluster: Cluster, path: Path, header: str = "") -> None:
-    text = yaml.safe_dump(to_mapping(cluster), sort_keys=False, width=118, allow_unicode=True)
-    path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + text)
+    path.write_text(cluster_text(cluster, header))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,45 @@ def host_copy_MBps(nbytes: int, jobs: int, repeats: int = 5) -> dict[str, Any]:
             list(pool.map(lambda pair: np.copyto(pair[1], pair[0]), pairs))
             rates.append(nbytes / MB / (time.perf_counter() - start))
     return {"bytes": nbytes, "jobs": jobs, "MBps": _spread(rates), "method": "numpy copyto, one thread per job"}
+
+
+class ProbeError(ValueError):
+    """A probe that could not measure what it measures; the message says why."""
+
+
+def d2h_probe(nbytes: int = 2**30, repeats: int = 3) -> dict[str, Any]:
+    """One GPU's device-to-host copy into pinned and into pageable memory (best of ``repeats`` after a warm-up, the
+    device synchronized around each) and the rate of pinning fresh host memory (cudaHostRegister), GB/s. The method
+    of bench/gpu_probe.py (FACTS.md's H100 probe)."""
+    import torch
+
+    def best(copy: Callable[[], object]) -> float:
+        copy()
+        seconds = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        return nbytes / 1e9 / min(seconds)
+
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.ones(nbytes, dtype=torch.uint8)
+    figures = {"d2h_pinned_GBps": best(lambda: pinned.copy_(device, non_blocking=True)),
+               "d2h_pageable_GBps": best(lambda: pageable.copy_(device))}
+    cudart, pin_s = torch.cuda.cudart(), []
+    for _ in range(min(repeats, 3)):
+        buffer = torch.ones(nbytes, dtype=torch.uint8)  # touched: the pages exist before they are pinned
+        start = time.perf_counter()
+        status = cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)
+        pin_s.append(time.perf_counter() - start)
+        if int(status) != 0:
+            raise ProbeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(status)}")
+        cudart.cudaHostUnregister(buffer.data_ptr())
+        del buffer
+    return {**figures, "pin_GBps": nbytes / 1e9 / min(pin_s), "bytes": nbytes, "repeats": repeats,
+            "gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
+            "method": "one torch copy_ on the current stream, synchronized before and after, best of the repeats "
+                      "after a warm-up; pinning: cudaHostRegister of a touched buffer, best of up to 3"}
