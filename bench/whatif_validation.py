@@ -236,54 +236,40 @@ H100_PROBE = {"bytes": 12.05e9, "files": 5, "params": 0.86e9,
               "measured": {"stall": 17.9, "durable": 23.1, "ckpt load": 11.5}}
 
 
-#: Why a part can miss, written after reading the runs' records (kept with the result; shown for the parts that miss).
-#: The figures are those of the runs of 2026-11-26 05:00-06:02 (load average 21 falling to 3) and, for the two-node
-#: cases, 08:35-09:10 (load average 8-23 from other workers' tests); "imports" below is a run's own median import
-#: time, a gauge of the CPU share it got (2.4-4.8 s on this machine when lightly loaded).
-STARTUP_REASON = ("CPU-bound on 2 cores shared with other workers: the held-out small tp1pp2dp2 torch run imported in "
-                  "34 s (restore), the calibration's lazy and dcp runs in 4-7 s, so every start-up part of that run is "
-                  "3-8x the fit; the lazy and dcp held-out runs (imports 8-9 s) also put 4 ranks on 2 cores where the "
-                  "calibration put 2 (model build, ds init and engine setup 1.5-3x the fit; imports only 1.2x, so the "
-                  "oversubscription is not a clean factor and is not modelled). Not a wrong form: the torch runs' "
-                  "parts agree among themselves (dist init at 4 ranks 3.0 s calibration, 3.5 s held out)")
+#: What the model leaves out, by part: the form-level causes found by reading the runs' records (2026-11-26). They
+#: name no run's figures, which differ from one validation to the next: the tables above hold those, with each run's
+#: import time as a gauge of the CPU share it got.
+OVERSUBSCRIBED = ("the held-out real runs put 4 ranks on 2 cores where the calibration's put 2 (tiny at 4 ranks only "
+                  "for distributed init's slope): the start-up terms scale with parameters per rank and with ranks, "
+                  "not with ranks per core, so oversubscription is not modelled (on a GPU cluster, a rank per GPU and "
+                  "many cores, it does not arise)")
 MISS_REASONS: dict[str, str] = {
-    "stall": "per-rank stalls of tens of milliseconds vary 2-4x between runs of the same configuration at this "
-             "machine's load (13B torch-emulated 0.096 s at 24.9 MB/rank against 33B's 0.181 s at 16.9 MB/rank); the "
-             "lazy engine's 70B tp8pp8 rank (4.3 MB) lies below the calibration's smallest (16.8 MB), where the "
-             "fixed cost of a save and its copy wait (~0.02 s) cannot be told from the noise; DCP real at 4 ranks on "
-             "2 cores serialises at half the calibration's per-process rate",
-    "durable": "fixed: the checkpoint's clock of an emulated run held the emulator's staging of random data between "
-               "one rank's save and the next, and the processes' skew (33B lazy: the other process began 4.6 s "
-               "earlier; 70B torch: 5.5 s of 11.5 s was staging), now left out (fit.emulated_own_times); a process "
-               "pays each rank's fixed cost once per rank it emulates (now a per-rank intercept). What misses now: "
-               "write rates of 140-390 MB/s between runs of similar configurations (3B tp1pp4 torch 314 MB in 2.25 s, "
-               "13B 174 MB in 0.50 s, 33B 903 MB in 2.33 s), the disk and CPU shared with other work",
-    "ckpt load": "a rank's load of a few MB varies 2-4x within one run (13B torch-emulated: 0.057-0.196 s, same bytes "
-                 "and files) and the part is the max over ranks: over 64 emulated ranks one stall decides it (70B "
-                 "tp8pp8 torch: rank 38 took 0.478 s, the other 63 0.018-0.048 s); DCP's load follows the tensors "
-                 "per rank more than bytes (3B pp2, 13 layers per rank: 157 MB in 0.78 s; 70B pp2, 40 layers: 98 MB "
-                 "in 2.47 s; 33B pp2, 30 layers: 67 MB in 3.25 s), a regressor the model lacks (every DCP rank has 2 "
-                 "files); the real torch load was calibrated on torch runs made at load 17-21",
+    "stall": "a per-rank stall of tens of milliseconds is of the order of a save's fixed cost and of this VM's noise; "
+             "DCP plans and serialises its save per tensor, and the form has bytes and files only (no tensors-per-rank "
+             "term); " + OVERSUBSCRIBED,
+    "durable": "the write rate of this VM's disk varies between runs of similar configurations; DCP's per-tensor cost, "
+               "as for the stall; two Slurm nodes here are one host, its disk and 2 cores shared: the model predicts "
+               "two nodes sharing one disk, but not the second node's processes taking the first's CPU (the lazy "
+               "engine's background copies among them)",
+    "ckpt load": "the part is the max over ranks: over many emulated ranks one slow load decides it; DCP's load "
+                 "follows the tensors per rank more than the bytes, a term the model lacks",
     **dict.fromkeys(("launch", "imports", "dist init", "model build", "ds init", "engine setup", "1st iter",
-                     "restart total"), STARTUP_REASON),
+                     "restart total"), OVERSUBSCRIBED),
 }
-TWO_NODE_REASON = ("the two-node cases (held-out-2nodes) ran 08:35-09:10 while other workers' tests loaded the 2 "
-                   "cores to a load average of 8-31 (median 20, sampled every 20 s): their imports took 13-32 s "
-                   "against 4-7 s for the same cases on one node, and every part of theirs is 1.2-12x the one-node "
-                   "run's, all below the prediction; the model predicts the same seconds on one node and on two that "
-                   "share this host's disk, so these runs say nothing yet of what the second node adds: rerun them "
-                   "on an idle machine")
-for _part in ("stall", "durable", "ckpt load"):
-    MISS_REASONS[_part] += "; " + TWO_NODE_REASON
-H100_REASON = ("Why: the stall's bytes term is torch.save's host path as fitted on this machine, about 100 MB/s per "
-               "process, from the real torch runs made while the machine was loaded (their imports took 16-28 s, "
-               "the lazy and dcp runs' 4-5 s: a fifth of the CPU); the H100 host's own is (17.9 - 1.1) s for 12.05 GB, "
-               "about 720 MB/s. The durable time is the larger of the stall and the durable line, so it inherits the "
-               "stall; the durable line's own disk term (D2H + fixed + bytes at η of the 1.4 GB/s disk) is about 30 s "
-               "against 23.1 s measured (+30 %). The load's η (0.10) is DeepSpeed's real torch load on this machine: "
-               "each layer file read twice and deserialised on a loaded 2-core VM; the H100's is 0.52. Only D2H "
-               "agrees (1.1 s of the stall). The model carries host-side rates from the calibration machine "
-               "(docs/whatif.md, not modelled): on another host they must be calibrated there.")
+
+
+def h100_reason(h100: dict) -> str:
+    """Why the H100 comparison stands where it does, from the figures of this fit."""
+    stall = h100.get("terms", {}).get("stall", {})
+    host = stall.get("host_MBps")
+    if not host:
+        return ""
+    facts_host = H100_PROBE["bytes"] / (H100_PROBE["measured"]["stall"] - h100["d2h_s"]) / 1e6
+    return (f"Why: the stall's bytes term is torch.save's host path as fitted on this machine, {host:.0f} MB/s per "
+            f"process; FACTS' H100 host serialised 12.05 GB in 17.9 s less {h100['d2h_s']:.1f} s of D2H, about "
+            f"{facts_host:.0f} MB/s. The durable time is the larger of the stall and the durable line; the load's η "
+            "is fitted on this machine's DeepSpeed loads (each layer file read twice). Host-side rates are the "
+            "calibration machine's: calibrate on the target's hosts (python -m restartbench.whatif --calibrate).")
 
 
 def load_gauge(run: Path) -> float | None:
@@ -440,13 +426,13 @@ def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: flo
             "held_out_cases": [dataclasses.asdict(c) for c in (*HELD_OUT, *HELD_OUT_2NODES)], "limits": limits,
             "excluded": [{"run": str(e.run), "status": e.status, "reason": e.reason}
                          for found_set in found for e in found_set.excluded],
-            "not_run": not_run, "miss_reasons": MISS_REASONS, "h100_reason": H100_REASON,
+            "not_run": not_run, "miss_reasons": MISS_REASONS,
             "fit": fitting.to_json(fit), "held_out": compared,
             "summary": validation.summary(parts),
             "summary_by_set": {name: {k: v for k, v in validation.summary(
                 [p for row in compared if row.get("set", "held-out") == name for p in row["parts"]]).items()
                 if k != "misses"} for name in ("held-out", "held-out-2nodes")},
-            "h100": h100_comparison(fit)}
+            "h100": (h100 := h100_comparison(fit)), "h100_reason": h100_reason(h100)}
 
 
 # -- markdown -------------------------------------------------------------------------------------------------
@@ -462,9 +448,9 @@ def markdown(result: dict) -> str:
            f"`{meta['command']}`", "", machine_line(meta), "",
            f"Calibration: {len(result['calibration_cases'])} configurations; held out: "
            f"{len(result['held_out_cases'])} (fixed in bench/whatif_validation.py before fitting; none in both). "
-           f"The runs took {result['runs_s']:.0f} s together (their metadata's start to end) on a machine shared with "
-           f"other work (load average "
-           f"{meta['load_average_at_start']:.1f} at the start).", "",
+           f"The runs took {result['runs_s']:.0f} s together (their metadata's start to end); the load average was "
+           f"{meta['load_average_at_start']:.1f} when this script started, and each held-out run's import time "
+           "below gauges the CPU share it got.", "",
            "## Limits measured (the cluster file's)", ""]
     if result["not_run"]:
         out[-2:-2] = ["Not run (the machine's time ran out before them; listed, not predicted): "
