@@ -8,8 +8,9 @@
    (preset, layout, engine, emulated or real) tuples that no calibration run has (``tests/test_whatif_validation.py``
    holds that). Real runs are CPU gloo runs (fp32, 4 iterations, a checkpoint every 2); emulated runs save and
    restore the predicted files of a big preset at ``--emulate-scale`` through the engine's own code.
-2. Runs each case through ``config-n-run.py`` into ``<logs>/calibration/`` or ``<logs>/held-out/`` (a case whose
-   folder already holds a complete run is not run again), one after another (the machine's 2 cores are the limit).
+2. Runs each case (``restartbench.whatif.calibrate``'s Case and runner; a two-node case through Slurm) into
+   ``<logs>/calibration/`` or ``<logs>/held-out/`` (a case whose folder already holds a complete run is not run
+   again), one after another (the machine's 2 cores are the limit).
 3. Measures this machine's storage limits at the checkpoint's concurrency (``restartbench.whatif.limits``) and
    writes them, with the fit, into ``clusters/cpu2.yaml`` and ``clusters/cpu2-fit.json``.
 4. Fits the model on the calibration runs only (``restartbench.whatif.fit``, through ``restartbench.analysis``),
@@ -26,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,50 +37,15 @@ from results_io import ROOT, add_output_arguments, machine_line, run_meta, write
 sys.path.insert(0, str(ROOT))
 
 from restartbench.analysis import collect  # noqa: E402
+from restartbench.whatif import (
+    calibrate,  # noqa: E402
+    validation,  # noqa: E402
+)
 from restartbench.whatif import cluster as clusters  # noqa: E402
 from restartbench.whatif import fit as fitting  # noqa: E402
 from restartbench.whatif import limits as probes  # noqa: E402
 from restartbench.whatif import predict as model  # noqa: E402
-from restartbench.whatif import validation  # noqa: E402
-
-REAL = ("--dtype", "fp32", "--iters", "4", "--save-interval", "2")
-EMULATED = ("--dtype", "bf16", "--iters", "1", "--save-interval", "1")
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One configuration of the validation: a real run, or an emulated big checkpoint."""
-
-    preset: str
-    layout: str
-    engine: str
-    scale: float | None = None
-    """--emulate-scale for an emulated case; None: a real run."""
-    ranks_per_process: int = 1
-    """--ranks-per-process of an emulated case."""
-    nodes: int = 1
-    """Slurm nodes (--nnodes): above 1 the case runs through Slurm (``SLURM_CONF``), one torchrun per node."""
-
-    @property
-    def key(self) -> tuple[str, str, str, bool]:
-        """What must differ between the calibration and the held-out set: preset, layout, engine, emulated."""
-        return (self.preset, self.layout, self.engine, self.scale is not None)
-
-    def argv(self, logs: Path) -> list[str]:
-        common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
-        if self.nodes > 1:
-            common += ["--nnodes", str(self.nodes), "--launcher", "slurm", "--submit", "--master-port",
-                       str(_free_port())]
-        if self.scale is None:
-            return [*common, *REAL]
-        return [*common, *EMULATED, "--emulate", "--emulate-scale", str(self.scale),
-                "--ranks-per-process", str(self.ranks_per_process)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from restartbench.whatif.calibrate import Case, completed, per_process  # noqa: E402
 
 
 def _real(preset: str, layout: str, engines: tuple[str, ...]) -> list[Case]:
@@ -147,21 +112,6 @@ def overlap(calibration: tuple[Case, ...] = CALIBRATION, held_out: tuple[Case, .
 # -- runs --------------------------------------------------------------------------------------------------
 
 
-def completed(folder: Path, case: Case) -> bool:
-    """Whether ``folder`` already holds a complete run of ``case``."""
-    for meta_path in folder.rglob("metadata.json"):
-        meta = json.loads(meta_path.read_text())
-        config = json.loads((meta_path.parent / "config.json").read_text())
-        emulation = config.get("emulation") or {}
-        scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
-        if (meta.get("status") == "complete" and meta.get("preset") == case.preset
-                and meta.get("engine") in (case.engine, f"{case.engine}-emulated") and scale == case.scale
-                and (config.get("layout") or {}).get("layout") == case.layout
-                and int((config.get("layout") or {}).get("nnodes") or 1) == case.nodes):
-            return True
-    return False
-
-
 def slurm_refusal() -> str | None:
     """Why the two-node cases cannot run here (None: they can)."""
     if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
@@ -175,15 +125,18 @@ def run_case(case: Case, folder: Path, timeout: int) -> dict:
         return {"case": dataclasses.asdict(case), "exit": 0, "wall_s": None, "note": "already complete"}
     if case.nodes > 1 and (why := slurm_refusal()):
         return {"case": dataclasses.asdict(case), "exit": None, "wall_s": None, "note": f"not run: {why}"}
+    if case.nodes == 1:
+        step = calibrate.run_case(case, folder, timeout)
+        print(f"  {case.label}: exit {step['exit']}, {step['wall_s']:.0f} s", flush=True)
+        return step
     argv = [sys.executable, str(ROOT / "config-n-run.py"), *case.argv(folder)]
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    if case.nodes > 1 and proc.returncode == 0:
+    if proc.returncode == 0:
         proc.returncode, tail = _wait_for_job(folder, proc.stdout, start + timeout)
     wall = time.perf_counter() - start
-    print(f"  {case.preset} {case.layout} {case.engine} scale={case.scale}: exit {proc.returncode}, {wall:.0f} s",
-          flush=True)
+    print(f"  {case.label}: exit {proc.returncode}, {wall:.0f} s", flush=True)
     return {"case": dataclasses.asdict(case), "exit": proc.returncode, "wall_s": wall, "tail": tail}
 
 
@@ -277,15 +230,6 @@ def load_gauge(run: Path) -> float | None:
     seconds = [json.loads(line)["duration_s"] for path in (Path(run) / "events").glob("*.jsonl")
                for line in path.read_text().splitlines() if '"startup.imports"' in line]
     return sorted(seconds)[len(seconds) // 2] if seconds else None
-
-
-def per_process(collected) -> dict[str, int]:
-    """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
-    out = {}
-    for run_id, run in collected.table()[["run_id", "run"]].drop_duplicates().itertuples(index=False):
-        emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
-        out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
-    return out
 
 
 def runs_wall_s(*collected) -> float:

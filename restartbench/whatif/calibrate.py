@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,8 @@ class Case:
     """--emulate-scale for an emulated case; None: a real run."""
     ranks_per_process: int = 1
     """--ranks-per-process of an emulated case."""
+    nodes: int = 1
+    """Slurm nodes (--nnodes): above 1 the case is submitted to Slurm (``SLURM_CONF``), one torchrun per node."""
 
     @property
     def key(self) -> tuple[str, str, str, bool]:
@@ -103,7 +106,7 @@ class Case:
     @property
     def label(self) -> str:
         kind = "real" if self.scale is None else f"emulated at scale {self.scale:g}"
-        return f"{self.preset} {self.layout} {self.engine} ({kind})"
+        return f"{self.preset} {self.layout} {self.engine} ({kind}{f', {self.nodes} nodes' if self.nodes > 1 else ''})"
 
     @property
     def ranks(self) -> int:
@@ -117,10 +120,20 @@ class Case:
 
     def argv(self, logs: Path) -> list[str]:
         common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
+        if self.nodes > 1:
+            common += ["--nnodes", str(self.nodes), "--launcher", "slurm", "--submit", "--master-port",
+                       str(free_port())]
         if self.scale is None:
             return [*common, *REAL]
         return [*common, *EMULATED, "--emulate", "--emulate-scale", str(self.scale),
                 "--ranks-per-process", str(self.ranks_per_process)]
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (a submitted job's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def calibration_cases(engines: tuple[str, ...] = DEFAULT_ENGINES,
@@ -267,7 +280,8 @@ def matches(meta: dict, config: dict, case: Case) -> bool:
     per_process = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
     return (meta.get("preset") == case.preset and meta.get("engine") in (case.engine, f"{case.engine}-emulated")
             and scale == case.scale and per_process == case.ranks_per_process
-            and (config.get("layout") or {}).get("layout") == case.layout)
+            and (config.get("layout") or {}).get("layout") == case.layout
+            and int((config.get("layout") or {}).get("nnodes") or 1) == case.nodes)
 
 
 def completed(folder: Path, case: Case) -> Path | None:
