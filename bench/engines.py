@@ -276,7 +276,8 @@ def markdown(result: dict) -> str:
              "rank's checkpoint bytes)",
              "- storage: each run's own `baseline.json`: fio before phase 1 with as many jobs as ranks write on the "
              "node, each a rank's share of the planned checkpoint (capped at --baseline-mib), each side the best of "
-             "several methods (columns 'write bw', 'read bw': the winner's median, then its min–max over its passes "
+             "the methods it ran (one, fio O_DIRECT, in runs before 2026-11-26) (columns 'write bw', 'read bw': "
+             "the winner's median, then its min–max over its passes "
              "and its name); where a run has none, the logs root's: "
              f"write **{limits['write_MBps']:.0f} MB/s**, cold read **{limits['read_MBps']:.0f} MB/s** — "
              f"{limits['tool']} on {limits['target']} ({limits['source']})", "",
@@ -299,7 +300,7 @@ def markdown(result: dict) -> str:
     lines += ["", "copy floor = largest bytes one rank saved ÷ host copy bandwidth. durable MB/s = all bytes ÷ "
               "(save start → last rank fsync'd). restore MB/s = bytes read ÷ checkpoint load time (cold: page cache "
               "evicted and checked empty). The limits are measured at the checkpoint's concurrency as the best of "
-              "several methods, so a ratio above the limit's max (its fastest pass) is a defect to investigate, "
+              "the methods it ran, so a ratio above the limit's max (its fastest pass) is a defect to investigate, "
               "marked so (the summary's findings say what to look at), never an engine beating the hardware; a "
               "limit without spread keeps the rule from before issue 26, 'limit underestimated' above 1.05. "
               "optimizer-step wait (lazy): the time the "
