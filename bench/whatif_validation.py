@@ -37,6 +37,7 @@ from results_io import ROOT, add_output_arguments, machine_line, run_meta, write
 sys.path.insert(0, str(ROOT))
 
 from restartbench.analysis import collect  # noqa: E402
+from restartbench.events import Event, read_events  # noqa: E402
 from restartbench.whatif import (
     calibrate,  # noqa: E402
     validation,  # noqa: E402
@@ -227,8 +228,7 @@ def h100_reason(h100: dict) -> str:
 
 def load_gauge(run: Path) -> float | None:
     """A run's median import time over its processes, both phases: how much CPU it got (the work is the same)."""
-    seconds = [json.loads(line)["duration_s"] for path in (Path(run) / "events").glob("*.jsonl")
-               for line in path.read_text().splitlines() if '"startup.imports"' in line]
+    seconds = [e["duration_s"] for e in read_events(run) if e["event"] == Event.STARTUP_IMPORTS]
     return sorted(seconds)[len(seconds) // 2] if seconds else None
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from restartbench.events import Event
 from restartbench.presets import get_preset
 from restartbench.whatif.terms import ASYNCHRONOUS, COLLECTIVE, GB, Line, base_engine
 
@@ -200,13 +201,13 @@ def emulated_own_times(run_dir: Path, engine: str) -> dict[str, dict[str, float]
             e = json.loads(line)
             if e.get("phase") != "train":
                 continue
-            if e["event"] == "process.start":
+            if e["event"] == Event.PROCESS_START:
                 process[e["rank"]] = e.get("pid", e["rank"])
-            elif e["event"] == "checkpoint.save":
+            elif e["event"] == Event.CHECKPOINT_SAVE:
                 saves[e["tag"], e["rank"]] = (e["start"], e["time"])
-            elif e["event"] == "checkpoint.copy_wait":
+            elif e["event"] == Event.CHECKPOINT_COPY_WAIT:
                 waits[e["tag"], e["rank"]] = waits.get((e["tag"], e["rank"]), 0.0) + e["duration_s"]
-            elif e["event"] == "checkpoint.durable":
+            elif e["event"] == Event.CHECKPOINT_DURABLE:
                 durable[e["tag"], e["rank"]] = e["since_save_start_s"]
     out: dict[str, dict[str, float]] = {}
     for tag in sorted({t for t, _ in saves}):
