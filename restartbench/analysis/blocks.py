@@ -23,23 +23,19 @@ from restartbench.analysis import records
 
 
 class Blocks:
-    """The blocks added with one set of keys: their columns (tuples of values, or encoded), and the rows they hold.
-
-    Tuples, not the lists a record decodes to: a tuple of plain values leaves the garbage collector's tracking at its
-    first pass, a list never does, and 10,000 runs' blocks hold millions of them, which every full collection while
-    the tables are made would scan again (issue 27)."""
+    """The blocks added with one set of keys: their columns (as given: lists or encoded), and the rows they hold."""
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
-        self.columns: list[tuple[Any, ...]] = []
+        self.columns: list[list[Any]] = []
         self.count = 0
 
     def joined(self) -> dict[str, list[Any]]:
         """Each column of every block, in the order added, decoded."""
         joined = {}
         for key, parts in zip(self.keys, zip(*self.columns)):
-            if any(type(part) is dict for part in parts):
-                parts = [records.decode_column(part) if type(part) is dict else part for part in parts]
+            if set(map(type, parts)) != {list}:
+                parts = map(records.decode_column, parts)
             joined[key] = list(chain.from_iterable(parts))
         return joined
 
@@ -58,7 +54,7 @@ class Columns:
         blocks = self.blocks.get(keys)
         if blocks is None:
             blocks = self.blocks[keys] = Blocks(keys)
-        blocks.columns.append(tuple(tuple(column) if type(column) is list else column for column in columns))
+        blocks.columns.append(columns)
         blocks.count += count
         self.added.append((blocks, count))
         self.kept = None
