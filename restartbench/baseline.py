@@ -447,7 +447,8 @@ def direct_io_works(path: Path) -> bool:
 
 def evict(path: Path) -> None:
     """Drop ``path``'s pages from the page cache so a buffered read goes to the storage (where it can): fsync, then
-    ``posix_fadvise(DONTNEED)``, the call ``restartbench.pagecache.evict`` makes before a cold restore."""
+    ``posix_fadvise(DONTNEED)``, which drops clean pages only (``restartbench.pagecache.evict`` calls it before a
+    cold restore)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

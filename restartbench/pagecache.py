@@ -1,7 +1,9 @@
 """Page-cache state of checkpoint files: evict them before a cold restore, and measure what stayed.
 
 Eviction uses ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file, which needs no privileges and
-drops the file's clean pages (the files are fsync'd at commit, so all pages are clean). Some
+drops the file's clean pages only: a dirty page, or one under writeback, stays. A checkpoint is
+fsync'd at commit, but a run folder copied since (``cp -r``, ``shutil.copytree``) has its files
+dirty in the page cache for up to half a minute, so each file is ``fdatasync``'d first. Some
 file systems ignore it (tmpfs and /dev/shm keep files in memory by design, some network file
 systems cache elsewhere), so the result is measured with ``mincore`` over a mapping of each
 file: a restore is labelled ``cold`` only when none of its bytes were resident.
@@ -13,9 +15,11 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from restartbench import baseline
 from restartbench.integrity import read_manifest
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -23,13 +27,16 @@ _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctype
 PAGE = mmap.PAGESIZE
 
 
+EVICT_PASSES = 3
+"""Evictions tried before a restore is labelled by what stayed: a page the kernel holds for a moment (its journal's
+buffers, a read in flight) is dropped by a second pass."""
+
+
 def evict(paths: list[Path]) -> None:
+    """Write each file's dirty pages, then drop its pages from the page cache (``baseline.evict``, the baseline's
+    own cold read)."""
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        baseline.evict(path)
 
 
 def resident_pages(path: Path) -> tuple[int, int]:
@@ -65,6 +72,17 @@ def measure(paths: list[Path]) -> CacheState:
     return CacheState(resident / total if total else 0.0)
 
 
+def evict_and_measure(paths: list[Path]) -> CacheState:
+    """Evict ``paths`` until none of their bytes is resident or ``EVICT_PASSES`` are spent; what stayed."""
+    for passes in range(1, EVICT_PASSES + 1):
+        evict(paths)
+        state = measure(paths)
+        if state.resident_fraction == 0:
+            break
+        time.sleep(0.1 * passes)
+    return state
+
+
 def before_restore(ckpt_dir: str | Path, tag: str, wanted: str) -> dict:
     """On every rank (a collective): evict checkpoint ``tag``'s files if ``wanted`` is ``cold``, then measure
     what is resident. One rank per node does the work, since each node has its own page cache; the label
@@ -74,9 +92,7 @@ def before_restore(ckpt_dir: str | Path, tag: str, wanted: str) -> dict:
     state = None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         paths = [Path(ckpt_dir) / f["path"] for f in read_manifest(ckpt_dir, tag)]
-        if wanted == "cold":
-            evict(paths)
-        state = measure(paths).resident_fraction
+        state = (evict_and_measure(paths) if wanted == "cold" else measure(paths)).resident_fraction
     states: list = [None] * dist.get_world_size()
     dist.all_gather_object(states, state)
     resident = max(s for s in states if s is not None)

@@ -91,6 +91,38 @@ def test_eviction_leaves_no_page_resident_and_the_label_cold(evictable):
     assert state.resident_fraction == 0 and state.label == "cold"
 
 
+def test_a_file_still_dirty_in_the_cache_is_evicted_too(evictable):
+    """A run folder copied a moment ago has its checkpoint dirty in the page cache, where POSIX_FADV_DONTNEED alone
+    drops nothing (tests/test_restore_attempts.py restores such a copy): eviction writes the pages first."""
+    path = evictable / "copied.pt"
+    path.write_bytes(os.urandom(SIZE))  # no fsync: dirty, as shutil.copytree leaves it
+    pagecache.evict([path])
+    assert pagecache.measure([path]).resident_fraction == 0
+
+
+def test_a_page_the_first_eviction_left_is_dropped_by_another_pass(evictable, monkeypatch):
+    paths = [_written(evictable / "shard.pt")]
+    calls = []
+
+    def held_once(files):
+        calls.append(files)
+        if len(calls) > 1:
+            evict(files)
+
+    evict = pagecache.evict
+    monkeypatch.setattr(pagecache, "evict", held_once)
+    assert pagecache.evict_and_measure(paths).label == "cold" and len(calls) == 2
+
+
+def test_pages_no_pass_can_drop_are_measured_and_labelled_warm(evictable, monkeypatch):
+    paths = [_written(evictable / "shard.pt")]
+    calls = []
+    monkeypatch.setattr(pagecache, "evict", calls.append)
+    monkeypatch.setattr(pagecache.time, "sleep", lambda _: None)
+    state = pagecache.evict_and_measure(paths)
+    assert state.label == "warm" and state.resident_fraction == 1.0 and len(calls) == pagecache.EVICT_PASSES
+
+
 def test_one_resident_page_makes_the_restore_warm(evictable):
     path = _written(evictable / "shard.pt")
     pagecache.evict([path])
