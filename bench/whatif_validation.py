@@ -199,14 +199,17 @@ OVERSUBSCRIBED = ("the held-out real runs put 4 ranks on 2 cores where the calib
                   "many cores, it does not arise)")
 MISS_REASONS: dict[str, str] = {
     "stall": "a per-rank stall of tens of milliseconds is of the order of a save's fixed cost and of this VM's noise; "
-             "DCP plans and serialises its save per tensor, and the form has bytes and files only (no tensors-per-rank "
-             "term); " + OVERSUBSCRIBED,
+             "DCP plans and serialises its save per tensor: its cost per tensor written (restartbench.whatif.tensors) "
+             "rests on one emulated calibration configuration of another tensor count at similar bytes (33B tp1pp2), "
+             "and the real DCP runs (tiny and small, whose tensors grow with their bytes) cannot fit it, so a real DCP "
+             "save is predicted from its bytes only; " + OVERSUBSCRIBED,
     "durable": "the write rate of this VM's disk varies between runs of similar configurations; DCP's per-tensor cost, "
                "as for the stall; two Slurm nodes here are one host, its disk and 2 cores shared: the model predicts "
                "two nodes sharing one disk, but not the second node's processes taking the first's CPU (the lazy "
                "engine's background copies among them)",
-    "ckpt load": "the part is the max over ranks: over many emulated ranks one slow load decides it; DCP's load "
-                 "follows the tensors per rank more than the bytes, a term the model lacks",
+    "ckpt load": "the part is the max over ranks: over many emulated ranks one slow load decides it; DCP reads every "
+                 "tensor a rank holds (a data-parallel replica's module tensors too): its cost per tensor is fitted on "
+                 "the emulated runs, which the real DCP runs cannot fit (their tensors grow with their bytes)",
     **dict.fromkeys(("launch", "imports", "dist init", "model build", "ds init", "engine setup", "1st iter",
                      "restart total"), OVERSUBSCRIBED),
 }

@@ -11,7 +11,7 @@ pp kept and dp grown.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from restartbench import goodput
@@ -19,7 +19,7 @@ from restartbench.config import RunConfig
 from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, predict
 from restartbench.presets import get_preset
-from restartbench.whatif import terms
+from restartbench.whatif import tensors, terms
 from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster
 from restartbench.whatif.fit import Fit
 from restartbench.whatif.terms import Job, Line
@@ -47,6 +47,10 @@ class Shape:
     optimizer: dict[tuple[int, int], tuple[int, int]]
     """(stage, tp rank) → (bytes, files) of one data-parallel rank's optimizer files."""
     params: int
+    tensors: tensors.StageTensors = field(default_factory=dict)
+    """(stage, tp rank) → (module tensors, optimizer tensors) of one rank (``restartbench.whatif.tensors``)."""
+    engine: str = ""
+    """The plan's engine (what its ranks write of the tensors they hold)."""
 
 
 def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0) -> CheckpointPlan:
@@ -76,7 +80,8 @@ def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
         for tp in range(layout.tp):
             first = per_rank.get(_rank(layout, stage, 0, tp), {"mb": 0, "mf": 0, "ob": 0, "of": 0})
             module[stage, tp], optimizer[stage, tp] = _split(first, per_rank, layout, stage, tp)
-    return Shape(layout, module, optimizer, params)
+    return Shape(layout, module, optimizer, params, tensors.stage_tensors(plan.preset, layout.name, plan.dtype),
+                 plan.engine)
 
 
 def _split(first: dict[str, int], per_rank: dict[int, dict[str, int]], layout: Layout, stage: int,
@@ -96,7 +101,8 @@ def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
 
 def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     """The terms' regressors at data-parallel ``dp`` (the optimizer shares scaled from the plan's dp), ranks placed
-    ``per_node`` to a node in rank order, ``per_process`` ranks per process."""
+    ``per_node`` to a node in rank order, ``per_process`` ranks per process; the tensors a rank holds and writes at
+    ``dp`` (``restartbench.whatif.tensors.busiest``)."""
     layout = Layout(shape.layout.tp, shape.layout.pp, dp)
     ranks = layout.world_size
     nodes = max(1, math.ceil(ranks / per_node))
@@ -115,9 +121,11 @@ def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     busiest = max(range(ranks), key=rank_bytes.__getitem__)
     node = max(range(nodes), key=node_bytes.__getitem__)
     concurrency = max(1, min(ranks, per_node) // per_process)
+    held, written = tensors.busiest(shape.tensors, dp, shape.engine)
     return Job(ranks=ranks, nodes=nodes, concurrency=concurrency, bytes_rank=rank_bytes[busiest],
                files_rank=rank_files[busiest], bytes_node=node_bytes[node], files_node=node_files[node],
-               params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process)
+               params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process, tensors_rank=held,
+               tensors_written=written)
 
 
 def check_fits(preset: str, layout: str, cluster: Cluster) -> Layout:
@@ -229,6 +237,7 @@ def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_
                              iteration_s) for key in ("s", "low_s", "high_s")}
     return {"engine": engine, "ranks": job.ranks, "nodes": job.nodes, "bytes_per_rank": job.bytes_rank,
             "files_per_rank": job.files_rank, "bytes_per_node": job.bytes_node, "files_per_node": job.files_node,
+            "tensors_per_rank": job.tensors_rank, "tensors_written_per_rank": job.tensors_written,
             "checkpoint": checkpoint, "restart": restart,
             "goodput": {**rates["s"], "goodput_pct_low": rates["high_s"]["goodput_pct"],
                         "goodput_pct_high": rates["low_s"]["goodput_pct"]}}

@@ -2,7 +2,8 @@
 
 Notation. ``Job`` says what a term scales with for one preset, layout, engine and cluster: the busiest rank's bytes
 and files (``restartbench.plan``), the node's bytes and files, the ranks doing I/O at once on a node
-(``concurrency``), the ranks and nodes, parameters per rank. ``Line`` holds a term's fitted constants: an intercept
+(``concurrency``), the ranks and nodes, parameters per rank, and the tensors a rank holds and writes
+(``restartbench.whatif.tensors``). ``Line`` holds a term's fitted constants: an intercept
 and one coefficient per regressor (``restartbench.whatif.fit`` fits them on the study's run folders), with the
 spread of the calibration's relative residuals, which gives every prediction its range.
 
@@ -12,13 +13,17 @@ Checkpoint:
   a device-to-host copy (on cuda; pinned for the engines that stage into a reused pinned buffer, pageable for
   ``torch.save`` of device tensors) plus the engine's host-side work, ``a + f·files_rank + bytes_rank / r``
   (serialisation, or the staging copy, at ``r`` bytes per second per process; per file a fixed cost: create, header,
-  plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ).
+  plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ). An engine that
+  saves one item per tensor (``PER_TENSOR``: DCP plans, deduplicates and ``torch.save``s each tensor on its own) adds
+  ``+ t·tensors_written``, a cost per tensor the rank writes (``restartbench.whatif.tensors`` says why and how they
+  are counted).
 - ``durable``: the node's bytes go to storage at the node's bandwidth ``L`` (``node_write_limit``: the local disk, or
   the least of the shared file system's aggregate share per node, its per-client cap and the NIC), of which the
   engine reaches a fraction ``η`` (fitted against this machine's measured limit), plus a cost per file and a cost
   per rank, paid once for each of the ``k`` ranks a process handles one after another (``Job.sequential``: an
   emulated run's --ranks-per-process; 1 for real ranks): ``a·k + f·files_node/concurrency + bytes_node / (η·L)``.
-  For a synchronous engine this includes the stall.
+  For a synchronous engine this includes the stall. A ``PER_TENSOR`` engine adds ``+ t·k·tensors_written``: each
+  rank's tensors cost their planning and serialisation on its own process, the ranks of one process in turn.
 - ``slowdown``: an asynchronous engine's background work slows the iterations it overlaps by a fraction ``σ``
   of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits).
 - whole cost = stall + slowdown.
@@ -34,7 +39,9 @@ Restart (each part by what it scales with):
 - ``engine setup``: ``a + host_buffer_bytes / pin_rate`` (the lazy engine pins a buffer as large as the rank's
   optimizer state; on cpu nothing is pinned and the fitted ``a`` stands).
 - ``ckpt load``: ``a + f·files_rank + bytes_rank·concurrency / (η·R)``: the rank's share of the node's read bandwidth
-  ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together).
+  ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together); a ``PER_TENSOR``
+  engine adds ``+ t·tensors_rank``: it plans, seeks and deserialises every tensor the rank holds, those another
+  data-parallel replica wrote included.
 - ``1st iter``: ``k · iteration_s`` (the first iteration after a restore, with its warm-up, against a clean one).
 - ``gaps``: the time between the timed spans (a constant).
 """
@@ -71,6 +78,11 @@ class Job:
     """Parameters per rank: the model's parameters / (tp · pp)."""
     sequential: int = 1
     """Ranks each process handles one after another (an emulated run's --ranks-per-process; 1 for real ranks)."""
+    tensors_rank: float = 0.0
+    """The most tensors a rank holds (its stage module's and its optimizer's): what it plans and reads at a load."""
+    tensors_written: float = 0.0
+    """The most tensors a rank writes at a save (``restartbench.whatif.tensors``: DCP spreads the replicas' module
+    tensors over them)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,13 @@ PAGEABLE = ("torch", "fastpersist", "dcp", "torchsnapshot")
 COLLECTIVE = ("dcp", "dcp-async")
 #: Engines whose durable write runs in the background while training goes on.
 ASYNCHRONOUS = ("lazy", "dcp-async")
+#: Engines whose save and load handle one item per tensor (DCP: a WriteItem and a ``torch.save`` entry per tensor at
+#: a save, a ReadItem and a ``torch.load`` per tensor at a load), whose lines have a cost per tensor. The others'
+#: per-item costs are per file: DeepSpeed's engines write a file per layer, whose tensors go through one
+#: ``torch.save``; the lazy engine writes each rank's tensors as one stream. (On this study's CPU calibration a
+#: tensor term improves none of the torch and lazy lines left out in turn but torch's emulated load, whose tensors
+#: follow its layer files.)
+PER_TENSOR = ("dcp", "dcp-async")
 
 
 def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
@@ -144,8 +163,10 @@ def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
 
 
 def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
-    """The training stall: D2H + ``a + f·files_rank + bytes_rank·s`` (``s`` = 1/r, the host-side rate)."""
-    return d2h_s(engine, job, cluster) + line(files=job.files_rank, bytes=job.bytes_rank)
+    """The training stall: D2H + ``a + f·files_rank + bytes_rank·s`` (``s`` = 1/r, the host-side rate), ``+
+    t·tensors_written`` where the line has a per-tensor coefficient (``PER_TENSOR`` engines)."""
+    return d2h_s(engine, job, cluster) + line(files=job.files_rank, bytes=job.bytes_rank,
+                                              tensors=job.tensors_written)
 
 
 def write_seconds(job: Job, limit: Bound) -> float:
@@ -155,10 +176,12 @@ def write_seconds(job: Job, limit: Bound) -> float:
 
 def durable_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
     """Save start → the busiest node's files fsync'd: D2H + ``a·k + f·files_node/concurrency + (1/η)·bytes_node/L``
-    (``k``: ranks a process handles in turn, ``line.intercept_per`` = ``in_turn``)."""
+    (``k``: ranks a process handles in turn, ``line.intercept_per`` = ``in_turn``), ``+ t·k·tensors_written`` where
+    the line has a per-tensor coefficient."""
     limit = node_write_limit(cluster, job.nodes)
     return d2h_s(engine, job, cluster) + line(files=job.files_node / job.concurrency,
-                                              at_limit=write_seconds(job, limit), in_turn=job.sequential)
+                                              at_limit=write_seconds(job, limit), in_turn=job.sequential,
+                                              tensors=job.tensors_written * job.sequential)
 
 
 def slowdown_s(fraction: float, engine: str, stall: float, durable: float) -> float:
@@ -172,8 +195,10 @@ def read_seconds(job: Job, limit: Bound) -> float:
 
 
 def load_s(line: Line, job: Job, cluster: Cluster) -> float:
-    """The checkpoint load: ``a + f·files_rank + (1/η)·bytes_rank·concurrency/R``."""
-    return line(files=job.files_rank, at_limit=read_seconds(job, node_read_limit(cluster, job.nodes)))
+    """The checkpoint load: ``a + f·files_rank + (1/η)·bytes_rank·concurrency/R``, ``+ t·tensors_rank`` where the
+    line has a per-tensor coefficient."""
+    return line(files=job.files_rank, at_limit=read_seconds(job, node_read_limit(cluster, job.nodes)),
+                tensors=job.tensors_rank)
 
 
 def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -> tuple[float, bool]:

@@ -1,0 +1,142 @@
+"""The what-if model's tensors per rank (restartbench.whatif.tensors) and the per-tensor cost of the engines that
+handle one item per tensor (DCP): the count against the decoder's arithmetic, what a rank writes, the terms' form,
+and the fit recovering a known per-tensor constant from a synthetic run table."""
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from restartbench.layout import Layout, validate_layout
+from restartbench.presets import get_preset
+from restartbench.whatif import tensors, terms
+from restartbench.whatif.cluster import cluster_from_mapping
+from restartbench.whatif.fit import Limits, fit_table
+from restartbench.whatif.predict import Shape, job_for
+from restartbench.whatif.terms import GB, Job, Line
+
+H100 = Path(__file__).resolve().parent.parent / "clusters" / "h100-pfs.yaml"
+
+#: The study's decoder: 9 tensors a layer (2 norms, q, k, v, o, gate, up, down); the embedding on the first stage, the
+#: final norm and the output head on the last; ZeRO-1's flat fp32 partition, Adam's step and two moments.
+PER_LAYER, FIRST, LAST, OPTIMIZER = 9, 1, 2, 4
+
+
+def _arithmetic(preset: str, pp: int, stage: int) -> int:
+    layers = get_preset(preset).layers // pp
+    return PER_LAYER * layers + (FIRST if stage == 0 else 0) + (LAST if stage == pp - 1 else 0)
+
+
+@pytest.mark.parametrize("preset, layout", [("tiny", "tp1pp1dp2"), ("tiny", "tp2pp2dp1"), ("small", "tp1pp2dp2"),
+                                            ("3B", "tp1pp2dp1"), ("70B", "tp8pp8dp1")])
+def test_the_count_on_the_plans_state_is_the_decoders_arithmetic(preset, layout):
+    counts = tensors.stage_tensors(preset, layout)
+    resolved = validate_layout(layout, get_preset(preset))
+    assert set(counts) == {(s, t) for s in range(resolved.pp) for t in range(resolved.tp)}
+    for (stage, _tp), (module, optimizer) in counts.items():
+        assert (module, optimizer) == (_arithmetic(preset, resolved.pp, stage), OPTIMIZER)
+
+
+def test_the_count_does_not_depend_on_the_dtype():
+    assert tensors.stage_tensors("tiny", "tp1pp2dp2", "fp32") == tensors.stage_tensors("tiny", "tp1pp2dp2", "bf16")
+
+
+def test_dcp_spreads_the_module_tensors_over_the_replicas_deepspeed_writes_them_from_rank_0():
+    counts = {(0, 0): (39, 4), (1, 0): (40, 4)}
+    assert tensors.busiest(counts, 2, "dcp") == (44, 24)  # held 40 + 4; written ceil(40 / 2) + 4
+    assert tensors.busiest(counts, 2, "dcp-async-emulated") == (44, 24)
+    assert tensors.busiest(counts, 1, "dcp") == (44, 44)
+    assert tensors.busiest(counts, 2, "torch") == (44, 44)
+    assert tensors.busiest({}, 2, "dcp") == (0, 0)
+
+
+def test_the_job_carries_the_tensors_at_its_dp():
+    shape = Shape(Layout(1, 2, 2), module={(0, 0): (100, 3), (1, 0): (50, 2)},
+                  optimizer={(0, 0): (40, 1), (1, 0): (40, 1)}, params=1000,
+                  tensors={(0, 0): (37, 4), (1, 0): (38, 4)}, engine="dcp")
+    job = job_for(shape, dp=4, per_node=4)
+    assert (job.tensors_rank, job.tensors_written) == (42, 14)
+
+
+# -- the terms -------------------------------------------------------------------------------------------------
+
+JOB = Job(ranks=2, nodes=1, concurrency=2, bytes_rank=1 * GB, files_rank=2, bytes_node=2 * GB, files_node=4,
+          params_rank=1e9, sequential=3, tensors_rank=300, tensors_written=150)
+
+
+def _cpu():
+    raw = yaml.safe_load(H100.read_text())
+    raw["device"]["value"], raw["storage"]["value"] = "cpu", "local"
+    return cluster_from_mapping(raw, "test.yaml")
+
+
+def test_the_per_tensor_cost_enters_the_stall_the_durable_time_and_the_load():
+    cluster, t = _cpu(), 0.002
+    stall = Line(0.1, {"bytes": 1 / GB, "tensors": t})
+    assert terms.stall_s(stall, "dcp", JOB, cluster) == pytest.approx(0.1 + 1.0 + t * 150)  # the tensors written
+    durable = Line(0.1, {"at_limit": 1.0, "tensors": t}, intercept_per="in_turn")
+    at_limit = 2 * GB / (cluster.local_write_GBps * GB)
+    # each of the 3 ranks the process handles in turn pays for its tensors
+    assert terms.durable_s(durable, "dcp", JOB, cluster) == pytest.approx(0.1 * 3 + at_limit + t * 150 * 3)
+    load = Line(0.1, {"at_limit": 1.0, "tensors": t})
+    read = 1 * GB * 2 / (cluster.local_read_GBps * GB)
+    assert terms.load_s(load, JOB, cluster) == pytest.approx(0.1 + read + t * 300)  # every tensor the rank holds
+
+
+def test_a_line_without_a_per_tensor_coefficient_ignores_the_tensors():
+    assert terms.stall_s(Line(0.1, {"bytes": 1 / GB}), "torch", JOB, _cpu()) == pytest.approx(1.1)
+
+
+# -- the fit ---------------------------------------------------------------------------------------------------
+
+LIMITS = Limits(write_GBps=1.0, read_GBps=2.0, source="synthetic")
+#: (preset, layout, dp, bytes per rank, tensors written, tensors held): the counts by the arithmetic above.
+RUNS = (("3B", "tp1pp1dp2", 2, 0.6e8, math.ceil((9 * 28 + 3) / 2) + 4, 9 * 28 + 3 + 4),
+        ("3B", "tp1pp1dp2", 2, 2.4e8, math.ceil((9 * 28 + 3) / 2) + 4, 9 * 28 + 3 + 4),
+        ("3B", "tp1pp2dp1", 1, 1.6e8, 9 * 14 + 2 + 4, 9 * 14 + 2 + 4),
+        ("33B", "tp1pp2dp1", 1, 0.7e8, 9 * 30 + 2 + 4, 9 * 30 + 2 + 4),
+        ("7B", "tp1pp1dp2", 2, 0.9e8, math.ceil((9 * 32 + 3) / 2) + 4, 9 * 32 + 3 + 4))
+STALL = (0.02, 4e-9, 0.0017)  # intercept, s per byte, s per tensor written
+DURABLE = (0.03, 1.1, 0.0015)  # intercept, 1/η, s per tensor written
+LOAD = (0.05, 3.0, 0.0025)  # intercept, 1/η, s per tensor held
+
+
+def _dcp_table(engine: str = "dcp") -> pd.DataFrame:
+    rows = []
+    for i, (preset, layout, dp, size, written, held) in enumerate(RUNS):
+        common = {"run_id": f"r{i}", "engine": engine, "preset": preset, "layout": layout, "dtype": "bf16",
+                  "tp": 1, "pp": 2 // dp, "dp": dp, "ranks": 2, "nodes": 1, "iteration_s": 0.5,
+                  "restore_layout": None}
+        rows.append({**common, "kind": "checkpoint", "bytes_per_rank_max": size, "files_per_rank_max": 2,
+                     "bytes": 2 * size, "files": 3,
+                     "stall_max_s": STALL[0] + STALL[1] * size + STALL[2] * written,
+                     "durable_rank_max_s": DURABLE[0] + DURABLE[1] * 2 * size / GB + DURABLE[2] * written})
+        rows.append({**common, "kind": "restart",
+                     "restart_ckpt_load_s": LOAD[0] + LOAD[1] * size * 2 / (2 * GB) + LOAD[2] * held,
+                     "restart_launch_s": 0.1, "restart_imports_s": 5.0, "restart_dist_init_s": 0.5,
+                     "restart_model_build_s": 0.2, "restart_ds_init_s": 1.0, "restart_engine_setup_s": 0.01,
+                     "restart_1st_iter_s": 1.5, "path_gaps_s": 0.05})
+    return pd.DataFrame(rows)
+
+
+def test_the_fit_recovers_a_known_per_tensor_cost_for_dcp():
+    lines = fit_table(_dcp_table(), LIMITS).engines["dcp"]
+    for term, (a, slope, per_tensor) in {"stall": STALL, "durable": DURABLE, "load": LOAD}.items():
+        coefficient = "bytes" if term == "stall" else "at_limit"
+        assert lines[term].intercept == pytest.approx(a, rel=1e-6), term
+        assert lines[term].coefficients[coefficient] == pytest.approx(slope, rel=1e-6), term
+        assert lines[term].coefficients["tensors"] == pytest.approx(per_tensor, rel=1e-6), term
+
+
+def test_engines_that_do_not_save_per_tensor_get_no_tensor_term():
+    lines = fit_table(_dcp_table("torch"), LIMITS).engines["torch"]
+    assert all("tensors" not in line.coefficients for line in lines.values())
+
+
+def test_a_per_tensor_cost_the_runs_cannot_tell_from_the_bytes_is_left_out_with_a_note():
+    table = _dcp_table()
+    two = table[table["run_id"].isin(["r0", "r3"])]  # two configurations: an intercept and two slopes undetermined
+    lines = fit_table(two, LIMITS).engines["dcp"]
+    assert "tensors" not in lines["stall"].coefficients and "tensors not fitted" in lines["stall"].note
