@@ -90,8 +90,8 @@ def fit_line(term: str, rows: list[dict[str, Any]], regressors: tuple[str, ...],
     ``run_id``), in relative terms: the sum of squared (predicted − measured) / measured is minimised, the measure
     the model is judged by (an absolute fit lets the runs of seconds set every constant and leaves a run of tens of
     milliseconds to the intercept: the lazy engine's emulated stall, 0.03 s at 70B tp8pp8, was predicted 0.24 s, the
-    intercept the 3B runs' half seconds set). A regressor constant over the rows is left out, with a note; fewer
-    rows than one per kept coefficient (at least two where a regressor is kept) is refused."""
+    intercept the 3B runs' half seconds set). A regressor constant over the rows is left out, with a note (so a
+    kept one has at least two rows that differ); a term none of whose regressors varies is refused."""
     rows = [r for r in rows if _finite(r.get(target)) and r[target] > 0 and all(_finite(r.get(x)) for x in regressors)]
     runs = tuple(sorted({r["run_id"] for r in rows}))
     if not rows:
