@@ -34,6 +34,10 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from restartbench.config import RunConfig
+from restartbench.engines import harness_state
+from restartbench.plan import setup_for
+from restartbench.shards import training_states
 from restartbench.whatif.terms import COLLECTIVE, base_engine
 
 #: (pipeline stage, tensor-parallel rank) → (module tensors, optimizer tensors) of one rank there.
@@ -44,11 +48,6 @@ StageTensors = dict[tuple[int, int], tuple[int, int]]
 def stage_tensors(preset: str, layout: str, dtype: str = "bf16") -> StageTensors:
     """The tensors of one rank at each (stage, tp rank): counted on the plan's training state of data-parallel rank
     0 there (the other replicas hold as many)."""
-    from restartbench.config import RunConfig
-    from restartbench.engines import harness_state
-    from restartbench.plan import setup_for
-    from restartbench.shards import training_states
-
     cfg = RunConfig()
     cfg.model.preset, cfg.model.dtype, cfg.layout.layout = preset, dtype, layout
     cfg.storage.checkpoint_dir = "/checkpoints"  # the folder's path changes no tensor
