@@ -19,7 +19,7 @@ from pathlib import Path
 import deepspeed.checkpoint
 import pytest
 import torch
-from conftest import run_study
+from conftest import copy_run
 from deepspeed.checkpoint import constants as uc
 
 from restartbench.config import RunConfig
@@ -137,17 +137,18 @@ def ds_to_universal(source: Path, output: Path, *options: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(tmp_path_factory, study_runs):
     """layout -> the Conversion of a tiny fp32 run's step-2 checkpoint into ``<checkpoints>/step2_universal``, the
-    study's convention (made on first use)."""
+    study's convention (made on first use), in a copy of the session's study run of that layout (its first save is
+    at iteration 2)."""
     made: dict[str, Conversion] = {}
 
     def convert(layout: str) -> Conversion:
         if layout not in made:
-            logs = tmp_path_factory.mktemp(f"universal-{layout}") / "logs"
-            proc, run = run_study(logs, "tiny", layout, "--dtype", "fp32", "--iters", "2", "--save-interval", "2",
-                                  "--baseline-mib", "0")
+            proc, study_run = study_runs[layout]
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            assert RunConfig.load(study_run / "config.json").model.dtype == "fp32"
+            run = copy_run(study_run, tmp_path_factory.mktemp(f"universal-{layout}") / "logs")
             folder = run / "checkpoints"
             before = files_under(folder)
             ds_to_universal(folder / "step2", folder / "step2_universal")
