@@ -71,7 +71,6 @@ def test_a_case_launches_the_configuration_it_names(tmp_path):
     ({"engines": ()}, "names no engine"),
     ({"timeout_s": 0}, "--timeout"),
     ({"gpus_per_node": 0}, "--gpus-per-node"),
-    ({"slurm": True}, "not built"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, changes, says):
     if "out" in changes:
@@ -92,11 +91,12 @@ def test_existing_files_and_a_logs_file_are_refused_unless_forced(tmp_path):
         cal.plan_steps(_options(tmp_path, force=True), gpu_skip="")
 
 
-def test_the_command_refuses_bad_input_writing_nothing(tmp_path, capsys):
+def test_the_command_refuses_bad_input_writing_nothing(tmp_path, capsys, monkeypatch):
     before = _listing(tmp_path)
     out = str(tmp_path / "mine.yaml")
-    assert cli.main(["--calibrate", "--out", out, "--slurm"]) == 2
-    assert "not built" in capsys.readouterr().err
+    monkeypatch.setattr(cal.shutil, "which", lambda name: None)  # no Slurm (tests/test_whatif_calibrate_slurm.py)
+    assert cli.main(["--calibrate", "--out", out, "--slurm", "--logs", str(tmp_path / "logs")]) == 2
+    assert "no usable Slurm" in capsys.readouterr().err
     assert cli.main(["--calibrate", "--out", out, "--engines", "torch,bogus"]) == 2
     assert "bogus" in capsys.readouterr().err
     for argv, says in ((["--calibrate"], "needs --out"), (["tiny", "tp1pp1dp2", "--calibrate", "--out", out], "drop"),

@@ -21,10 +21,24 @@ A short, fixed set of steps (``plan_steps``), each printed with how long it took
    ``<stem>-calibration.json`` (what ran, how long each step took, the probes' figures). They are checked by
    loading them back, then renamed into place together at the end; a calibration that fails writes none of them.
 
+With ``--slurm`` (calibration under Slurm, 1 and 2 nodes) three kinds of step are added:
+
+- shared storage: the write and read probe on two Slurm nodes at once and on the first alone (``srun``, one task
+  per node; ``limits.shared_storage_limits``) against the file system ``--logs`` is on: its aggregate over the nodes
+  and one client's figure, the cluster file's ``shared_*`` fields (storage ``shared``);
+- 2-node runs (``sbatch`` through ``config-n-run.py --launcher slurm --nnodes 2 --submit``, waited for): tiny on
+  tp1pp1dp2 through the first engine, the emulated big checkpoint at its larger scale through each emulated engine,
+  beside the 1-node runs in the fit (their durable and load times across nodes);
+- nodes that are one host (``scripts/slurm-local.sh``: two slurmd on one machine, one boot id) are said so, in the
+  printed summary and the cluster file's sources: their "shared storage" is the one disk; the fit then takes such a
+  run's processes as one node's writers (one disk), which they are.
+
+Without a usable Slurm (no ``sinfo``, ``sinfo`` failing, fewer than 2 idle nodes) ``--slurm`` is refused before
+anything runs, saying what to do (``slurm_nodes``).
+
 Resumable: a run folder under ``--logs`` that already holds a complete run of a step's case is reused, not run again
 (rerun the same command after a failure or an interruption). Bad input (an ``--out`` that is not a new ``.yaml``
 file in an existing folder, an unknown engine, ``--logs`` that is a file) is refused before anything runs.
-Calibration under Slurm (1 and 2 nodes, ``--slurm``) is not built: it is refused with that reason.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,12 +84,16 @@ CLUSTER_EXAMPLE = Path(__file__).resolve().parents[2] / "clusters" / "h100-pfs.y
 #: bench/whatif_validation.py's runs as the load fell to 3. Other work on the machine stretches every run: at a load
 #: average of 20 each run took about 7 times as long (docs/calibrate.md).
 EXPECTED_S = {"storage limits": 60.0, "host copy": 2.0, "d2h": 2.0, "fit": 15.0, "write": 1.0,
+              "shared storage": 15.0,
               ("tiny", "tp1pp1dp2"): 32.0, ("small", "tp1pp1dp2"): 90.0, ("tiny", "tp1pp1dp4"): 60.0,
-              (EMULATED_PRESET, EMULATED_LAYOUT): 35.0}
-SLURM_NOT_BUILT = ("--slurm: calibration under Slurm (runs on 1 and 2 nodes, the shared file system's per-client and "
-                   "aggregate bandwidth) is not built yet; --calibrate calibrates the node it runs on (its local "
-                   "disk, or the file system --logs is on, as one node sees it). Run it inside an allocation on one "
-                   "node for now; the shared file system's aggregate figures stay cited (clusters/h100-pfs.yaml)")
+              (EMULATED_PRESET, EMULATED_LAYOUT): 35.0,
+              ("tiny", "tp1pp1dp2", 2): 60.0, (EMULATED_PRESET, EMULATED_LAYOUT, 2): 60.0}
+#: Slurm nodes of the calibration's multi-node steps.
+SLURM_NODES = 2
+SLURM_HOWTO = ("run --slurm where Slurm's commands reach its controller and at least 2 nodes are idle (a login node "
+               "or inside an allocation; export SLURM_CONF=PATH where the configuration is not in /etc/slurm); on one "
+               "machine, scripts/slurm-local.sh up DIR 8 2 and export SLURM_CONF=DIR/slurm.conf; or calibrate the "
+               "node you are on without --slurm")
 
 
 class CalibrationError(ValueError):
@@ -115,8 +134,8 @@ class Case:
 
     @property
     def concurrency(self) -> int:
-        """Processes of the node doing checkpoint I/O at once."""
-        return max(1, self.ranks // self.ranks_per_process)
+        """Processes of one node doing checkpoint I/O at once."""
+        return max(1, self.ranks // self.nodes // self.ranks_per_process)
 
     def argv(self, logs: Path) -> list[str]:
         common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
@@ -137,20 +156,100 @@ def free_port() -> int:
 
 
 def calibration_cases(engines: tuple[str, ...] = DEFAULT_ENGINES,
-                      emulated_engines: tuple[str, ...] | None = None) -> tuple[Case, ...]:
+                      emulated_engines: tuple[str, ...] | None = None, slurm: bool = False) -> tuple[Case, ...]:
     """The runs a calibration fits on. Real: tiny and small on tp1pp1dp2 per engine (two presets: the byte and
     parameter slopes), tiny on tp1pp1dp4 through the first engine (a second world size: dist init's slope).
-    Emulated: 3B tp1pp1dp2 at two scales per engine that has an emulator (``emulated_engines``; None: all)."""
+    Emulated: 3B tp1pp1dp2 at two scales per engine that has an emulator (``emulated_engines``; None: all).
+    With ``slurm``, then on ``SLURM_NODES`` nodes: tiny tp1pp1dp2 through the first engine and the emulated case at
+    its larger scale per emulated engine (one rank, or emulating process, per node)."""
     emulated = engines if emulated_engines is None else tuple(e for e in engines if e in emulated_engines)
     real = [Case(preset, "tp1pp1dp2", engine) for engine in engines for preset in ("tiny", "small")]
     real.append(Case("tiny", "tp1pp1dp4", engines[0]))
-    return (*real, *(Case(EMULATED_PRESET, EMULATED_LAYOUT, engine, scale) for engine in emulated
-                     for scale in EMULATED_SCALES))
+    cases = (*real, *(Case(EMULATED_PRESET, EMULATED_LAYOUT, engine, scale) for engine in emulated
+                      for scale in EMULATED_SCALES))
+    if not slurm:
+        return cases
+    return (*cases, Case("tiny", "tp1pp1dp2", engines[0], nodes=SLURM_NODES),
+            *(Case(EMULATED_PRESET, EMULATED_LAYOUT, engine, EMULATED_SCALES[-1], nodes=SLURM_NODES)
+              for engine in emulated))
 
 
 def probe_jobs(cases: tuple[Case, ...]) -> int:
     """The checkpoint's concurrency the storage probe runs at: the writers per node of most calibration runs."""
     return Counter(case.concurrency for case in cases).most_common(1)[0][0]
+
+
+# -- Slurm -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmNodes:
+    """What ``sinfo`` says: the nodes, those idle, and whether their addresses are one machine."""
+
+    nodes: tuple[str, ...]
+    idle: tuple[str, ...]
+    addresses: dict[str, str]
+    one_host: bool
+    """Every node's NodeAddr resolves to one address (or all to loopback): a guess, before the shared probe's boot
+    ids settle it."""
+
+    def line(self) -> str:
+        where = ("one host: every NodeAddr resolves to " + next(iter(set(self.addresses.values())))
+                 if self.one_host else "NodeAddrs " + ", ".join(sorted(set(self.addresses.values()))))
+        return (f"Slurm: {len(self.nodes)} node(s), {len(self.idle)} idle ({', '.join(self.idle)}); {where}"
+                + ("; its 2-node runs and the shared probe share this machine's disk and CPUs" if self.one_host
+                   else ""))
+
+
+def _sinfo() -> str:
+    """``sinfo -h -N -o %N|%T|%o`` (node, state, NodeAddr per line); CalibrationError where it cannot run."""
+    missing = [name for name in ("sinfo", "sbatch", "srun") if shutil.which(name) is None]
+    if missing:
+        raise CalibrationError(f"--slurm: no usable Slurm here ({', '.join(missing)} not on PATH); {SLURM_HOWTO}")
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T|%o"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"--slurm: sinfo did not answer in 30 s; {SLURM_HOWTO}") from None
+    if proc.returncode != 0:
+        conf = "" if os.environ.get("SLURM_CONF") else " (SLURM_CONF is not set)"
+        raise CalibrationError(f"--slurm: no usable Slurm here: sinfo exited {proc.returncode}{conf}: "
+                               f"{(proc.stderr.strip().splitlines() or [''])[-1][-300:]}; {SLURM_HOWTO}")
+    return proc.stdout
+
+
+def _resolve(address: str) -> str:
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return address
+
+
+def parse_sinfo(text: str, resolve: Callable[[str], str] = _resolve) -> SlurmNodes:
+    """``_sinfo``'s lines as nodes (each once: sinfo -N repeats a node per partition), the idle ones (state idle or
+    mixed: not down, drained, allocated, not responding ``*`` or powered off ``~``) and whether one machine."""
+    states: dict[str, str] = {}
+    addresses: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or not parts[0]:
+            continue
+        states[parts[0]] = parts[1].strip().lower()
+        addresses[parts[0]] = resolve(parts[2].strip() or parts[0])
+    idle = tuple(name for name, state in states.items() if state in ("idle", "mixed"))
+    distinct = set(addresses.values())
+    same = len(distinct) == 1 or (bool(distinct) and all(a.startswith("127.") for a in distinct))
+    return SlurmNodes(tuple(states), idle, addresses, one_host=len(addresses) > 1 and same)
+
+
+def slurm_nodes(text: str | None = None) -> SlurmNodes:
+    """The Slurm the calibration's --slurm steps run on; CalibrationError (saying what to do) where there is none
+    usable: sinfo missing or failing, or fewer than ``SLURM_NODES`` idle nodes."""
+    found = parse_sinfo(_sinfo() if text is None else text)
+    if len(found.idle) < SLURM_NODES:
+        listed = ", ".join(found.nodes) or "none"
+        raise CalibrationError(f"--slurm: Slurm has {len(found.idle)} idle node(s) (nodes: {listed}), the "
+                               f"calibration's 2-node steps need {SLURM_NODES}; wait for them, or {SLURM_HOWTO}")
+    return found
 
 
 # -- the steps ---------------------------------------------------------------------------------------------------
@@ -168,6 +267,8 @@ class Step:
     case: Case | None = None
     skip: str = ""
     """Why the step does nothing here (a D2H probe without a GPU)."""
+    via: str = ""
+    """How a Slurm step runs (srun or sbatch, its nodes); '' for a step of this node."""
 
 
 @dataclass(frozen=True)
@@ -205,13 +306,24 @@ def gpu_visible() -> str:
 def plan_steps(options: Options, gpu_skip: str | None = None) -> list[Step]:
     """Every step, in the order it runs: probes, runs (real, then emulated), the fit, the write."""
     check_options(options)
-    cases = calibration_cases(options.engines, emulated_engines=_emulated_engines())
+    cases = calibration_cases(options.engines, emulated_engines=_emulated_engines(), slurm=options.slurm)
     gpu_skip = gpu_visible() if gpu_skip is None else gpu_skip
-    steps = [Step(f"storage limits ({probe_jobs(cases)} writers x {PROBE_MIB} MiB, {PROBE_REPEATS} repeats)",
+    one_node = tuple(case for case in cases if case.nodes == 1)
+    steps = [Step(f"storage limits ({probe_jobs(one_node)} writers x {PROBE_MIB} MiB, {PROBE_REPEATS} repeats)",
                   "probe", EXPECTED_S["storage limits"]),
              Step("host copy", "probe", EXPECTED_S["host copy"]),
              Step("d2h", "probe", EXPECTED_S["d2h"] if not gpu_skip else 0.0, skip=gpu_skip)]
-    steps += [Step(case.label, "run", EXPECTED_S.get((case.preset, case.layout), 60.0), case) for case in cases]
+    multi = tuple(case for case in cases if case.nodes > 1)
+    if multi:
+        steps.append(Step(f"shared storage ({SLURM_NODES} nodes at once and one alone, {probe_jobs(multi)} writer(s) "
+                          f"per node x {PROBE_MIB} MiB, {PROBE_REPEATS} repeats)", "probe",
+                          EXPECTED_S["shared storage"],
+                          via=f"srun --nodes {SLURM_NODES} --ntasks-per-node 1"))
+    steps += [Step(case.label, "run", EXPECTED_S.get((case.preset, case.layout, case.nodes) if case.nodes > 1
+                                                     else (case.preset, case.layout), 60.0), case,
+                   via=f"sbatch --nodes {case.nodes} (--launcher slurm --submit), waited for" if case.nodes > 1
+                   else "")
+              for case in cases]
     return [*steps, Step("fit", "fit", EXPECTED_S["fit"]), Step("write", "write", EXPECTED_S["write"])]
 
 
@@ -223,8 +335,6 @@ def _emulated_engines() -> tuple[str, ...]:
 
 def check_options(options: Options) -> None:
     """Refuses bad input before anything runs or is written (CalibrationError)."""
-    if options.slurm:
-        raise CalibrationError(SLURM_NOT_BUILT)
     out = options.out
     if out.suffix not in (".yaml", ".yml"):
         raise CalibrationError(f"--out {out}: a cluster file is YAML; name it <something>.yaml")
@@ -301,7 +411,9 @@ def run_case(case: Case, folder: Path, timeout: int, extra: tuple[str, ...] = ()
              log_dir: Path | None = None) -> dict[str, Any]:
     """Run ``case`` into ``folder`` unless a complete run of it is there already. The run's output goes to
     ``log_dir/<case>.log`` (default: ``folder/calibrate-logs``); a run past ``timeout`` seconds is stopped with its
-    whole process group. Returns {case, exit, wall_s, tail, log} (exit 0 and note 'already complete' when reused)."""
+    whole process group. A case on several nodes is submitted to Slurm (``--launcher slurm --submit``) and waited for
+    until its run folder says complete or failed (``wait_for_job``; cancelled past ``timeout``). Returns {case, exit,
+    wall_s, tail, log} (exit 0 and note 'already complete' when reused)."""
     found = completed(folder, case)
     if found is not None:
         return {"case": dataclasses.asdict(case), "exit": 0, "wall_s": None, "note": "already complete",
@@ -320,17 +432,56 @@ def run_case(case: Case, folder: Path, timeout: int, extra: tuple[str, ...] = ()
             if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
                 raise
             code = None
+    job = ""
+    if case.nodes > 1 and code == 0:
+        job, code, job_log = wait_for_job(folder, log.read_text(errors="replace"), start + timeout)
+        log = job_log or log
     wall = time.perf_counter() - start
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
     result = {"case": dataclasses.asdict(case), "exit": code, "wall_s": wall, "tail": tail, "log": str(log)}
+    if job:
+        result["job"] = job
     if code is None:
-        result["note"] = f"stopped after {timeout} s (--timeout)"
+        result["note"] = f"stopped after {timeout} s (--timeout)" + (f", job {job} cancelled" if job else "")
     found = completed(folder, case) if code == 0 else None
     if found is not None:
         result["run"] = str(found)
     elif code == 0:
         result |= {"exit": 1, "note": "exited 0 but left no complete run folder"}
     return result
+
+
+def submitted_job(printed: str) -> str:
+    """The job id a ``--submit`` run printed: its last line that is a number ('' where none)."""
+    for line in reversed(printed.strip().splitlines()):
+        if line.strip().isdigit():
+            return line.strip()
+    return ""
+
+
+def wait_for_job(folder: Path, printed: str, deadline: float,
+                 poll_s: float = 2.0) -> tuple[str, int | None, Path | None]:
+    """A submitted case (bench/whatif_validation.py's wait): (job id, 0 complete or 1 failed, the job's output file)
+    once the run folder under ``folder`` whose metadata names the job says so; past ``deadline`` (perf_counter) or on
+    an interrupt the job is cancelled (exit None)."""
+    job = submitted_job(printed)
+    if not job:
+        return "", 1, None
+    try:
+        while time.perf_counter() < deadline:
+            for meta_path in Path(folder).rglob("metadata.json"):
+                try:
+                    meta = json.loads(meta_path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if str(meta.get("job_id")) == job and meta.get("status") in ("complete", "failed"):
+                    return job, 0 if meta["status"] == "complete" else 1, meta_path.parent / f"slurm-{job}.out"
+            time.sleep(poll_s)
+    except BaseException:
+        subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
+        raise
+    subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
+    return job, None, None
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -359,10 +510,13 @@ def per_process(collected) -> dict[str, int]:
 
 
 def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, Any] | None,
-                       when: str) -> clusters.Cluster:
+                       when: str, shared: dict[str, Any] | None = None,
+                       slurm: SlurmNodes | None = None) -> clusters.Cluster:
     """The calibrated machine as a cluster: its limits and copies as measured (basis ``calibration``, each source
     saying how), the fit file beside it; the constants no single machine measures (dist init at thousands of ranks,
-    the GPU's peak and MFU, the slowdown during an asynchronous save) cited, from clusters/h100-pfs.yaml."""
+    the GPU's peak and MFU, the slowdown during an asynchronous save) cited, from clusters/h100-pfs.yaml. With the
+    shared probe's figures (``--slurm``): storage ``shared``, its aggregate and one client's figure as measured from
+    the Slurm nodes, and the nodes Slurm has."""
     storage, copy = limits["storage"], limits["host_copy"]
     write, read = storage["write"], storage["read"]
     made = f"calibration ({when}, python -m restartbench.whatif --calibrate)"
@@ -373,7 +527,7 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
                  + (f", {d2h['gpus']}x {d2h['gpu']}" if d2h else ", no GPU"), "calibration", made),
         "device": ("cuda" if d2h else "cpu", "calibration",
                    f"{made}: {'torch sees ' + d2h['gpu'] if d2h else 'no CUDA device visible'}"),
-        "nodes": (1, "calibration", f"{made}: one node (calibration under Slurm is not built)"),
+        "nodes": (1, "calibration", f"{made}: one node (without --slurm)"),
         "local_write_GBps": (write["MBps"]["median"] / 1e3, "calibration",
                              f"{made}: best of {', '.join(write['methods'])}: {write['best']}, median of "
                              f"{write['MBps']['min']:.0f}-{write['MBps']['max']:.0f} MB/s; {measured}"),
@@ -387,6 +541,8 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
         "nic_GBps": (0.0, "calibration", f"{made}: not measured (one node)"),
         "calibration": (options.fit_path.name, "calibration", f"{made}: the fit of its runs"),
     }
+    if shared:
+        fields |= shared_fields(shared, slurm, made)
     if d2h:
         gpus = options.gpus_per_node or d2h["gpus"]
         fields["gpus_per_node"] = (gpus, "calibration", f"{made}: " + (
@@ -412,6 +568,45 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
                         "this machine's GPU")
     return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s}
                                           for k, (v, b, s) in fields.items()}, str(options.out))
+
+
+def shared_fields(shared: dict[str, Any], slurm: SlurmNodes | None, made: str) -> dict[str, tuple[Any, str, str]]:
+    """The cluster file's storage fields from ``limits.shared_storage_limits``'s figures (MB/s medians → GB/s)."""
+    write, read = shared["write"], shared["read"]
+    nodes = ", ".join(shared["nodes"])
+    host = (f"; the {len(shared['nodes'])} nodes are one host ({shared['hosts'][0]}: one boot id), so this is its one "
+            "disk shared by the nodes, not a shared file system's figure" if shared["one_host"] else
+            f"; hosts {', '.join(shared['hosts'])}")
+    how = (f"{made}: {shared['method']}; {shared['jobs_per_node']} writer(s) per node (the 2-node runs' "
+           f"concurrency), {shared['size_mib_per_job']} MiB each, {shared['repeats']} repeat(s) on "
+           f"{shared['target']}, nodes {nodes}{host}")
+
+    def spread(figures: dict[str, float]) -> str:
+        return f"median of {figures['min']:.0f}-{figures['max']:.0f} MB/s"
+    per_client = max(write["alone_MBps"]["median"], read["alone_MBps"]["median"]) / 1e3
+    fields: dict[str, tuple[Any, str, str]] = {
+        "storage": ("shared", "calibration", f"{made}: --logs' file system ({shared['target']}), written and read "
+                    f"by nodes {nodes} at once" + (" (one host: its disk)" if shared["one_host"] else "")),
+        "shared_write_GBps": (write["aggregate_MBps"]["median"] / 1e3, "calibration",
+                              f"aggregate write of the nodes at once, {spread(write['aggregate_MBps'])} (each node "
+                              f"{spread(write['per_node_MBps'])}); {how}"),
+        "shared_read_GBps": (read["aggregate_MBps"]["median"] / 1e3, "calibration",
+                             f"aggregate read of the nodes at once, {spread(read['aggregate_MBps'])} (each node "
+                             f"{spread(read['per_node_MBps'])}); {how}"),
+        "shared_per_client_GBps": (per_client, "calibration",
+                                   f"one node alone, the larger of its write ({spread(write['alone_MBps'])}) and "
+                                   f"read ({spread(read['alone_MBps'])}); {how}"),
+        "nic_GBps": (per_client, "calibration", f"{made}: " + (
+            "the nodes are one host: no network stands between a node and the disk; the per-client figure stands in "
+            "(shared_per_client_GBps)" if shared["one_host"] else
+            f"not measured apart: one node alone reached {per_client:.3g} GB/s from the storage through it "
+            "(shared_per_client_GBps), a lower bound")),
+    }
+    if slurm is not None:
+        fields["nodes"] = (len(slurm.nodes), "calibration", f"{made}: sinfo: {len(slurm.nodes)} node(s) "
+                           f"({', '.join(slurm.nodes)}); the calibration ran on {len(shared['nodes'])} at most"
+                           + (", two nodes on one host" if shared["one_host"] else ""))
+    return fields
 
 
 def write_atomically(files: dict[Path, str], check: Callable[[dict[Path, Path]], None] | None = None) -> None:
@@ -467,10 +662,13 @@ def _load_average() -> float | None:
         return None
 
 
-def calibrate(options: Options, steps: list[Step] | None = None) -> dict[str, Any]:
+def calibrate(options: Options, steps: list[Step] | None = None, slurm: SlurmNodes | None = None) -> dict[str, Any]:
     """Every step of ``plan_steps(options)`` in order, each announced and timed; writes the three files at the end
     (``write_atomically``) and returns the record. CalibrationError (nothing written) where a run failed, the fit
-    cannot fit a term, or an engine asked for was not fitted."""
+    cannot fit a term, or an engine asked for was not fitted; with ``options.slurm``, before anything runs, where
+    there is no usable Slurm (``slurm_nodes``; ``slurm``: what it found, given)."""
+    if options.slurm and slurm is None:
+        slurm = slurm_nodes()
     steps = plan_steps(options) if steps is None else steps
     start, when = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs_folder = options.logs / "runs"
@@ -478,11 +676,17 @@ def calibrate(options: Options, steps: list[Step] | None = None) -> dict[str, An
                               "options": {k: list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
                                           for k, v in dataclasses.asdict(options).items()}}
     cases = tuple(s.case for s in steps if s.case is not None)
-    jobs = probe_jobs(cases) if cases else 2
+    one_node = tuple(c for c in cases if c.nodes == 1)
+    multi = tuple(c for c in cases if c.nodes > 1)
+    jobs = probe_jobs(one_node) if one_node else 2
+    jobs_shared = probe_jobs(multi) if multi else 1
     figures: dict[str, Any] = {}
     say(f"calibrate: {len(steps)} steps, about {sum(s.expected_s for s in steps) / 60:.0f} min on the study's "
         f"2-CPU machine; runs in {runs_folder}, files {options.out}, {options.fit_path.name}, "
         f"{options.record_path.name}")
+    if slurm is not None:
+        record["slurm"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(slurm).items()}
+        say(f"calibrate: {slurm.line()}")
     for number, step in enumerate(steps, 1):
         head = f"step {number}/{len(steps)} {step.kind} {step.name}"
         if step.skip:
@@ -499,17 +703,19 @@ def calibrate(options: Options, steps: list[Step] | None = None) -> dict[str, An
             entry |= result
             status = result.get("note") or f"exit {result['exit']}"
         elif step.kind == "probe":
-            figures[step.name] = entry["figures"] = _probe(step, options, jobs)
-            status = "done"
+            figures[step.name] = entry["figures"] = _probe(step, options, jobs_shared if step.via else jobs)
+            status = shared_summary(entry["figures"]) if step.name.startswith("shared storage") else "done"
         elif step.kind == "fit":
-            entry |= _fit(runs_folder, cases, record["steps"], options)
+            shared = _find(figures, "shared storage", required=False)
+            entry |= _fit(runs_folder, cases, record["steps"], options, one_host=bool(shared and shared["one_host"]))
             figures["fit"] = entry.pop("fit")
             status = f"{len(entry['runs'])} runs fitted"
         else:
             limits = {"storage": _find(figures, "storage limits"), "host_copy": _find(figures, "host copy")}
             d2h = _find(figures, "d2h", required=False)
-            cluster = calibrated_cluster(options, limits, d2h, when)
-            record |= {"limits": limits, "d2h": d2h, "wall_s": time.perf_counter() - start}
+            shared = _find(figures, "shared storage", required=False)
+            cluster = calibrated_cluster(options, limits, d2h, when, shared, slurm)
+            record |= {"limits": limits, "d2h": d2h, "shared_storage": shared, "wall_s": time.perf_counter() - start}
             entry["wall_s"] = time.perf_counter() - began
             record["steps"].append(entry)
             header = (f"{cluster.name}, written by python -m restartbench.whatif --calibrate ({when}): its limits "
@@ -548,12 +754,31 @@ def _probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
             return probes.d2h_probe(D2H_BYTES, D2H_REPEATS)
         except probes.ProbeError as error:
             raise CalibrationError(f"the d2h probe: {error}") from error
+    if step.name.startswith("shared storage"):
+        try:
+            return probes.shared_storage_limits(options.logs / "probe-shared", SLURM_NODES, jobs, PROBE_MIB,
+                                                PROBE_REPEATS, timeout=options.timeout_s)
+        except probes.ProbeError as error:
+            raise CalibrationError(f"the shared storage probe: {error}; nothing is written. Rerun the same command "
+                                   "(complete runs are reused)") from error
     raise CalibrationError(f"unknown probe {step.name!r}")
 
 
-def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: Options) -> dict[str, Any]:
+def shared_summary(shared: dict[str, Any]) -> str:
+    """The shared probe's figures in one line (printed after its step)."""
+    write, read = shared["write"], shared["read"]
+    where = (f"{len(shared['nodes'])} nodes on one host ({shared['hosts'][0]}, one boot id): one disk, not a shared "
+             "file system" if shared["one_host"] else f"hosts {', '.join(shared['hosts'])}")
+    return (f"nodes {', '.join(shared['nodes'])} at once: write {write['aggregate_MBps']['median']:.0f} MB/s, read "
+            f"{read['aggregate_MBps']['median']:.0f} MB/s in all; one node alone: write "
+            f"{write['alone_MBps']['median']:.0f} MB/s, read {read['alone_MBps']['median']:.0f} MB/s; {where}")
+
+
+def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: Options,
+         one_host: bool = False) -> dict[str, Any]:
     """The fit on the complete runs of the planned cases; refused (naming the runs, or the term and the runs that
-    would fit it) where a run failed or a term cannot be fitted."""
+    would fit it) where a run failed or a term cannot be fitted. With ``one_host`` (the Slurm nodes are one machine)
+    a multi-node run enters the fit as one node (``one_host_as_one_node``)."""
     from restartbench.analysis import collect
 
     failed = [s for s in done if s.get("kind") == "run" and s.get("exit") != 0]
@@ -569,6 +794,9 @@ def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: 
     table = collected.table()
     planned = {str(found.resolve()) for case in cases if (found := completed(runs_folder, case)) is not None}
     table = table[[str(Path(run).resolve()) in planned for run in table["run"]]]
+    notes = {}
+    if one_host:
+        table, notes = one_host_as_one_node(table)
     limits = fitting.Limits(_find_storage(done, "write"), _find_storage(done, "read"),
                             f"calibration: storage limits of {runs_folder.parent / 'probe'}")
     try:
@@ -583,9 +811,23 @@ def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: 
                  for engine in sorted(asked - set(fit.engines) - set(fit.unfitted))]
     if problems:
         raise CalibrationError("too few runs to fit the model, so nothing is written: " + "; ".join(problems))
-    return {"fit": fit, "runs": sorted(planned), "notes": {f"{engine} {term}": line.note
-                                                          for engine, terms in fit.engines.items()
-                                                          for term, line in terms.items() if line.note}}
+    return {"fit": fit, "runs": sorted(planned), "notes": {**notes, **{f"{engine} {term}": line.note
+                                                                     for engine, terms in fit.engines.items()
+                                                                     for term, line in terms.items() if line.note}}}
+
+
+def one_host_as_one_node(table):
+    """Multi-node runs whose nodes are one host, as one node: every process of theirs wrote to and read from the one
+    disk the storage probe measured, so the fit's node bytes and concurrency are the whole run's (fit.py divides a
+    run's bytes among its nodes, each at the one-node limit). Returns the table and a note ({} where none)."""
+    multi = table["nodes"].fillna(1).astype(int) > 1
+    if not multi.any():
+        return table, {}
+    table = table.copy()
+    table.loc[multi, "nodes"] = 1
+    runs = sorted(set(table.loc[multi, "run_id"]))
+    return table, {"multi-node runs": f"{len(runs)} run(s) on Slurm nodes of one host fitted as one node of all "
+                                      f"their processes (one disk): {', '.join(runs)}"}
 
 
 def _find_storage(done: list[dict], side: str) -> float:

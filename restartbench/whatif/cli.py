@@ -3,7 +3,7 @@
     python -m restartbench.whatif 70B tp8pp8dp4 --cluster clusters/h100-pfs.yaml
     python -m restartbench.whatif 7B tp1pp1dp8 --cluster clusters/cpu2.yaml --engines torch,lazy --json
     python -m restartbench.whatif 13B tp2pp4dp2 --cluster clusters/h100-pfs.yaml --plot out/
-    python -m restartbench.whatif --calibrate --out clusters/mine.yaml [--logs DIR] [--dry-run]
+    python -m restartbench.whatif --calibrate --out clusters/mine.yaml [--logs DIR] [--dry-run] [--slurm]
 
 Per engine: the stall, the whole cost (stall + slowdown), the durable time, every restart part and the total, the
 bytes per rank and per node, the resource that bounds each part, Daly's interval and the goodput at that scale;
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibration.add_argument("--run-device", default="auto", choices=("auto", "cpu", "cuda"),
                              help="config-n-run.py's --device for the runs (default: %(default)s)")
     calibration.add_argument("--slurm", action="store_true",
-                             help="calibrate on 1 and 2 nodes under Slurm (not built: refused)")
+                             help="also calibrate on 2 Slurm nodes: 2-node runs (sbatch) and the shared storage "
+                                  "probed from both nodes at once (srun); refused without a Slurm of 2 idle nodes")
     return parser
 
 
@@ -90,9 +91,14 @@ def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         if args.dry_run:
             print("\n".join(f"{n:>2}. {s.kind:<6} {s.name}" + (f" (skipped: {s.skip})" if s.skip
                                                                 else f" (about {s.expected_s:.0f} s)")
-                            for n, s in enumerate(steps, 1)))
+                            + (f" [{s.via}]" if s.via else "") for n, s in enumerate(steps, 1)))
             print(f"expected: about {sum(s.expected_s for s in steps) / 60:.0f} min on the study's 2-CPU machine; "
                   f"runs in {options.logs}")
+            if options.slurm:
+                try:
+                    print(calibrate.slurm_nodes().line())
+                except calibrate.CalibrationError as error:
+                    print(f"not runnable here (the calibration would be refused): {error}")
             return 0
         calibrate.calibrate(options, steps)
     except calibrate.CalibrationError as error:

@@ -9,13 +9,23 @@ Each limit is the best of the methods tried, repeated, with min, median and max 
   ``posix_fadvise(DONTNEED)`` (readahead, as ``torch.load`` reads), one thread per job; the faster method wins and
   is named;
 - host copy: memcpy into preallocated buffers, one per rank at once (on a CPU machine the state is already in host
-  memory: this is the copy a staging engine makes).
+  memory: this is the copy a staging engine makes);
+- shared storage (``shared_storage_limits``, calibration under Slurm): the threaded write and read above run on each
+  of several Slurm nodes at once (``srun``, one task per node, phases started together by a TCP barrier that the
+  calling process serves), and on the first node alone: the file system's aggregate over the nodes and one client's
+  figure. Each task reports its node's boot id, so nodes that are one host (``scripts/slurm-local.sh``) are told
+  apart from a real shared file system (``one_host``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,20 +42,24 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def buffered_read_MBps(paths: list[Path], block: int = 8 * MiB) -> float:
-    """Read every file at once (one thread each) after evicting it from the page cache; aggregate MB/s."""
-    for path in paths:
-        evict(path)
-
+def read_files(paths: list[Path], block: int = 8 * MiB) -> int:
+    """Read every file at once (one thread each); the bytes read."""
     def read(path: Path) -> int:
         total = 0
         with open(path, "rb", buffering=0) as handle:
             while chunk := handle.read(block):
                 total += len(chunk)
         return total
-    start = time.perf_counter()
     with ThreadPoolExecutor(len(paths)) as pool:
-        total = sum(pool.map(read, paths))
+        return sum(pool.map(read, paths))
+
+
+def buffered_read_MBps(paths: list[Path], block: int = 8 * MiB) -> float:
+    """Read every file at once (one thread each) after evicting it from the page cache; aggregate MB/s."""
+    for path in paths:
+        evict(path)
+    start = time.perf_counter()
+    total = read_files(paths, block)
     return total / MB / (time.perf_counter() - start)
 
 
@@ -148,3 +162,197 @@ def d2h_probe(nbytes: int = 2**30, repeats: int = 3) -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
             "method": "one torch copy_ on the current stream, synchronized before and after, best of the repeats "
                       "after a warm-up; pinning: cudaHostRegister of a touched buffer, best of up to 3"}
+
+
+# -- shared storage: the same probe on several Slurm nodes at once ------------------------------------------------
+
+#: The line prefix of a node task's report on srun's standard output.
+REPORT = "WHATIF-SHARED-PROBE "
+#: The task srun starts on each node (``node_task_main``).
+TASK_PROGRAM = ("import sys; from restartbench.whatif.limits import node_task_main; "
+                "sys.exit(node_task_main(sys.argv[1:]))")
+
+
+def boot_id() -> str:
+    """This host's boot id ('' where the kernel does not say): the same on every Slurm node of one machine."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def tcp_barrier(address: tuple[str, int], who: str, timeout: float) -> Callable[[str], None]:
+    """A barrier served by ``BarrierServer`` at ``address``: ``wait(phase)`` returns once every party has called it
+    with that phase."""
+    def wait(phase: str) -> None:
+        with socket.create_connection(address, timeout=timeout) as conn:
+            conn.sendall(f"{who} {phase}\n".encode())
+            conn.settimeout(timeout)
+            reply = conn.makefile().readline().strip()
+        if reply != "go":
+            raise ProbeError(f"barrier {phase}: the calling process answered {reply!r}, not 'go'")
+    return wait
+
+
+class BarrierServer:
+    """Releases each phase's connections once ``parties`` have arrived (a thread of the calling process, on all
+    interfaces, a free port): the node tasks start each write and read together."""
+
+    def __init__(self, parties: int, timeout: float = 600.0):
+        self.parties, self.timeout = parties, timeout
+        self.sock = socket.create_server(("", 0))
+        self.sock.settimeout(1.0)
+        self.port = self.sock.getsockname()[1]
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> BarrierServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        self.sock.close()
+
+    def _serve(self) -> None:
+        waiting: dict[str, list[socket.socket]] = {}
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(self.timeout)
+            try:
+                phase = conn.makefile().readline().split(" ", 1)[-1].strip()
+            except OSError:
+                conn.close()
+                continue
+            waiting.setdefault(phase, []).append(conn)
+            if len(waiting[phase]) == self.parties:
+                for member in waiting.pop(phase):
+                    with member:
+                        member.sendall(b"go\n")
+
+
+def node_task(target: Path, jobs: int, size_mib: int, repeats: int, barrier: Callable[[str], None],
+              rank: int) -> dict[str, Any]:
+    """One node's part of the shared probe: per repeat, the first node (rank 0) alone writes then reads ``jobs``
+    files of ``size_mib`` MiB, then every node at once; each phase started by ``barrier``, timed in wall-clock time
+    (``time.time``: the nodes' phases are set side by side)."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    target.mkdir(parents=True, exist_ok=True)
+    paths = [target / f".whatif-shared-{node}-{os.getpid()}-{job}" for job in range(jobs)]
+    size = size_mib * MiB
+    phases = []
+    try:
+        for repeat in range(repeats):
+            for together in (False, True):
+                mine = together or rank == 0
+                for side in ("write", "read"):
+                    if side == "read" and mine:
+                        for path in paths:
+                            evict(path)
+                    barrier(f"{repeat}-{'together' if together else 'alone'}-{side}")
+                    if not mine:
+                        continue
+                    start = time.time()
+                    if side == "write":
+                        write_files(paths, size)
+                        nbytes = sum(path.stat().st_size for path in paths)  # whole 8 MiB blocks
+                    else:
+                        nbytes = read_files(paths)
+                    phases.append({"repeat": repeat, "together": together, "side": side, "start": start,
+                                   "end": time.time(), "bytes": nbytes})
+        barrier("done")
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return {"node": node, "host": socket.gethostname(), "boot_id": boot_id(), "rank": rank, "phases": phases}
+
+
+def node_task_main(argv: list[str]) -> int:
+    """srun's task: TARGET JOBS SIZE_MIB REPEATS HOST PORT; prints its report as one ``REPORT`` line."""
+    target, jobs, size_mib, repeats, host, port = argv
+    host = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or host
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    barrier = tcp_barrier((host, int(port)), f"task{rank}", timeout=600.0)
+    report = node_task(Path(target), int(jobs), int(size_mib), int(repeats), barrier, rank)
+    print(REPORT + json.dumps(report), flush=True)
+    return 0
+
+
+def one_host(reports: list[dict[str, Any]]) -> bool:
+    """Whether the nodes' tasks ran on one machine: one boot id among them (hostnames where no boot id is known)."""
+    if all(r.get("boot_id") for r in reports):
+        return len({r["boot_id"] for r in reports}) == 1
+    return len({r.get("host") for r in reports}) == 1
+
+
+def shared_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The nodes' reports as figures, per side (write, read), min/median/max over the repeats, MB/s:
+    ``aggregate``: every node's bytes over the first start to the last end of a repeat's phase together;
+    ``per_node``: each node's own bytes over its own time in those phases (each node's share);
+    ``alone``: the first node's bytes over its time with the others idle (one client's figure)."""
+    if len(reports) < 2:
+        raise ProbeError(f"the shared probe needs reports from 2 nodes or more, got {len(reports)}")
+    out: dict[str, Any] = {"nodes": sorted(r["node"] for r in reports), "hosts": sorted({r["host"] for r in reports}),
+                           "one_host": one_host(reports)}
+    for side in ("write", "read"):
+        together: dict[int, list[dict]] = {}
+        alone, per_node = [], []
+        for report in reports:
+            for phase in report["phases"]:
+                if phase["side"] != side:
+                    continue
+                rate = phase["bytes"] / MB / (phase["end"] - phase["start"])
+                if phase["together"]:
+                    together.setdefault(phase["repeat"], []).append(phase)
+                    per_node.append(rate)
+                else:
+                    alone.append(rate)
+        incomplete = [repeat for repeat, phases in together.items() if len(phases) != len(reports)]
+        if not together or incomplete or not alone:
+            raise ProbeError(f"the shared probe's {side} phases are incomplete: repeats {sorted(together)} together "
+                             f"(incomplete: {incomplete}), {len(alone)} alone, over {len(reports)} nodes")
+        aggregate = [sum(p["bytes"] for p in phases) / MB / (max(p["end"] for p in phases)
+                                                            - min(p["start"] for p in phases))
+                     for phases in together.values()]
+        out[side] = {"aggregate_MBps": _spread(aggregate), "per_node_MBps": _spread(per_node),
+                     "alone_MBps": _spread(alone)}
+    return out
+
+
+def srun_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for an srun that makes its own allocation: the calling job's SLURM_* variables (inside an
+    allocation) dropped, SLURM_CONF kept."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+def shared_storage_limits(target: Path, nodes: int, jobs: int, size_mib: int, repeats: int,
+                          timeout: float = 600.0) -> dict[str, Any]:
+    """``node_task`` on ``nodes`` Slurm nodes at once (``srun --nodes N --ntasks-per-node 1``) against ``target``
+    (a folder every node sees), barriers served here; ``shared_figures`` of their reports, with how it ran."""
+    target.mkdir(parents=True, exist_ok=True)
+    with BarrierServer(nodes, timeout) as server:
+        argv = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1", "--ntasks", str(nodes),
+                "--job-name", "whatif-shared-probe", sys.executable, "-c", TASK_PROGRAM, str(target), str(jobs),
+                str(size_mib), str(repeats), socket.gethostname(), str(server.port)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=srun_environment())
+        except subprocess.TimeoutExpired as error:
+            raise ProbeError(f"the shared probe (srun) did not finish in {timeout:.0f} s") from error
+        except FileNotFoundError as error:
+            raise ProbeError("the shared probe needs srun on PATH") from error
+    reports = [json.loads(line[len(REPORT):]) for line in proc.stdout.splitlines() if line.startswith(REPORT)]
+    if proc.returncode != 0 or len(reports) != nodes:
+        raise ProbeError(f"the shared probe (srun on {nodes} nodes) exited {proc.returncode} with {len(reports)} "
+                         f"report(s): {(proc.stderr or proc.stdout).strip()[-600:]}")
+    return {**shared_figures(reports), "target": str(target), "jobs_per_node": jobs, "size_mib_per_job": size_mib,
+            "repeats": repeats, "method": f"srun --nodes {nodes} --ntasks-per-node 1: per node {jobs} thread(s), "
+                                          "8 MiB writes + fsync, then buffered 8 MiB reads after DONTNEED, each phase "
+                                          "started together by a barrier; the first node alone, then all at once",
+            "reports": reports}
