@@ -104,7 +104,7 @@ def test_a_failing_sinfo_or_too_few_idle_nodes_refuse_saying_what_to_do(tmp_path
 def test_sinfo_nodes_once_each_idle_or_mixed_and_the_one_host_guess():
     text = ("node1|idle|a\nnode1|idle|a\nnode2|mixed|b\nnode3|allocated|c\nnode4|idle*|d\nnode5|drained|e\n"
             "node6|idle~|f\n\n")
-    found = cal.parse_sinfo(text, resolve={"a": "10.0.0.1", "b": "10.0.0.2"}.get)
+    found = cal.parse_sinfo(text, resolve={"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}.get)
     assert found.nodes == ("node1", "node2", "node3", "node4", "node5", "node6")
     assert found.idle == ("node1", "node2") and not found.one_host
     same = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)

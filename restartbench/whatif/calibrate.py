@@ -234,7 +234,8 @@ def parse_sinfo(text: str, resolve: Callable[[str], str] = _resolve) -> SlurmNod
         if len(parts) < 3 or not parts[0]:
             continue
         states[parts[0]] = parts[1].strip().lower()
-        addresses[parts[0]] = resolve(parts[2].strip() or parts[0])
+        address = parts[2].strip() or parts[0]
+        addresses[parts[0]] = resolve(address) or address
     idle = tuple(name for name, state in states.items() if state in ("idle", "mixed"))
     distinct = set(addresses.values())
     same = len(distinct) == 1 or (bool(distinct) and all(a.startswith("127.") for a in distinct))
