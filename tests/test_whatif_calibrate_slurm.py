@@ -323,3 +323,21 @@ def test_the_shared_probe_runs_on_two_real_slurm_nodes_and_finds_them_one_host(s
     for side in ("write", "read"):
         assert shared[side]["aggregate_MBps"]["median"] > 0 and shared[side]["alone_MBps"]["median"] > 0
     assert not list((tmp_path / "probe").glob(".whatif-shared-*"))
+
+
+def test_a_2_node_case_is_waited_for_after_its_submit_and_cancelled_past_its_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal, "RUN_PROGRAM", "print('[restartbench] submitted job 77'); print('77')")
+    waited = []
+    out = tmp_path / "slurm-77.out"
+    out.write_text("the job's output\nits last line\n")
+    answers = iter([("77", 1, out), ("77", None, None)])
+    monkeypatch.setattr(cal, "wait_for_job", lambda folder, printed, deadline: waited.append(printed) or next(answers))
+    case = cal.Case("tiny", "tp1pp1dp2", "torch", nodes=2)
+    failed = cal.run_case(case, tmp_path / "runs", timeout=60)
+    assert waited == ["[restartbench] submitted job 77\n77\n"]
+    assert failed["exit"] == 1 and failed["job"] == "77" and failed["log"] == str(out)
+    assert failed["tail"] == ["the job's output", "its last line"]
+    late = cal.run_case(case, tmp_path / "runs", timeout=60)
+    assert late["exit"] is None and late["note"] == "stopped after 60 s (--timeout), job 77 cancelled"
+    one_node = cal.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=60)
+    assert len(waited) == 2 and "job" not in one_node  # a 1-node case is not waited for
