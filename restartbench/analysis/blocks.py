@@ -3,17 +3,16 @@ their rows: the columns in the order they first appear, NaN where a row lacks a 
 
 Why not a list per column, extended block by block: a run's blocks hold a few rows and a hundred columns, and over
 10,000 runs that was a million list extensions, the most of a read from records (issue 27). Blocks with the same keys
-(most runs of a study give the same few) are kept together instead, as they came, and each column is joined once per
-keys when the table is asked for, then the rows put back in the order they were added.
+(most runs of a study give the same few) are kept together instead, each block as one array (``Blocks``), and each
+column is picked out of them at once when the table is asked for, then the rows put back in the order they were added.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,21 +22,68 @@ from restartbench.analysis import records
 
 
 class Blocks:
-    """The blocks added with one set of keys: their columns (as given: lists or encoded), and the rows they hold."""
+    """The blocks added with one set of keys, and the rows each holds, each block as one array of objects: a block of
+    plain columns (a run's few rows: the record's list per column) as its values, column after column; one with
+    encoded columns (``records.encode_column``) as its columns, decoded when the table is asked for (``held``).
+
+    Arrays, not the record's lists: 10,000 runs' blocks were millions of small lists, which every pass of Python's
+    garbage collector scanned again (a list it tracks for ever; an array of objects it never scans), so that the
+    tables' steps after ``collect`` took seconds more at 10,000 runs, 20 times their time at 2,000; and joining them
+    column by column visited each list in turn (issue 27)."""
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
-        self.columns: list[list[Any]] = []
+        self.parts: list[np.ndarray] = []
+        self.encoded: list[bool] = []
+        self.counts: list[int] = []
         self.count = 0
 
-    def joined(self) -> dict[str, list[Any]]:
-        """Each column of every block, in the order added, decoded."""
-        joined = {}
-        for key, parts in zip(self.keys, zip(*self.columns)):
-            if set(map(type, parts)) != {list}:
-                parts = map(records.decode_column, parts)
-            joined[key] = list(chain.from_iterable(parts))
+    def add(self, columns: list[Any], count: int) -> None:
+        encoded = set(map(type, columns)) != {list}
+        self.parts.append(held(columns) if encoded else values_of(columns, count * len(columns)))
+        self.encoded.append(encoded)
+        self.counts.append(count)
+        self.count += count
+
+    def joined(self) -> dict[str, np.ndarray]:
+        """Each column of every block, in the order added (arrays of the values, decoded); the blocks are one from
+        now on, the runs' own freed."""
+        values = self.values()
+        counts = np.array(self.counts, dtype=np.int64)
+        block = np.repeat(np.arange(len(counts)), counts)  # each row's block
+        start = (np.cumsum(counts) - counts)[block]  # the row its block starts at
+        first = start * len(self.keys) + np.arange(self.count) - start  # where its value of the first column is
+        joined = {key: values[first + index * counts[block]] for index, key in enumerate(self.keys)}
+        one = np.concatenate([values[:0], *joined.values()])  # values[:0]: none where there are no keys
+        self.parts, self.encoded, self.counts = [one], [False], [self.count]
         return joined
+
+    def values(self) -> np.ndarray:
+        """Every block's values, block after block, each column after column."""
+        return np.concatenate([values_of(map(decoded, part), count * len(self.keys)) if encoded else part
+                               for part, encoded, count in zip(self.parts, self.encoded, self.counts)])
+
+
+def values_of(columns: Iterable[Iterable[Any]], size: int) -> np.ndarray:
+    """The values of ``columns``, one after the other, as an array of objects."""
+    return np.fromiter(chain.from_iterable(columns), dtype=object, count=size)
+
+
+def held(columns: list[Any]) -> np.ndarray:
+    """An encoded block's columns as an array, those the garbage collector would scan made arrays too: a list of
+    values as an array of them, the ``[[value, count], ...]`` of a column of runs as an array of two columns (the
+    other encodings are dicts of plain values, which it does not track)."""
+    held = [values_of([column], len(column)) if type(column) is list
+            else np.array(column["runs"], dtype=object) if "runs" in column
+            else column for column in columns]
+    return values_of([held], len(held))
+
+
+def decoded(column: Any) -> Any:
+    """The values of a column ``held`` keeps."""
+    if type(column) is not np.ndarray:
+        return records.decode_column(column)
+    return column if column.ndim == 1 else np.repeat(column[:, 0], column[:, 1].astype(np.int64))
 
 
 class Columns:
@@ -46,57 +92,60 @@ class Columns:
 
     def __init__(self) -> None:
         self.blocks: dict[tuple[str, ...], Blocks] = {}
-        self.added: list[tuple[Blocks, int]] = []
-        self.kept: dict[str, list[Any]] | None = None
+        self.added: list[tuple[str, ...]] = []  # each block's keys (the Blocks' own), in the order added
+        self.counts: list[int] = []  # and its rows
+        self.kept: pd.DataFrame | None = None
 
     def add(self, keys: tuple[str, ...], columns: list[Any], count: int) -> None:
         """Append ``count`` rows given as their columns, in the order of ``keys``."""
         blocks = self.blocks.get(keys)
         if blocks is None:
             blocks = self.blocks[keys] = Blocks(keys)
-        blocks.columns.append(columns)
-        blocks.count += count
-        self.added.append((blocks, count))
+        blocks.add(columns, count)
+        self.added.append(blocks.keys)
+        self.counts.append(count)
         self.kept = None
 
     def frame(self, order: dict[str, Any]) -> pd.DataFrame:
         """The table, the columns of ``order`` first (in its order), then the others as they came."""
-        with collector_paused():
-            if self.kept is None:
-                self.kept = self.join()
-            columns = self.kept
-            frame = pd.DataFrame(columns) if columns else pd.DataFrame()
+        if self.kept is None:
+            with collector_paused():
+                self.kept = self.made()
+        frame = self.kept
         ordered = [c for c in order if c in frame.columns] + [c for c in frame.columns if c not in order]
         return frame.reindex(columns=ordered or list(order))
 
+    def made(self) -> pd.DataFrame:
+        """The table as the blocks make it (kept until more are added: a table may be asked for again). Its columns
+        joined die here, before the garbage collector is back (it would scan every value)."""
+        columns = self.join()
+        return pd.DataFrame(columns) if columns else pd.DataFrame()
+
     def join(self) -> dict[str, list[Any]]:
-        """Every column, rows in the order added (kept until more are added: a table may be asked for again)."""
+        """Every column, rows in the order added."""
         names = list(dict.fromkeys(chain.from_iterable(self.blocks)))
-        columns: dict[str, list[Any]] = {name: [] for name in names}
-        for blocks in self.blocks.values():
-            joined = blocks.joined()
-            blocks.columns = [list(joined.values())]  # one block from now on: the runs' own lists freed
-            for name, column in columns.items():
-                column.extend(joined[name] if name in joined else [np.nan] * blocks.count)
+        joined = [(blocks.count, blocks.joined()) for blocks in self.blocks.values()]
         rows = self.row_order()
-        if rows is not None:
-            pick = itemgetter(*rows)
-            columns = {name: list(pick(column)) for name, column in columns.items()}
+        columns = {}
+        for name in names:
+            column = np.concatenate([parts[name] if name in parts else np.full(count, np.nan, dtype=object)
+                                     for count, parts in joined])
+            columns[name] = (column if rows is None else column[rows]).tolist()
         return columns
 
-    def row_order(self) -> list[int] | None:
+    def row_order(self) -> np.ndarray | None:
         """Where each row added is among the rows joined keys by keys (``frame``), in the order added; None where
         that is already the order (one set of keys, or each set's blocks added together)."""
         start, place = {}, 0
-        for blocks in self.blocks.values():
-            start[id(blocks)] = place
+        for keys, blocks in self.blocks.items():
+            start[keys] = place
             place += blocks.count
         rows: list[int] = []
-        for blocks, count in self.added:
-            first = start[id(blocks)]
+        for keys, count in zip(self.added, self.counts):
+            first = start[keys]
             rows.extend(range(first, first + count))
-            start[id(blocks)] = first + count
-        return None if rows == list(range(len(rows))) else rows
+            start[keys] = first + count
+        return None if rows == list(range(len(rows))) else np.array(rows, dtype=np.int64)
 
 
 @contextmanager

@@ -104,11 +104,19 @@ def collect(root: Path | str, *, keep_records: bool = True, workers: int | None 
     baselines = BaselineFinder(root, collected.warnings)
     folders = run_folders(root)
     with collector_paused():
-        kept = [records.load(folder) if keep_records else None for folder in folders]
-        parsed = read_runs([folder for folder, record in zip(folders, kept) if record is None], keep_records, workers)
-        for folder, record in zip(folders, kept):  # the parsed ones added as they come, in order
-            add_run(collected, folder, record if record is not None else next(parsed), baselines)
+        add_runs(collected, folders, baselines, keep_records, workers)
     return collected
+
+
+def add_runs(collected: Collected, folders: list[Path], baselines: BaselineFinder, keep_records: bool,
+             workers: int | None) -> None:
+    """Each folder into the collected tables, in order, from its current record or else from its events (``collect``).
+    The records read die with this call, before the garbage collector is back: 10,000 of them hold millions of lists,
+    which its first pass would scan."""
+    kept = [records.load(folder) if keep_records else None for folder in folders]
+    parsed = read_runs([folder for folder, record in zip(folders, kept) if record is None], keep_records, workers)
+    for folder, record in zip(folders, kept):  # the parsed ones added as they come, in order
+        add_run(collected, folder, record if record is not None else next(parsed), baselines)
 
 
 def read_runs(folders: list[Path], keep: bool, workers: int | None) -> Iterator[RunRecord]:
@@ -198,7 +206,7 @@ def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: B
 
 def based_rows(keys: list[str], columns: list[Any], baseline: dict[str, Any]) -> tuple[list[str], list[Any]]:
     """A block of the tidy table decoded, with its storage baseline's columns filled in (``apply_baseline``)."""
-    if any(type(column) is not list for column in columns):  # many rows: encoded
+    if set(map(type, columns)) != {list}:  # many rows: encoded
         columns = [records.decode_column(column) for column in columns]
     block = dict(zip(keys, columns))
     apply_baseline(block, baseline)
