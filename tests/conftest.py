@@ -173,6 +173,41 @@ def study_logs(study_runs):
     return next(iter(study_runs.values()))[1].parents[3]
 
 
+# One real run per engine besides torch (whose runs are the session's study_runs), layouts and dtypes spread over
+# them: (engine, layout, dtype). tests/test_predict.py holds each run's files to their prediction,
+# tests/test_engines_harness.py its restore to exactness.
+ENGINE_CASES = [("fastpersist", "pp2dp2", "fp32"),  # every data-parallel writer writes its stage's model file
+                ("lazy", "pp2dp1", "bf16"),
+                ("dcp", "tp1pp1dp2", "bf16"),  # DCP's deduplication of the module across data-parallel replicas
+                ("dcp-async", "pp2dp2", "fp32"),
+                ("torchsnapshot", "pp2dp2", "bf16")]
+
+
+@pytest.fixture(scope="session")
+def engine_runs(tmp_path_factory):
+    """engine -> (process, run folder) of its ENGINE_CASES run, made on first use (4 iterations, saves at 2 and 4)."""
+    from restartbench import engines
+    from restartbench.plan import PLAN_CACHE
+
+    logs = tmp_path_factory.mktemp("engines") / "logs"
+    runs = {}
+
+    def run(engine):
+        if engine not in runs:
+            missing = engines.missing_requirements(engine)
+            if missing:
+                pytest.skip("; ".join(missing))
+            _, layout, dtype = next(case for case in ENGINE_CASES if case[0] == engine)
+            # fastpersist's first run on a machine JIT-builds DeepSpeed's ops (minutes on 2 cores), unless the
+            # session's build in the background (DS_OPS) has done it
+            runs[engine] = run_study(logs, "tiny", layout, "--dtype", dtype, "--engine", engine, "--iters", "4",
+                                     "--save-interval", "2", "--baseline-mib", "0", timeout=1200,
+                                     env={PLAN_CACHE: "off"})
+        return runs[engine]
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def tiny_dp2_run(tmp_path_factory):
     """A complete tiny tp1pp1dp2 fp32 run saving at iterations 1 and 2 (no storage baseline), made once: read it, or

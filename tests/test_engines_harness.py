@@ -11,11 +11,11 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import run_study
 
 from restartbench.engines import harness_state
 from restartbench.engines.dcp import engine as dcp_engine
 from restartbench.events import read_events
+from restartbench.layout import parse_layout
 
 # -- pure logic --------------------------------------------------------------------------------------
 
@@ -191,12 +191,15 @@ def test_torchsnapshot_round_trip_of_a_harness_shaped_state(tmp_path):
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("engine", ["dcp", "dcp-async", "torchsnapshot"])
-def test_engine_restores_exactly_after_a_relaunch(tmp_path, engine):
-    ranks = 4
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "pp2dp2", "--dtype", "fp32", "--iters", "4",
-                              "--save-interval", "2", "--engine", engine, "--baseline-mib", "0")
+def test_engine_restores_exactly_after_a_relaunch(engine_runs, engine):
+    """The engine's run of the session (conftest.ENGINE_CASES: data-parallel replicas in each, pipeline stages in
+    dcp-async's and torchsnapshot's) restores every rank exactly, and each checkpoint file is recorded by one rank."""
+    proc, run_dir = engine_runs(engine)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert json.loads((run_dir / "metadata.json").read_text())["status"] == "complete"
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["engine"] == engine
+    ranks = meta["world_size"]
+    assert parse_layout(meta["layout"]).dp == 2
     events = read_events(run_dir)
     results = [e for e in events if e["event"] == "restore.result"]
     assert sorted(e["rank"] for e in results) == list(range(ranks))

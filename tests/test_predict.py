@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import STUDY_CASES, run_study
+from conftest import ENGINE_CASES, STUDY_CASES
 
 from restartbench import engines
 from restartbench.config import RunConfig
@@ -41,43 +41,12 @@ from restartbench.sizes import PlannedFile, materialize, payload_bytes, saved_si
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# One real run per engine besides torch (whose runs are the session's study_runs), layouts and dtypes spread
-# over them: (engine, layout, dtype).
-ENGINE_CASES = [("fastpersist", "pp2dp2", "fp32"),  # every data-parallel writer writes its stage's model file
-                ("lazy", "pp2dp1", "bf16"),
-                ("dcp", "tp1pp1dp2", "bf16"),  # DCP's deduplication of the module across data-parallel replicas
-                ("dcp-async", "tp2pp1dp1", "fp32"),
-                ("torchsnapshot", "tp2pp1dp1", "bf16")]
-
-
 def config(preset: str, layout: str, dtype: str = "bf16", engine: str = "torch", **train) -> RunConfig:
     cfg = RunConfig()
     cfg.model.preset, cfg.layout.layout, cfg.model.dtype, cfg.engine.engine = preset, layout, dtype, engine
     for name, value in train.items():
         setattr(cfg.train, name, value)
     return cfg
-
-
-@pytest.fixture(scope="session")
-def engine_runs(tmp_path_factory):
-    """engine -> (process, run folder) of its ENGINE_CASES run, made on first use (4 iterations, saves at 2 and 4)."""
-    logs = tmp_path_factory.mktemp("engines") / "logs"
-    runs = {}
-
-    def run(engine):
-        if engine not in runs:
-            missing = engines.missing_requirements(engine)
-            if missing:
-                pytest.skip("; ".join(missing))
-            _, layout, dtype = next(case for case in ENGINE_CASES if case[0] == engine)
-            # fastpersist's first run on a machine JIT-builds DeepSpeed's ops (minutes on 2 cores), unless the
-            # session's build in the background (conftest.py: DS_OPS) has done it
-            runs[engine] = run_study(logs, "tiny", layout, "--dtype", dtype, "--engine", engine, "--iters", "4",
-                                     "--save-interval", "2", "--baseline-mib", "0", timeout=1200,
-                                     env={PLAN_CACHE: "off"})
-        return runs[engine]
-
-    return run
 
 
 @pytest.fixture(autouse=True)
