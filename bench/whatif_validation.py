@@ -369,6 +369,7 @@ def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: flo
     not_run = [{"set": name, **dataclasses.asdict(case)} for name, case in run_order()
                if not completed(args.logs / name, case)]
     return {"meta": meta, "steps": steps, "runs_s": runs_wall_s(*found), "script_s": run_s,
+            "collect_only": bool(args.collect_only),
             "calibration_cases": [dataclasses.asdict(c) for c in CALIBRATION],
             "held_out_cases": [dataclasses.asdict(c) for c in (*HELD_OUT, *HELD_OUT_2NODES)], "limits": limits,
             "excluded": [{"run": str(e.run), "status": e.status, "reason": e.reason}
@@ -389,15 +390,24 @@ def _pct(value: float | None) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{100 * value:+.0f} %"
 
 
+def _load_sentence(result: dict) -> str:
+    """The load this script started at is the runs' only when it ran them (not with --collect-only)."""
+    load = result["meta"]["load_average_at_start"]
+    if result.get("collect_only"):
+        return (f"they were made before this --collect-only fit, which started at a load average of {load:.1f} (not "
+                "the runs'): each held-out run's import time below gauges the CPU share it got.")
+    return (f"the load average was {load:.1f} when this script started, and each held-out run's import time below "
+            "gauges the CPU share it got.")
+
+
 def markdown(result: dict) -> str:
     meta, s, limits = result["meta"], result["summary"], result["limits"]["storage"]
     out = [f"# What-if model against held-out runs — {meta['machine']}, {meta['date']}", "",
            f"`{meta['command']}`", "", machine_line(meta), "",
            f"Calibration: {len(result['calibration_cases'])} configurations; held out: "
            f"{len(result['held_out_cases'])} (fixed in bench/whatif_validation.py before fitting; none in both). "
-           f"The runs took {result['runs_s']:.0f} s together (their metadata's start to end); the load average was "
-           f"{meta['load_average_at_start']:.1f} when this script started, and each held-out run's import time "
-           "below gauges the CPU share it got.", "",
+           f"The runs took {result['runs_s']:.0f} s together (their metadata's start to end); {_load_sentence(result)}",
+           "",
            "## Limits measured (the cluster file's)", ""]
     if result["not_run"]:
         out[-2:-2] = ["Not run (the machine's time ran out before them; listed, not predicted): "

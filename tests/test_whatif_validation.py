@@ -95,6 +95,10 @@ def test_the_markdown_says_every_part_and_the_misses():
     assert "- r1, durable: predicted 2 s, measured 1 s (+100 %)" in text and "missed" in text
     assert "- durable: the page cache" in text
     assert "| stall | 16 | 15–17 | 17.9 | -10 % | host CPU |" in text
+    assert "the load average was 3.0 when this script started" in text
+    refit = bench.markdown({**result, "collect_only": True})
+    assert "before this --collect-only fit, which started at a load average of 3.0 (not the runs')" in refit
+    assert "the load average was 3.0 when this script started" not in refit
 
 
 def test_summarize_refuses_an_unusable_cluster_file_before_writing_anything(tmp_path):
