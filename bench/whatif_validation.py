@@ -193,25 +193,37 @@ H100_PROBE = {"bytes": 12.05e9, "files": 5, "params": 0.86e9,
 #: What the model leaves out, by part: the form-level causes found by reading the runs' records (2026-11-26). They
 #: name no run's figures, which differ from one validation to the next: the tables above hold those, with each run's
 #: import time as a gauge of the CPU share it got.
-OVERSUBSCRIBED = ("the held-out real runs put 4 ranks on 2 cores where the calibration's put 2 (tiny at 4 ranks only "
-                  "for distributed init's slope): the start-up terms scale with parameters per rank and with ranks, "
-                  "not with ranks per core, so oversubscription is not modelled (on a GPU cluster, a rank per GPU and "
-                  "many cores, it does not arise)")
+CPU_SHARE = ("CPU work in each process: the prediction carries the CPU share factor, max(1, processes per node / "
+             "cores per node), and the fit divides each calibration run by its own (the held-out real runs put 4 ranks "
+             "on 2 cores: 2); what remains is how the runs shared the cores with each other and with other work on "
+             "the machine (each run's import time below gauges it)")
 MISS_REASONS: dict[str, str] = {
     "stall": "a per-rank stall of tens of milliseconds is of the order of a save's fixed cost and of this VM's noise; "
              "DCP plans and serialises its save per tensor: its cost per tensor written (restartbench.whatif.tensors) "
              "rests on one emulated calibration configuration of another tensor count at similar bytes (33B tp1pp2), "
              "and the real DCP runs (tiny and small, whose tensors grow with their bytes) cannot fit it, so a real DCP "
-             "save is predicted from its bytes only; " + OVERSUBSCRIBED,
+             "save is predicted from its bytes only; the host-side line is " + CPU_SHARE,
     "durable": "the write rate of this VM's disk varies between runs of similar configurations; DCP's per-tensor cost, "
                "as for the stall; two Slurm nodes here are one host, its disk and 2 cores shared: the model predicts "
                "two nodes sharing one disk, but not the second node's processes taking the first's CPU (the lazy "
                "engine's background copies among them)",
     "ckpt load": "the part is the max over ranks: over many emulated ranks one slow load decides it; DCP reads every "
                  "tensor a rank holds (a data-parallel replica's module tensors too): its cost per tensor is fitted on "
-                 "the emulated runs, which the real DCP runs cannot fit (their tensors grow with their bytes)",
-    **dict.fromkeys(("launch", "imports", "dist init", "model build", "ds init", "engine setup", "1st iter",
-                     "restart total"), OVERSUBSCRIBED),
+                 "the emulated runs, which the real DCP runs cannot fit (their tensors grow with their bytes); the "
+                 "load is not scaled by the CPU share (its bytes go through the node's read limit; the "
+                 "deserialisation's share of it is not separated)",
+    "launch": "the launcher, one process until it spawns the ranks: a constant, not scaled by the CPU share; the "
+              "machine's other work at the time",
+    **dict.fromkeys(("imports", "model build", "ds init", "gaps"), CPU_SHARE),
+    "dist init": "the calibration's times at 2 ranks differ more than tenfold between engines (the lazy engine's runs "
+                 "the shortest: the rendezvous waits for the last rank to arrive) and the line, fitted in relative "
+                 "terms, follows the shortest, so the other engines' rendezvous lies above it (its residuals' spread "
+                 "says so); " + CPU_SHARE,
+    "engine setup": "a constant per engine of tens of milliseconds, of the order of this VM's noise, fitted on the "
+                    "calibration's real runs, all of one pipeline stage (the held-out runs have two); " + CPU_SHARE,
+    "1st iter": "the first iteration against a clean one of the same run (both share its cores alike): its warm-up "
+                "varies between runs",
+    "restart total": "the sum of the parts: its misses are theirs (above)",
 }
 
 
@@ -265,6 +277,8 @@ def cpu2_cluster(limits: dict) -> clusters.Cluster:
         "name": ("cpu2: 2-CPU x86_64 VM, gloo", "probe", "runtime of this machine (bench/whatif_validation.py)"),
         "device": ("cpu", "probe", "no GPU: ranks hold their state in host memory"),
         "nodes": (1, "probe", "one host"),
+        "cpu_cores_per_node": (os.cpu_count(), "probe", "os.cpu_count() on this machine (bench/whatif_validation.py); "
+                               "the calibration's runs were made on it"),
         "gpus_per_node": (8, "probe", "the most ranks the study runs on this machine (FACTS.md: 8 ranks as a slow "
                           "smoke test on its 2 cores); the calibration ran 2 and 4"),
         "d2h_pinned_GBps": (copy_gbps, "probe", f"host memcpy, {copy['jobs']} at once ({copy['method']}), median of "
@@ -355,7 +369,8 @@ def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: flo
     cluster = cpu2_cluster(limits)
     limit = fitting.Limits(cluster.local_write_GBps, cluster.local_read_GBps, cluster.sources["local_write_GBps"][1])
     calibration = collect(args.logs / "calibration")
-    fit = fitting.fit_table(calibration.table(), limit, per_process(calibration))
+    fit = fitting.fit_table(calibration.table(), limit, per_process(calibration),
+                            cores_per_node=cluster.cpu_cores_per_node)
     fitting.write_fit(fit, CLUSTERS / FIT_FILE)
     clusters.write_cluster(cluster, CPU2, "This machine (cpu2), written by bench/whatif_validation.py: its limits "
                            "as measured,\nthe engines' and start-up constants in the fit file it names.")

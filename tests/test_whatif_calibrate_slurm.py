@@ -231,6 +231,20 @@ def test_the_cluster_file_takes_the_shared_storage_as_measured_and_says_the_node
     assert alone.storage == "local" and alone.nodes == 1 and alone.shared_write_GBps == 0
 
 
+def test_the_cluster_file_gives_the_cores_per_node_where_the_calibration_ran(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal.os, "cpu_count", lambda: 6)
+    limits = {"storage": STORAGE, "host_copy": COPY}
+    alone = cal.calibrated_cluster(_options(tmp_path), limits, None, "now")
+    assert alone.cpu_cores_per_node == 6 and alone.sources["cpu_cores_per_node"][0] == "calibration"
+    assert "os.cpu_count()" in alone.sources["cpu_cores_per_node"][1]
+    slurm = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
+    one_host = cal.calibrated_cluster(_options(tmp_path, slurm=True), limits, None, "now", SHARED, slurm)
+    assert one_host.cpu_cores_per_node == 3 and "one host" in one_host.sources["cpu_cores_per_node"][1]
+    apart = cal.calibrated_cluster(_options(tmp_path, slurm=True), limits, None, "now",
+                                   {**SHARED, "one_host": False, "hosts": ["a", "b"]})
+    assert apart.cpu_cores_per_node == 6
+
+
 def test_the_shared_probe_line_says_one_host():
     line = cal.shared_summary(SHARED)
     assert "write 400 MB/s, read 1000 MB/s in all" in line and "one node alone: write 450 MB/s, read 1200" in line

@@ -532,6 +532,8 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
         "device": ("cuda" if d2h else "cpu", "calibration",
                    f"{made}: {'torch sees ' + d2h['gpu'] if d2h else 'no CUDA device visible'}"),
         "nodes": (1, "calibration", f"{made}: one node (without --slurm)"),
+        "cpu_cores_per_node": (os.cpu_count(), "calibration", f"{made}: os.cpu_count() where the calibration ran, "
+                               "by which its runs' CPU share was taken in the fit"),
         "local_write_GBps": (write["MBps"]["median"] / 1e3, "calibration",
                              f"{made}: best of {', '.join(write['methods'])}: {write['best']}, median of "
                              f"{write['MBps']['min']:.0f}-{write['MBps']['max']:.0f} MB/s; {measured}"),
@@ -547,6 +549,11 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
     }
     if shared:
         fields |= shared_fields(shared, slurm, made)
+        if shared["one_host"]:  # the nodes share this host's cores, as they share its disk
+            nodes = len(shared["nodes"])
+            fields["cpu_cores_per_node"] = (max(1, (os.cpu_count() or 1) // nodes), "calibration",
+                                            f"{made}: os.cpu_count() where the calibration ran ({os.cpu_count()}) "
+                                            f"over its {nodes} Slurm nodes, which are that one host")
     if d2h:
         gpus = options.gpus_per_node or d2h["gpus"]
         fields["gpus_per_node"] = (gpus, "calibration", f"{made}: " + (
@@ -804,7 +811,7 @@ def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: 
     limits = fitting.Limits(_find_storage(done, "write"), _find_storage(done, "read"),
                             f"calibration: storage limits of {runs_folder.parent / 'probe'}")
     try:
-        fit = fitting.fit_table(table, limits, per_process(collected))
+        fit = fitting.fit_table(table, limits, per_process(collected), cores_per_node=os.cpu_count())
     except fitting.FitError as error:
         raise CalibrationError(f"the fit refused: {error}") from error
     problems = [f"{engine}: {why}" for engine, why in fit.unfitted.items()]

@@ -37,6 +37,10 @@ class Cluster:
     """Nodes a job can have: a layout needing more GPUs than nodes × gpus_per_node is refused."""
     gpus_per_node: int
     """Ranks per node (one per GPU; on a CPU machine, the ranks run per node)."""
+    cpu_cores_per_node: int
+    """CPU cores of one node (logical CPUs, as ``os.cpu_count()`` counts them). The start-up parts and the stall's
+    host-side work are CPU work in each process: with more processes on a node than cores, each gets a share of a
+    core (``restartbench.whatif.terms.cpu_share_factor``)."""
     d2h_pinned_GBps: float
     """One rank's device-to-host copy into pinned host memory (on cpu: a memcpy into host memory)."""
     d2h_pageable_GBps: float
@@ -85,7 +89,12 @@ class Cluster:
 NUMBER_FIELDS = {f.name: f.type for f in dataclasses.fields(Cluster) if f.type in ("int", "float")}
 TEXT_FIELDS = ("name", "device", "storage", "calibration")
 CHOICES = {"device": DEVICES, "storage": STORAGE}
-POSITIVE = ("nodes", "gpus_per_node", "d2h_pinned_GBps", "d2h_pageable_GBps", "pin_GBps",
+#: Fields added after cluster files were first written: what a file written before them must add (no default: a
+#: guessed core count would silently scale every start-up part).
+ADDED = {"cpu_cores_per_node": "; added on 2026-11-26 for the start-up's CPU share: give the CPU cores of one node "
+                               "(os.cpu_count() on a node: basis probe; or the node's datasheet: basis cited, with "
+                               "its source), or rewrite the file with python -m restartbench.whatif --calibrate"}
+POSITIVE = ("nodes", "gpus_per_node", "cpu_cores_per_node", "d2h_pinned_GBps", "d2h_pageable_GBps", "pin_GBps",
             "dist_init_anchor_ranks", "dist_init_anchor_s", "gpu_peak_tflops", "mfu")
 
 
@@ -117,7 +126,7 @@ def _field(raw: dict, name: str, where: str) -> tuple[Any, tuple[str, str]]:
     entry = raw.get(name)
     if entry is None:
         raise ClusterError(f"{where}: field {name!r} is missing (each field is {{value: ..., basis: ..., "
-                           f"source: ...}}; basis one of {', '.join(BASES)})")
+                           f"source: ...}}; basis one of {', '.join(BASES)}){ADDED.get(name, '')}")
     if not isinstance(entry, dict) or not {"value", "basis", "source"} <= set(entry):
         raise ClusterError(f"{where}: field {name!r} must be a mapping with value, basis and source, got {entry!r}")
     if entry["basis"] not in BASES:

@@ -8,7 +8,10 @@ does not vary over the calibration runs cannot be told from the intercept and is
 runs that would fit it; a term with too few runs is refused (``FitError``), naming the term and the runs that would
 fit it. ``limits`` are the calibration machine's measured storage limits (the durable and load lines are fitted
 against the time the bytes take at those limits, so their slope is 1/η, the fraction of the limit the engine
-reaches, which carries to another machine's limits).
+reaches, which carries to another machine's limits). ``cores_per_node`` is the calibrating machine's CPU cores per
+node: the stall and the CPU-bound start-up parts (``terms.CPU_BOUND``) of each run are divided by the run's CPU share
+factor (``terms.cpu_share_factor``: its processes per node over those cores), so their constants are a process's
+time with a core of its own, which a prediction multiplies by its target's factor.
 """
 
 from __future__ import annotations
@@ -27,7 +30,16 @@ import pandas as pd
 from restartbench.events import Event
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
-from restartbench.whatif.terms import ASYNCHRONOUS, COLLECTIVE, GB, PER_TENSOR, Line, base_engine
+from restartbench.whatif.terms import (
+    ASYNCHRONOUS,
+    COLLECTIVE,
+    CPU_BOUND,
+    GB,
+    PER_TENSOR,
+    Line,
+    base_engine,
+    cpu_share_factor,
+)
 
 #: Per term, the regressors it is fitted on and which calibration runs would make each one fittable.
 HINTS = {
@@ -71,6 +83,10 @@ class Fit:
     runs: list[str] = field(default_factory=list)
     unfitted: dict[str, str] = field(default_factory=dict)
     """Engines the calibration ran but could not fit, each with the FitError that says which term and which runs."""
+    cores_per_node: int | None = None
+    """The calibrating machine's CPU cores per node, by which each run's CPU share factor was taken (the stall and the
+    CPU-bound start-up parts divided by it); None: not divided (a fit file written before 2026-11-26, or a fit given
+    no core count), its constants as measured, as if every calibration process had had a core of its own."""
 
     def engine(self, name: str) -> dict[str, Line]:
         if name in self.unfitted:
@@ -265,30 +281,34 @@ def with_own_times(table: pd.DataFrame) -> pd.DataFrame:
 # -- the table's rows as the terms' regressors -----------------------------------------------------------------
 
 
-def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int]) -> tuple[list[dict], list[dict]]:
-    """(checkpoint rows, restart rows) with the regressors of every term. ``per_process``: run_id → ranks each
-    process handles (emulated runs' --ranks-per-process; 1 where absent)."""
+def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
+             cores_per_node: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(checkpoint rows, restart rows) with the regressors of every term and the run's CPU share factor
+    (``cpu_factor``: its processes per node over ``cores_per_node``; 1 where None). ``per_process``: run_id → ranks
+    each process handles (emulated runs' --ranks-per-process; 1 where absent)."""
     checkpoints = table[table["kind"] == "checkpoint"].to_dict("records")
     sizes = {}
     for row in checkpoints:
-        _regressors(row, limits, per_process.get(row["run_id"], 1))
+        _regressors(row, limits, per_process.get(row["run_id"], 1), cores_per_node)
         sizes[row["run_id"]] = row
     restarts = []
     for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
         if row["run_id"] in sizes and (row.get("restore_layout") in (None, row["layout"])):
             size = sizes[row["run_id"]]
             restarts.append({**row, **{k: size[k] for k in ("concurrency", "bytes_rank", "files_rank",
-                                                            "params_rank", "tensors_rank")},
+                                                            "params_rank", "tensors_rank", "cpu_factor")},
                              "read_at_limit": size["bytes_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
     return checkpoints, restarts
 
 
-def _regressors(row: dict[str, Any], limits: Limits, per_process: int) -> None:
+def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per_node: int | None) -> None:
     nodes = int(row.get("nodes") or 1)
     ranks = int(row["ranks"])
-    concurrency = max(1, ranks // nodes // per_process)
+    concurrency = max(1, ranks // nodes // per_process)  # the node's processes (as terms.job_cpu_factor takes them)
     preset = get_preset(row["preset"])
-    row.update(concurrency=concurrency, in_turn=per_process, bytes=row["bytes_per_rank_max"],
+    row.update(concurrency=concurrency, in_turn=per_process,
+               cpu_factor=cpu_share_factor(concurrency, cores_per_node) if cores_per_node else 1.0,
+               bytes=row["bytes_per_rank_max"],
                files=row["files_per_rank_max"],
                bytes_rank=row["bytes_per_rank_max"], files_rank=row["files_per_rank_max"],
                files_node=row["files"] / nodes / concurrency,
@@ -304,15 +324,18 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int) -> None:
 # -- the whole fit -------------------------------------------------------------------------------------------
 
 
-def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] | None = None) -> Fit:
-    """Every term, fitted on the complete runs of ``table``."""
+def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] | None = None, *,
+              cores_per_node: int | None = None) -> Fit:
+    """Every term, fitted on the complete runs of ``table``; ``cores_per_node``: the calibrating machine's CPU cores
+    per node (``os.cpu_count()`` where the runs were made), by which each run's CPU-bound parts are divided by its
+    CPU share factor (None: not divided, see ``Fit.cores_per_node``)."""
     if table.empty:
         raise FitError("the calibration has no complete runs; runs that would fit the model: real runs of tiny and "
                        "small tp1pp1dp2 per engine, and emulated big checkpoints (bench/whatif_validation.py)")
-    checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {})
+    checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {}, cores_per_node)
     real = [r for r in restarts if not r["engine"].endswith("-emulated")]
     result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
-                 runs=sorted(set(table["run_id"])))
+                 runs=sorted(set(table["run_id"])), cores_per_node=cores_per_node)
     for engine in sorted({r["engine"] for r in checkpoints}):
         try:
             result.engines[engine] = _engine_terms(engine, [r for r in checkpoints if r["engine"] == engine],
@@ -333,7 +356,8 @@ def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) ->
     of the slope, so the comparison measures noise). Where the runs cannot tell it from the bytes (two real
     configurations, tiny and small, for an intercept and two slopes) it is left out, with a note."""
     per_tensor = ("tensors",) if base_engine(engine) in PER_TENSOR else ()
-    terms = {"stall": fit_line(f"{engine} stall", [{**r, "tensors": r["tensors_written"]} for r in checkpoints],
+    terms = {"stall": fit_line(f"{engine} stall", [{**r, "tensors": r["tensors_written"]}
+                                                   for r in per_core(checkpoints, "stall_max_s")],
                                ("files", "bytes", *per_tensor), "stall_max_s"),
              "durable": fit_line(f"{engine} durable", [{**r, "files": r["files_node"],
                                                         "tensors": r["tensors_written"] * r["in_turn"]}
@@ -345,7 +369,8 @@ def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) ->
     if base_engine(engine) in ASYNCHRONOUS:
         terms["slowdown"] = _slowdown(engine, checkpoints)
     if not engine.endswith("-emulated"):
-        terms["engine setup"] = fit_constant(f"{engine} engine setup", restarts, "restart_engine_setup_s")
+        terms["engine setup"] = fit_constant(f"{engine} engine setup", per_core(restarts, "restart_engine_setup_s"),
+                                             "restart_engine_setup_s")
     return terms
 
 
@@ -363,7 +388,22 @@ def _slowdown(engine: str, checkpoints: list[dict]) -> Line:
     return fit_constant(f"{engine} slowdown fraction", rows, "fraction")
 
 
+#: Each CPU-bound start-up part's column in the tidy table.
+STARTUP_COLUMNS = {"imports": "restart_imports_s", "dist init": "restart_dist_init_s",
+                   "model build": "restart_model_build_s", "ds init": "restart_ds_init_s",
+                   "engine setup": "restart_engine_setup_s", "gaps": "path_gaps_s"}
+
+
+def per_core(rows: list[dict], target: str) -> list[dict]:
+    """``rows`` with ``target`` divided by each row's CPU share factor (``cpu_factor``): the time the run's work
+    would have taken with a core per process."""
+    return [{**r, target: r[target] / r.get("cpu_factor", 1.0)} if _finite(r.get(target)) else r for r in rows]
+
+
 def _startup_terms(restarts: list[dict]) -> dict[str, Line]:
+    for part in CPU_BOUND:
+        if part != "engine setup":  # the engine's own line (_engine_terms)
+            restarts = per_core(restarts, STARTUP_COLUMNS[part])
     rows = [{**r, "params": r["params_rank"],
              "first_ratio": r["restart_1st_iter_s"] / r["iteration_s"] if _finite(r.get("iteration_s"))
              and r["iteration_s"] > 0 and _finite(r.get("restart_1st_iter_s")) else None} for r in restarts]
@@ -392,7 +432,7 @@ def _maybe_line(term: str, rows: list[dict], regressors: tuple[str, ...], target
 
 def to_json(fit: Fit) -> dict[str, Any]:
     return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
-            "unfitted": fit.unfitted,
+            "unfitted": fit.unfitted, "cores_per_node": fit.cores_per_node,
             "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
             "startup": {t: asdict(line) for t, line in fit.startup.items()}}
 
@@ -403,7 +443,8 @@ def from_json(data: dict[str, Any]) -> Fit:
                     entry["note"], entry.get("intercept_per", ""))
     return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
                {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
-               {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}))
+               {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}),
+               data.get("cores_per_node"))
 
 
 def write_fit(fit: Fit, path: Path) -> None:

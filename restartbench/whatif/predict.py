@@ -197,17 +197,19 @@ def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s
     first = s["1st iter ratio"].intercept * iteration_s
     parts = {
         "launch": part(s["launch"](), s["launch"], "start-up"),
-        "imports": part(s["imports"](), s["imports"], "start-up"),
+        "imports": part(terms.startup_s(s["imports"], job, cluster), s["imports"], "start-up"),
         "dist init": part(dist, s["dist init"], "start-up (rendezvous)", assumed=cited),
-        "model build": part(s["model build"](params=job.params_rank), s["model build"], "start-up (host CPU)"),
-        "ds init": part(s["ds init"](params=job.params_rank), s["ds init"], "start-up (host CPU)"),
+        "model build": part(terms.startup_s(s["model build"], job, cluster, params=job.params_rank), s["model build"],
+                            "start-up (host CPU)"),
+        "ds init": part(terms.startup_s(s["ds init"], job, cluster, params=job.params_rank), s["ds init"],
+                        "start-up (host CPU)"),
         "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster), setup_line,
                              "pinning" if cluster.device == "cuda" and terms.base_engine(engine) == "lazy"
                              else "start-up"),
         "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource,
                           assumed=cluster.storage == "shared" and _cited_shared(cluster)),
         "1st iter": part(first, s["1st iter ratio"], "compute"),
-        "gaps": part(s["gaps"](), s["gaps"], "start-up"),
+        "gaps": part(terms.startup_s(s["gaps"], job, cluster), s["gaps"], "start-up"),
     }
     parts["total"] = {"s": sum(p["s"] for p in parts.values()), "low_s": sum(p["low_s"] for p in parts.values()),
                       "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts),

@@ -11,7 +11,7 @@ Checkpoint:
 
 - ``stall``: save blocks training while the busiest rank's state goes through the engine's blocking path:
   a device-to-host copy (on cuda; pinned for the engines that stage into a reused pinned buffer, pageable for
-  ``torch.save`` of device tensors) plus the engine's host-side work, ``a + f·files_rank + bytes_rank / r``
+  ``torch.save`` of device tensors) plus the engine's host-side work, ``c·(a + f·files_rank + bytes_rank / r)``
   (serialisation, or the staging copy, at ``r`` bytes per second per process; per file a fixed cost: create, header,
   plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ). An engine that
   saves one item per tensor (``PER_TENSOR``: DCP plans, deduplicates and ``torch.save``s each tensor on its own) adds
@@ -28,22 +28,36 @@ Checkpoint:
   of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits).
 - whole cost = stall + slowdown.
 
+CPU share (``cpu_share_factor``): the stall's host-side line and the start-up parts named in ``CPU_BOUND`` are CPU
+work in each process (serialising, importing, building and initialising the model, the harness's Python between the
+spans). With ``P`` processes on a node of ``C`` cores each gets about ``min(1, C/P)`` of a core, so each such time is
+``max(1, P/C)`` × its time with a core of its own: the fit divides every calibration run's measured time by the run's
+own factor (its processes per node, the calibrating machine's cores), the prediction multiplies by the target's.
+On this study's 2-core machine the real runs of 4 ranks took about twice as long as those of 2 in each of these
+parts (imports 7.0 s against 2.7-3.4 s, ds init 8.5 s against 2.0-3.0 s; torch's stall per byte twice as long);
+``launch`` (the launcher, one process until it spawns the ranks: 2.9 s at 4 ranks, 2.4-2.5 s at 2) and the
+iteration ratio (both of one run's iterations share its cores alike) are left as they are; so is the D2H copy (the
+copy engine's), the durable line (the disk's: its bytes at the limit) and the load (its bytes through the node's read
+limit; the share of the rank's deserialisation in it is not separated). On a GPU cluster (a rank per GPU, tens of
+cores per GPU) the factor is 1.
+
 Restart (each part by what it scales with):
 
 - ``launch`` and ``imports``: a constant per process (the launcher, Python and the libraries: no dependence on the
-  model); measured here. Imports from a shared file system at scale are not modelled.
-- ``dist init``: ``a + b·ranks`` up to the calibrated world size; beyond it the rendezvous dominates and grows with
+  model); measured here; imports ``c·a`` (``c`` the CPU share factor, above). Imports from a shared file system at
+  scale are not modelled.
+- ``dist init``: ``c·(a + b·ranks)`` up to the calibrated world size; beyond it the rendezvous dominates and grows with
   the ranks that connect to one TCPStore server: the cited anchor's seconds per rank (assumed linear).
-- ``model build``: ``a + b·params_per_rank`` (allocating and initialising the rank's weights).
-- ``ds init``: ``a + b·params_per_rank`` (ZeRO's flat buffers and partitions, the optimizer's state).
-- ``engine setup``: ``a + host_buffer_bytes / pin_rate`` (the lazy engine pins a buffer as large as the rank's
+- ``model build``: ``c·(a + b·params_per_rank)`` (allocating and initialising the rank's weights).
+- ``ds init``: ``c·(a + b·params_per_rank)`` (ZeRO's flat buffers and partitions, the optimizer's state).
+- ``engine setup``: ``c·a + host_buffer_bytes / pin_rate`` (the lazy engine pins a buffer as large as the rank's
   optimizer state; on cpu nothing is pinned and the fitted ``a`` stands).
 - ``ckpt load``: ``a + f·files_rank + bytes_rank·concurrency / (η·R)``: the rank's share of the node's read bandwidth
   ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together); a ``PER_TENSOR``
   engine adds ``+ t·tensors_rank``: it plans, seeks and deserialises every tensor the rank holds, those another
   data-parallel replica wrote included.
 - ``1st iter``: ``k · iteration_s`` (the first iteration after a restore, with its warm-up, against a clean one).
-- ``gaps``: the time between the timed spans (a constant).
+- ``gaps``: the time between the timed spans (``c·a``: the harness's Python in each process).
 """
 
 from __future__ import annotations
@@ -154,6 +168,22 @@ ASYNCHRONOUS = ("lazy", "dcp-async")
 PER_TENSOR = ("dcp", "dcp-async")
 
 
+#: Start-up parts that are CPU work in each process, scaled by ``cpu_share_factor`` (see the module's notes).
+CPU_BOUND = ("imports", "dist init", "model build", "ds init", "engine setup", "gaps")
+
+
+def cpu_share_factor(processes_per_node: float, cores_per_node: float) -> float:
+    """How much longer CPU work in each process takes with ``processes_per_node`` processes on ``cores_per_node``
+    cores than with a core per process: ``max(1, P/C)`` (each process gets ``min(1, C/P)`` of a core)."""
+    return max(1.0, processes_per_node / cores_per_node)
+
+
+def job_cpu_factor(job: Job, cluster: Cluster) -> float:
+    """The CPU share factor of ``job`` on ``cluster``: its processes on the busiest node (``Job.concurrency``: the
+    node's ranks over the ranks each process handles) over the cluster's cores per node."""
+    return cpu_share_factor(job.concurrency, cluster.cpu_cores_per_node)
+
+
 def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
     """The copy out of GPU memory of the busiest rank's bytes (0 on cpu: the state is in host memory already)."""
     if cluster.device == "cpu":
@@ -163,10 +193,12 @@ def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
 
 
 def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
-    """The training stall: D2H + ``a + f·files_rank + bytes_rank·s`` (``s`` = 1/r, the host-side rate), ``+
-    t·tensors_written`` where the line has a per-tensor coefficient (``PER_TENSOR`` engines)."""
-    return d2h_s(engine, job, cluster) + line(files=job.files_rank, bytes=job.bytes_rank,
-                                              tensors=job.tensors_written)
+    """The training stall: D2H + ``c·(a + f·files_rank + bytes_rank·s)`` (``s`` = 1/r, the host-side rate with a
+    core per process; ``c`` the CPU share factor, ``job_cpu_factor``), ``+ c·t·tensors_written`` where the line has
+    a per-tensor coefficient (``PER_TENSOR`` engines)."""
+    return d2h_s(engine, job, cluster) + job_cpu_factor(job, cluster) * line(files=job.files_rank,
+                                                                             bytes=job.bytes_rank,
+                                                                             tensors=job.tensors_written)
 
 
 def write_seconds(job: Job, limit: Bound) -> float:
@@ -202,9 +234,10 @@ def load_s(line: Line, job: Job, cluster: Cluster) -> float:
 
 
 def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -> tuple[float, bool]:
-    """``a + b·ranks`` within the calibrated world size; beyond it the cited rendezvous figure per rank is added
-    for the ranks past it. Returns (seconds, whether the cited figure entered)."""
-    measured = line(ranks=min(job.ranks, calibrated_ranks))
+    """``c·(a + b·ranks)`` within the calibrated world size (``c``: the CPU share factor); beyond it the cited
+    rendezvous figure per rank is added for the ranks past it. Returns (seconds, whether the cited figure
+    entered)."""
+    measured = job_cpu_factor(job, cluster) * line(ranks=min(job.ranks, calibrated_ranks))
     if job.ranks <= calibrated_ranks:
         return measured, False
     per_rank = cluster.dist_init_anchor_s / cluster.dist_init_anchor_ranks
@@ -212,11 +245,18 @@ def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -
 
 
 def engine_setup_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
-    """The engine's set-up: fitted ``a`` plus, on cuda for the lazy engine, pinning its host buffer (as large as the
-    rank's optimizer state, about its checkpoint bytes) at ``pin_GBps``."""
+    """The engine's set-up: ``c·a`` (fitted ``a``, ``c`` the CPU share factor) plus, on cuda for the lazy engine,
+    pinning its host buffer (as large as the rank's optimizer state, about its checkpoint bytes) at ``pin_GBps``
+    (the cluster's measured pinning rate, unscaled)."""
     pinned = job.bytes_rank / (cluster.pin_GBps * GB) if cluster.device == "cuda" and base_engine(engine) == "lazy" \
         else 0.0
-    return line() + pinned
+    return job_cpu_factor(job, cluster) * line() + pinned
+
+
+def startup_s(line: Line, job: Job, cluster: Cluster, **regressors: float) -> float:
+    """A start-up part that is CPU work in each process (imports, model build, ds init, gaps): ``c·line`` (``c``
+    the CPU share factor)."""
+    return job_cpu_factor(job, cluster) * line(**regressors)
 
 
 def iteration_estimate_s(params: float, tokens: float, gpus: int, cluster: Cluster) -> float:

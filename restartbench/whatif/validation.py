@@ -96,12 +96,14 @@ def nodes_on_one_host(cluster: Cluster, nodes: int) -> Cluster:
     (scripts/slurm-local.sh) are separate nodes to the launcher and the rendezvous, but write to one disk. The disk
     is then storage the nodes share: its write and read limits the aggregate, each node's share the aggregate over
     the nodes (``terms.node_write_limit``); no network stands between a node and the disk (the per-client cap and
-    the NIC set to the disk's own limit, never below the share)."""
+    the NIC set to the disk's own limit, never below the share). The nodes share the host's cores as well: each has
+    its share of them (at least one)."""
     if nodes <= 1:
         return cluster
     disk = max(cluster.local_write_GBps, cluster.local_read_GBps)
     return replace(cluster, nodes=nodes, storage="shared", shared_write_GBps=cluster.local_write_GBps,
-                   shared_read_GBps=cluster.local_read_GBps, shared_per_client_GBps=disk, nic_GBps=disk)
+                   shared_read_GBps=cluster.local_read_GBps, shared_per_client_GBps=disk, nic_GBps=disk,
+                   cpu_cores_per_node=max(1, cluster.cpu_cores_per_node // nodes))
 
 
 def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, float]:
