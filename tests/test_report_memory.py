@@ -100,7 +100,9 @@ def test_the_critical_ranks_ds_init_stages_add_up_to_its_ds_init_part(collected)
     keys = analysis.group_keys(collected.table())
     merged = summary.merge(analysis.restart_summary(collected.table())[[*keys, "path_ds_init_s"]], on=keys)
     assert len(merged) == 3
-    assert (merged["parts_sum_s"] - merged["path_ds_init_s"]).abs().max() < 0.05  # one run each: its own call
+    # one run each: its own call, less what the span does around it (the per-row bound above; it grows with load)
+    around = merged["path_ds_init_s"] - merged["parts_sum_s"]
+    assert ((around >= 0) & (around <= (0.03 * merged["path_ds_init_s"]).clip(lower=0.03))).all(), around
 
 
 # -- the figures ---------------------------------------------------------------------------------------------------
