@@ -8,69 +8,51 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from whatif_cases import H100, JOB, h100_cluster, h100_raw
 
 from restartbench.layout import Layout
 from restartbench.whatif import cli, terms
 from restartbench.whatif.cluster import ClusterError, cluster_from_mapping, load_cluster
 from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, write_fit
 from restartbench.whatif.predict import Shape, WhatIfError, check_fits, job_for
-from restartbench.whatif.terms import GB, Job, Line
-
-ROOT = Path(__file__).resolve().parent.parent
-H100 = ROOT / "clusters" / "h100-pfs.yaml"
-
-
-def _raw() -> dict:
-    return yaml.safe_load(H100.read_text())
-
-
-def _cluster(**changes):
-    raw = _raw()
-    for name, value in changes.items():
-        raw[name]["value"] = value
-    return cluster_from_mapping(raw, "test.yaml")
-
-
-JOB = Job(ranks=16, nodes=2, concurrency=8, bytes_rank=2 * GB, files_rank=3, bytes_node=10 * GB, files_node=24,
-          params_rank=1e9)
-
+from restartbench.whatif.terms import GB, Line
 
 # -- terms ------------------------------------------------------------------------------------------------------
 
 
 def test_write_limit_is_the_least_of_the_aggregate_share_the_client_cap_and_the_nic():
-    cluster = _cluster(shared_write_GBps=60.0, shared_per_client_GBps=40.0, nic_GBps=50.0)
+    cluster = h100_cluster(shared_write_GBps=60.0, shared_per_client_GBps=40.0, nic_GBps=50.0)
     assert terms.node_write_limit(cluster, nodes=2) == terms.Bound(30.0, "shared file system (aggregate share)")
     assert terms.node_write_limit(cluster, nodes=1) == terms.Bound(40.0, "shared file system (per-client cap)")
-    assert terms.node_write_limit(_cluster(nic_GBps=10.0), nodes=1).resource == "network (NIC)"
-    assert terms.node_write_limit(_cluster(storage="local"), nodes=64) == terms.Bound(1.4, "node disk")
+    assert terms.node_write_limit(h100_cluster(nic_GBps=10.0), nodes=1).resource == "network (NIC)"
+    assert terms.node_write_limit(h100_cluster(storage="local"), nodes=64) == terms.Bound(1.4, "node disk")
 
 
 def test_stall_is_the_pageable_copy_for_torch_plus_the_host_line():
-    cluster = _cluster()
+    cluster = h100_cluster()
     line = Line(0.5, {"files": 0.1, "bytes": 1 / (0.8 * GB)})
     # 2 GB at 11 GB/s pageable + 0.5 + 3 * 0.1 + 2 GB at 0.8 GB/s
     assert terms.stall_s(line, "torch", JOB, cluster) == pytest.approx(2 / 11 + 0.5 + 0.3 + 2 / 0.8)
     # the lazy engine stages into pinned memory: 2 GB at 53.5 GB/s
     assert terms.stall_s(line, "lazy", JOB, cluster) == pytest.approx(2 / 53.5 + 0.5 + 0.3 + 2 / 0.8)
-    assert terms.stall_s(line, "torch", JOB, _cluster(device="cpu")) == pytest.approx(0.5 + 0.3 + 2 / 0.8)
+    assert terms.stall_s(line, "torch", JOB, h100_cluster(device="cpu")) == pytest.approx(0.5 + 0.3 + 2 / 0.8)
 
 
 def test_durable_is_node_bytes_at_the_limit_over_eta_plus_files_per_writer():
-    cluster = _cluster(device="cpu", shared_write_GBps=40.0)  # 20 GB/s per node on 2 nodes
+    cluster = h100_cluster(device="cpu", shared_write_GBps=40.0)  # 20 GB/s per node on 2 nodes
     line = Line(1.0, {"files": 0.01, "at_limit": 2.0})  # η = 0.5
     assert terms.durable_s(line, "torch", JOB, cluster) == pytest.approx(1.0 + 0.01 * 24 / 8 + 2.0 * 10 / 20)
 
 
 def test_load_is_the_ranks_share_of_the_read_limit():
-    cluster = _cluster(shared_read_GBps=1000.0, shared_per_client_GBps=16.0)
+    cluster = h100_cluster(shared_read_GBps=1000.0, shared_per_client_GBps=16.0)
     line = Line(0.2, {"files": 0.05, "at_limit": 1.25})
     # 2 GB × 8 ranks at 16 GB/s per node = 1 s at the limit
     assert terms.load_s(line, JOB, cluster) == pytest.approx(0.2 + 0.15 + 1.25)
 
 
 def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_world():
-    cluster = _cluster(dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
+    cluster = h100_cluster(dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
     line = Line(1.0, {"ranks": 0.5})
     assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == (3.0, False)
     seconds, cited = terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4)
@@ -79,15 +61,15 @@ def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_worl
 
 def test_engine_setup_pins_the_lazy_buffer_on_cuda_only():
     line = Line(0.3)
-    assert terms.engine_setup_s(line, "lazy", JOB, _cluster(pin_GBps=2.0)) == pytest.approx(0.3 + 1.0)
-    assert terms.engine_setup_s(line, "torch", JOB, _cluster(pin_GBps=2.0)) == pytest.approx(0.3)
-    assert terms.engine_setup_s(line, "lazy", JOB, _cluster(device="cpu")) == pytest.approx(0.3)
+    assert terms.engine_setup_s(line, "lazy", JOB, h100_cluster(pin_GBps=2.0)) == pytest.approx(0.3 + 1.0)
+    assert terms.engine_setup_s(line, "torch", JOB, h100_cluster(pin_GBps=2.0)) == pytest.approx(0.3)
+    assert terms.engine_setup_s(line, "lazy", JOB, h100_cluster(device="cpu")) == pytest.approx(0.3)
 
 
 def test_slowdown_only_for_asynchronous_engines_and_iteration_estimate():
     assert terms.slowdown_s(0.1, "lazy", 1.0, 21.0) == pytest.approx(2.0)
     assert terms.slowdown_s(0.1, "torch-emulated", 1.0, 21.0) == 0.0
-    cluster = _cluster(gpu_peak_tflops=1000.0, mfu=0.5)
+    cluster = h100_cluster(gpu_peak_tflops=1000.0, mfu=0.5)
     assert terms.iteration_estimate_s(1e9, 1e6, 8, cluster) == pytest.approx(6e15 / (8 * 5e14))
 
 
@@ -167,7 +149,7 @@ def test_the_example_clusters_load_and_say_where_every_value_comes_from():
 
 @pytest.mark.parametrize("field", ["nodes", "d2h_pinned_GBps", "calibration"])
 def test_a_missing_field_is_refused_by_name(field):
-    raw = _raw()
+    raw = h100_raw()
     del raw[field]
     with pytest.raises(ClusterError, match=f"field '{field}' is missing"):
         cluster_from_mapping(raw)
@@ -179,11 +161,11 @@ def test_a_missing_field_is_refused_by_name(field):
     ("nic_GBps", 0.0, "needs it above 0")])
 def test_a_bad_field_is_refused_by_name(field, value, says):
     with pytest.raises(ClusterError, match=f"'{field}'.*{says}"):
-        _cluster(**{field: value})
+        h100_cluster(**{field: value})
 
 
 def test_a_field_without_source_or_basis_is_refused():
-    raw = _raw()
+    raw = h100_raw()
     raw["nodes"] = {"value": 4, "basis": "guess", "source": "x"}
     with pytest.raises(ClusterError, match="'nodes' has basis 'guess'"):
         cluster_from_mapping(raw)
@@ -197,11 +179,11 @@ def test_a_field_without_source_or_basis_is_refused():
 
 def test_a_layout_that_does_not_fit_the_preset_or_the_cluster_is_refused():
     with pytest.raises(WhatIfError, match="tiny tp3"):
-        check_fits("tiny", "tp3pp1dp1", _cluster())
+        check_fits("tiny", "tp3pp1dp1", h100_cluster())
     with pytest.raises(WhatIfError, match="needs 64 GPUs.*has 2 nodes × 8 = 16"):
-        check_fits("tiny", "tp2pp4dp8", _cluster(nodes=2))
+        check_fits("tiny", "tp2pp4dp8", h100_cluster(nodes=2))
     with pytest.raises(WhatIfError, match="tp 16 spans nodes"):
-        check_fits("7B", "tp16pp1dp1", _cluster())
+        check_fits("7B", "tp16pp1dp1", h100_cluster())
 
 
 def test_the_job_places_ranks_on_nodes_and_scales_the_optimizer_share_with_dp():
@@ -224,7 +206,7 @@ def _fit_file(tmp_path: Path) -> Path:
 
 
 def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path, capsys):
-    raw = _raw()
+    raw = h100_raw()
     raw["calibration"]["value"] = str(_fit_file(tmp_path))
     cluster_file = tmp_path / "c.yaml"
     cluster_file.write_text(yaml.safe_dump(raw))
@@ -264,7 +246,7 @@ def test_a_per_file_term_that_only_explains_one_run_is_left_out_by_leave_one_run
 
 
 def test_durable_pays_the_per_rank_intercept_once_for_each_rank_a_process_handles_in_turn():
-    cluster = _cluster(device="cpu", shared_write_GBps=40.0)  # 20 GB/s per node on 2 nodes
+    cluster = h100_cluster(device="cpu", shared_write_GBps=40.0)  # 20 GB/s per node on 2 nodes
     line = Line(0.1, {"files": 0.01, "at_limit": 2.0}, intercept_per="in_turn")
     # 4 ranks in turn: 4 × 0.1 fixed, 24 files over 8 writers, 10 GB at 20 GB/s with η = 0.5
     assert terms.durable_s(line, "torch", replace(JOB, sequential=4), cluster) == pytest.approx(

@@ -5,38 +5,18 @@ refusal where an old file lacks it, and the fit file's stated default where an o
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from whatif_cases import JOB, ROOT, h100_cluster, h100_raw
 
 from restartbench.whatif import terms
 from restartbench.whatif.cluster import ClusterError, cluster_from_mapping
 from restartbench.whatif.fit import Fit, Limits, fit_table, read_fit, to_json, write_fit
 from restartbench.whatif.predict import restart_parts
-from restartbench.whatif.terms import GB, Job, Line
+from restartbench.whatif.terms import GB, Line
 from restartbench.whatif.validation import nodes_on_one_host
-
-ROOT = Path(__file__).resolve().parent.parent
-H100 = ROOT / "clusters" / "h100-pfs.yaml"
-
-
-def _raw() -> dict:
-    return yaml.safe_load(H100.read_text())
-
-
-def _cluster(**changes):
-    raw = _raw()
-    for name, value in changes.items():
-        raw[name]["value"] = value
-    return cluster_from_mapping(raw, "test.yaml")
-
-
-#: 8 processes on the busiest node (concurrency), as tests/test_whatif.py's JOB.
-JOB = Job(ranks=16, nodes=2, concurrency=8, bytes_rank=2 * GB, files_rank=3, bytes_node=10 * GB, files_node=24,
-          params_rank=1e9)
-
 
 # -- the factor and the terms -----------------------------------------------------------------------------------
 
@@ -48,22 +28,23 @@ def test_the_factor_is_processes_over_cores_never_below_one(processes, cores, fa
 
 
 def test_the_jobs_factor_is_its_nodes_processes_over_the_clusters_cores():
-    assert terms.job_cpu_factor(JOB, _cluster(cpu_cores_per_node=2)) == 4.0
-    assert terms.job_cpu_factor(JOB, _cluster()) == 1.0  # 8 ranks on the H100 node's 112 cores
+    assert terms.job_cpu_factor(JOB, h100_cluster(cpu_cores_per_node=2)) == 4.0
+    assert terms.job_cpu_factor(JOB, h100_cluster()) == 1.0  # 8 ranks on the H100 node's 112 cores
 
 
 def test_the_stall_scales_its_host_line_not_the_d2h_copy():
     line = Line(0.5, {"files": 0.1, "bytes": 1 / (0.8 * GB)})
     host = 0.5 + 0.3 + 2 / 0.8  # 3.55 s with a core per process
     # cpu, 8 processes on 2 cores: 4 × the host line
-    assert terms.stall_s(line, "torch", JOB, _cluster(device="cpu", cpu_cores_per_node=2)) == pytest.approx(4 * host)
+    on_cpu = h100_cluster(device="cpu", cpu_cores_per_node=2)
+    assert terms.stall_s(line, "torch", JOB, on_cpu) == pytest.approx(4 * host)
     # cuda, 8 processes on 4 cores: the pageable D2H (2 GB at 11 GB/s) as it is, 2 × the host line
-    assert terms.stall_s(line, "torch", JOB, _cluster(cpu_cores_per_node=4)) == pytest.approx(2 / 11 + 2 * host)
-    assert terms.stall_s(line, "torch", JOB, _cluster()) == pytest.approx(2 / 11 + host)  # 112 cores: 1
+    assert terms.stall_s(line, "torch", JOB, h100_cluster(cpu_cores_per_node=4)) == pytest.approx(2 / 11 + 2 * host)
+    assert terms.stall_s(line, "torch", JOB, h100_cluster()) == pytest.approx(2 / 11 + host)  # 112 cores: 1
 
 
 def test_dist_init_scales_the_measured_line_not_the_cited_rendezvous():
-    cluster = _cluster(cpu_cores_per_node=4, dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
+    cluster = h100_cluster(cpu_cores_per_node=4, dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
     line = Line(1.0, {"ranks": 0.5})
     assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == (2 * 3.0, False)
     seconds, cited = terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4)
@@ -72,7 +53,7 @@ def test_dist_init_scales_the_measured_line_not_the_cited_rendezvous():
 
 def test_engine_setup_scales_the_fitted_constant_not_the_pinning():
     # lazy on cuda, 8 processes on 2 cores: 4 × 0.3 s, plus 2 GB pinned at 2 GB/s
-    assert terms.engine_setup_s(Line(0.3), "lazy", JOB, _cluster(pin_GBps=2.0, cpu_cores_per_node=2)) \
+    assert terms.engine_setup_s(Line(0.3), "lazy", JOB, h100_cluster(pin_GBps=2.0, cpu_cores_per_node=2)) \
         == pytest.approx(4 * 0.3 + 1.0)
 
 
@@ -86,7 +67,7 @@ def _fit() -> Fit:
 
 def test_every_cpu_bound_restart_part_takes_the_factor_and_launch_and_the_load_do_not():
     job = replace(JOB, ranks=4, nodes=1, concurrency=4)  # 4 processes on 2 cores: factor 2
-    parts = restart_parts("torch", job, _fit(), _cluster(device="cpu", storage="local", cpu_cores_per_node=2), 1.0)
+    parts = restart_parts("torch", job, _fit(), h100_cluster(device="cpu", storage="local", cpu_cores_per_node=2), 1.0)
     expected = {"launch": 2.0, "imports": 2 * 3.0, "dist init": 2 * (0.1 + 0.05 * 4), "model build": 2 * (1.0 + 1.0),
                 "ds init": 2 * (0.5 + 2.0), "engine setup": 2 * 0.05, "ckpt load": 0.7, "1st iter": 1.5,
                 "gaps": 2 * 0.4}
@@ -96,9 +77,9 @@ def test_every_cpu_bound_restart_part_takes_the_factor_and_launch_and_the_load_d
 
 
 def test_slurm_nodes_on_one_host_share_its_cores():
-    cluster = _cluster(device="cpu", storage="local", cpu_cores_per_node=2)
+    cluster = h100_cluster(device="cpu", storage="local", cpu_cores_per_node=2)
     assert nodes_on_one_host(cluster, 2).cpu_cores_per_node == 1
-    assert nodes_on_one_host(_cluster(storage="local", cpu_cores_per_node=3), 2).cpu_cores_per_node == 1
+    assert nodes_on_one_host(h100_cluster(storage="local", cpu_cores_per_node=3), 2).cpu_cores_per_node == 1
     assert nodes_on_one_host(cluster, 1).cpu_cores_per_node == 2
 
 
@@ -180,18 +161,18 @@ def test_the_fit_file_keeps_the_core_count_and_an_old_one_reads_as_not_divided(t
 
 
 def test_an_old_cluster_file_without_the_core_count_is_refused_saying_how_to_give_it():
-    raw = _raw()
+    raw = h100_raw()
     del raw["cpu_cores_per_node"]
     with pytest.raises(ClusterError, match=r"field 'cpu_cores_per_node' is missing.*os\.cpu_count\(\).*datasheet"):
         cluster_from_mapping(raw)
     with pytest.raises(ClusterError, match="'cpu_cores_per_node' must be above 0"):
-        _cluster(cpu_cores_per_node=0)
+        h100_cluster(cpu_cores_per_node=0)
     with pytest.raises(ClusterError, match="'cpu_cores_per_node' must be an integer"):
-        _cluster(cpu_cores_per_node=1.5)
+        h100_cluster(cpu_cores_per_node=1.5)
 
 
 def test_the_example_clusters_state_their_cores_and_where_they_come_from():
-    h100 = _cluster()
+    h100 = h100_cluster()
     assert h100.cpu_cores_per_node == 112 and h100.assumed("cpu_cores_per_node")
     assert "DGX H100" in h100.sources["cpu_cores_per_node"][1]
     cpu2 = cluster_from_mapping(yaml.safe_load((ROOT / "clusters" / "cpu2.yaml").read_text()))
