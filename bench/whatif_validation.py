@@ -8,9 +8,9 @@
    (preset, layout, engine, emulated or real) tuples that no calibration run has (``tests/test_whatif_validation.py``
    holds that). Real runs are CPU gloo runs (fp32, 4 iterations, a checkpoint every 2); emulated runs save and
    restore the predicted files of a big preset at ``--emulate-scale`` through the engine's own code.
-2. Runs each case (``restartbench.whatif.calibrate``'s Case and runner; a two-node case through Slurm) into
-   ``<logs>/calibration/`` or ``<logs>/held-out/`` (a case whose folder already holds a complete run is not run
-   again), one after another (the machine's 2 cores are the limit).
+2. Runs each case (``restartbench.whatif.calibrate``'s Case, ``calibration_runs``'s runner; a two-node case through
+   Slurm) into ``<logs>/calibration/`` or ``<logs>/held-out/`` (a case whose folder already holds a complete run is
+   not run again), one after another (the machine's 2 cores are the limit).
 3. Measures this machine's storage limits at the checkpoint's concurrency (``restartbench.whatif.limits``) and
    writes them, with the fit, into ``clusters/cpu2.yaml`` and ``clusters/cpu2-fit.json``.
 4. Fits the model on the calibration runs only (``restartbench.whatif.fit``, through ``restartbench.analysis``),
@@ -39,14 +39,15 @@ sys.path.insert(0, str(ROOT))
 from restartbench.analysis import collect  # noqa: E402
 from restartbench.events import Event, read_events  # noqa: E402
 from restartbench.whatif import (
-    calibrate,  # noqa: E402
+    calibration_runs,  # noqa: E402
     validation,  # noqa: E402
 )
 from restartbench.whatif import cluster as clusters  # noqa: E402
 from restartbench.whatif import fit as fitting  # noqa: E402
 from restartbench.whatif import limits as probes  # noqa: E402
 from restartbench.whatif import predict as model  # noqa: E402
-from restartbench.whatif.calibrate import Case, completed, per_process  # noqa: E402
+from restartbench.whatif.calibrate import Case  # noqa: E402
+from restartbench.whatif.calibration_runs import completed, per_process  # noqa: E402
 
 
 def _real(preset: str, layout: str, engines: tuple[str, ...]) -> list[Case]:
@@ -127,7 +128,7 @@ def run_case(case: Case, folder: Path, timeout: int) -> dict:
     if case.nodes > 1 and (why := slurm_refusal()):
         return {"case": dataclasses.asdict(case), "exit": None, "wall_s": None, "note": f"not run: {why}"}
     if case.nodes == 1:
-        step = calibrate.run_case(case, folder, timeout)
+        step = calibration_runs.run_case(case, folder, timeout)
         print(f"  {case.label}: exit {step['exit']}, {step['wall_s']:.0f} s", flush=True)
         return step
     argv = [sys.executable, str(ROOT / "config-n-run.py"), *case.argv(folder)]

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from restartbench.whatif import calibrate as cal
+from restartbench.whatif import calibration_runs as runs
 from restartbench.whatif import cli
 from restartbench.whatif.cluster import load_cluster
 from restartbench.whatif.fit import read_fit
@@ -155,25 +156,25 @@ def test_a_complete_run_of_the_case_is_found_and_reused_without_running(tmp_path
     _fake_run(tmp_path, case, "failed")
     _fake_run(tmp_path, cal.Case("3B", "tp1pp1dp2", "lazy", 0.02))  # another scale
     _fake_run(tmp_path, cal.Case("3B", "tp1pp1dp2", "torch", 0.05))  # another engine
-    assert cal.completed(tmp_path, case) is None
+    assert runs.completed(tmp_path, case) is None
     done = _fake_run(tmp_path, case)
-    assert cal.completed(tmp_path, case) == done
-    assert cal.completed(tmp_path, cal.Case("3B", "tp1pp1dp2", "lazy")) is None  # the real run is another case
+    assert runs.completed(tmp_path, case) == done
+    assert runs.completed(tmp_path, cal.Case("3B", "tp1pp1dp2", "lazy")) is None  # the real run is another case
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a complete case must not be run again")
     monkeypatch.setattr(cal.subprocess, "Popen", no_launch)
-    result = cal.run_case(case, tmp_path, timeout=5)
+    result = runs.run_case(case, tmp_path, timeout=5)
     assert result["exit"] == 0 and result["note"] == "already complete" and result["run"] == str(done)
 
 
 def test_a_run_past_its_timeout_is_stopped_with_its_process_group(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
-    monkeypatch.setattr(cal, "RUN_PROGRAM", "import subprocess, sys, time; "
+    monkeypatch.setattr(runs, "RUN_PROGRAM", "import subprocess, sys, time; "
                         f"p = subprocess.Popen(['sleep', '60']); open({str(pid_file)!r}, 'w').write(str(p.pid)); "
                         "time.sleep(60)")
     start = time.perf_counter()
-    result = cal.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=2)
+    result = runs.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=2)
     assert result["exit"] is None and "stopped after 2 s" in result["note"]
     assert time.perf_counter() - start < 20
     child = Path(f"/proc/{int(pid_file.read_text())}/stat")
@@ -182,8 +183,8 @@ def test_a_run_past_its_timeout_is_stopped_with_its_process_group(tmp_path, monk
 
 
 def test_a_run_that_exits_0_without_a_complete_run_counts_as_failed(tmp_path, monkeypatch):
-    monkeypatch.setattr(cal, "RUN_PROGRAM", "print('nothing')")
-    result = cal.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=30)
+    monkeypatch.setattr(runs, "RUN_PROGRAM", "print('nothing')")
+    result = runs.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=30)
     assert result["exit"] == 1 and "no complete run" in result["note"] and result["tail"] == ["nothing"]
 
 
@@ -220,7 +221,7 @@ def test_too_few_runs_for_a_term_refuse_naming_the_term_and_the_runs_that_would_
             _fake_run(options.logs / "runs", step.case)
     rows = []
     for i, step in enumerate(s for s in steps if s.case):
-        common = {"run_id": f"r{i}", "run": str(cal.completed(options.logs / "runs", step.case)), "engine": "torch",
+        common = {"run_id": f"r{i}", "run": str(runs.completed(options.logs / "runs", step.case)), "engine": "torch",
                   "preset": step.case.preset, "layout": step.case.layout, "tp": 1, "pp": 1, "ranks": 2, "nodes": 1,
                   "iteration_s": 0.5, "restore_layout": None}
         rows += [{**common, "kind": "checkpoint", "bytes_per_rank_max": 1e8, "files_per_rank_max": 3, "bytes": 2e8,

@@ -15,8 +15,10 @@ import pytest
 from conftest import ROOT
 
 from restartbench.whatif import calibrate as cal
+from restartbench.whatif import calibration_runs as runs
 from restartbench.whatif import cli
 from restartbench.whatif import limits as probes
+from restartbench.whatif import slurm as slurm_info
 from restartbench.whatif.cluster import cluster_from_mapping, load_cluster, to_mapping
 from restartbench.whatif.fit import Fit, Limits
 
@@ -104,15 +106,16 @@ def test_a_failing_sinfo_or_too_few_idle_nodes_refuse_saying_what_to_do(tmp_path
 def test_sinfo_nodes_once_each_idle_or_mixed_and_the_one_host_guess():
     text = ("node1|idle|a\nnode1|idle|a\nnode2|mixed|b\nnode3|allocated|c\nnode4|idle*|d\nnode5|drained|e\n"
             "node6|idle~|f\n\n")
-    found = cal.parse_sinfo(text, resolve={"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}.get)
+    found = slurm_info.parse_sinfo(text, resolve={"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}.get)
     assert found.nodes == ("node1", "node2", "node3", "node4", "node5", "node6")
     assert found.idle == ("node1", "node2") and not found.one_host
-    same = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
+    same = slurm_info.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
     assert same.one_host and "one host" in same.line()
-    loopback = cal.parse_sinfo("node1|idle|localhost\nnode2|idle|vm\n",
-                               resolve={"localhost": "127.0.0.1", "vm": "127.0.1.1"}.get)
+    loopback = slurm_info.parse_sinfo("node1|idle|localhost\nnode2|idle|vm\n",
+                                      resolve={"localhost": "127.0.0.1", "vm": "127.0.1.1"}.get)
     assert loopback.one_host
-    assert not cal.parse_sinfo("node1|idle|127.0.0.1\n", resolve=lambda a: a).one_host  # one node is no "two on one"
+    one = slurm_info.parse_sinfo("node1|idle|127.0.0.1\n", resolve=lambda a: a)
+    assert not one.one_host  # one node is no "two on one"
 
 
 # -- the shared probe ------------------------------------------------------------------------------------------
@@ -209,7 +212,7 @@ COPY = {"bytes": 1, "jobs": 2, "MBps": {"min": 1000.0, "median": 2000.0, "max": 
 
 
 def test_the_cluster_file_takes_the_shared_storage_as_measured_and_says_the_nodes_are_one_host(tmp_path):
-    slurm = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
+    slurm = slurm_info.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
     cluster = cal.calibrated_cluster(_options(tmp_path, slurm=True), {"storage": STORAGE, "host_copy": COPY}, None,
                                      "now", SHARED, slurm)
     assert cluster.storage == "shared" and cluster.nodes == 2
@@ -237,7 +240,7 @@ def test_the_cluster_file_gives_the_cores_per_node_where_the_calibration_ran(tmp
     alone = cal.calibrated_cluster(_options(tmp_path), limits, None, "now")
     assert alone.cpu_cores_per_node == 6 and alone.sources["cpu_cores_per_node"][0] == "calibration"
     assert "os.cpu_count()" in alone.sources["cpu_cores_per_node"][1]
-    slurm = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
+    slurm = slurm_info.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
     one_host = cal.calibrated_cluster(_options(tmp_path, slurm=True), limits, None, "now", SHARED, slurm)
     assert one_host.cpu_cores_per_node == 3 and "one host" in one_host.sources["cpu_cores_per_node"][1]
     apart = cal.calibrated_cluster(_options(tmp_path, slurm=True), limits, None, "now",
@@ -246,25 +249,25 @@ def test_the_cluster_file_gives_the_cores_per_node_where_the_calibration_ran(tmp
 
 
 def test_the_shared_probe_line_says_one_host():
-    line = cal.shared_summary(SHARED)
+    line = slurm_info.shared_summary(SHARED)
     assert "write 400 MB/s, read 1000 MB/s in all" in line and "one node alone: write 450 MB/s, read 1200" in line
     assert "2 nodes on one host (vm, one boot id): one disk" in line
-    assert "hosts a, b" in cal.shared_summary({**SHARED, "one_host": False, "hosts": ["a", "b"]})
+    assert "hosts a, b" in slurm_info.shared_summary({**SHARED, "one_host": False, "hosts": ["a", "b"]})
 
 
 def test_runs_on_nodes_of_one_host_are_fitted_as_one_node_of_all_their_processes():
     table = pd.DataFrame({"run_id": ["a", "a", "b"], "nodes": [2, 2, 1], "bytes": [1.0, 1.0, 2.0]})
-    fitted, notes = cal.one_host_as_one_node(table)
+    fitted, notes = slurm_info.one_host_as_one_node(table)
     assert list(fitted["nodes"]) == [1, 1, 1] and list(table["nodes"]) == [2, 2, 1]  # the caller's table untouched
     assert "1 run(s)" in notes["multi-node runs"] and ": a" in notes["multi-node runs"]
-    same, none = cal.one_host_as_one_node(table[table["nodes"] == 1])
+    same, none = slurm_info.one_host_as_one_node(table[table["nodes"] == 1])
     assert none == {} and list(same["nodes"]) == [1]
 
 
 def test_a_calibration_with_slurm_writes_the_shared_fields_and_records_what_slurm_had(tmp_path, monkeypatch):
     """Every probe and run stubbed: the write step gets the shared probe's figures and the nodes sinfo listed."""
     options = _options(tmp_path, slurm=True, engines=("torch",))
-    slurm = cal.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
+    slurm = slurm_info.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
     steps = [s for s in cal.plan_steps(options, gpu_skip="cpu") if s.kind != "run"]
     seen = []
     monkeypatch.setattr(cal, "_probe", lambda step, options, jobs: seen.append((step.name[:14], jobs)) or (
@@ -283,8 +286,8 @@ def test_a_calibration_with_slurm_writes_the_shared_fields_and_records_what_slur
 
 
 def test_the_wait_reads_the_job_id_and_returns_when_its_run_folder_says_so(tmp_path, monkeypatch):
-    assert cal.submitted_job("[restartbench] submitted job 42 (slurm)\n42\nwarning: later\n") == "42"
-    assert cal.submitted_job("no job here\n") == ""
+    assert runs.submitted_job("[restartbench] submitted job 42 (slurm)\n42\nwarning: later\n") == "42"
+    assert runs.submitted_job("no job here\n") == ""
     run = tmp_path / "tiny" / "run"
     run.mkdir(parents=True)
     (run / "metadata.json").write_text(json.dumps({"job_id": "42", "status": "running"}))
@@ -295,14 +298,14 @@ def test_the_wait_reads_the_job_id_and_returns_when_its_run_folder_says_so(tmp_p
         time.sleep(0.3)
         (run / "metadata.json").write_text(json.dumps({"job_id": "42", "status": "complete"}))
     threading.Thread(target=finish).start()
-    assert cal.wait_for_job(tmp_path, "42\n", time.perf_counter() + 30, poll_s=0.05) == ("42", 0, run / "slurm-42.out")
+    assert runs.wait_for_job(tmp_path, "42\n", time.perf_counter() + 30, poll_s=0.05) == ("42", 0, run / "slurm-42.out")
     (run / "metadata.json").write_text(json.dumps({"job_id": "42", "status": "failed"}))
-    assert cal.wait_for_job(tmp_path, "42\n", time.perf_counter() + 30, poll_s=0.05)[1] == 1
+    assert runs.wait_for_job(tmp_path, "42\n", time.perf_counter() + 30, poll_s=0.05)[1] == 1
     assert cancelled == []
     (run / "metadata.json").write_text(json.dumps({"job_id": "42", "status": "running"}))
-    assert cal.wait_for_job(tmp_path, "42\n", time.perf_counter() + 0.2, poll_s=0.05) == ("42", None, None)
+    assert runs.wait_for_job(tmp_path, "42\n", time.perf_counter() + 0.2, poll_s=0.05) == ("42", None, None)
     assert cancelled == [["scancel", "--full", "42"]]
-    assert cal.wait_for_job(tmp_path, "oops\n", time.perf_counter() + 5) == ("", 1, None)
+    assert runs.wait_for_job(tmp_path, "oops\n", time.perf_counter() + 5) == ("", 1, None)
 
 
 # -- a real Slurm ----------------------------------------------------------------------------------------------
@@ -340,18 +343,18 @@ def test_the_shared_probe_runs_on_two_real_slurm_nodes_and_finds_them_one_host(s
 
 
 def test_a_2_node_case_is_waited_for_after_its_submit_and_cancelled_past_its_timeout(tmp_path, monkeypatch):
-    monkeypatch.setattr(cal, "RUN_PROGRAM", "print('[restartbench] submitted job 77'); print('77')")
+    monkeypatch.setattr(runs, "RUN_PROGRAM", "print('[restartbench] submitted job 77'); print('77')")
     waited = []
     out = tmp_path / "slurm-77.out"
     out.write_text("the job's output\nits last line\n")
     answers = iter([("77", 1, out), ("77", None, None)])
-    monkeypatch.setattr(cal, "wait_for_job", lambda folder, printed, deadline: waited.append(printed) or next(answers))
+    monkeypatch.setattr(runs, "wait_for_job", lambda folder, printed, deadline: waited.append(printed) or next(answers))
     case = cal.Case("tiny", "tp1pp1dp2", "torch", nodes=2)
-    failed = cal.run_case(case, tmp_path / "runs", timeout=60)
+    failed = runs.run_case(case, tmp_path / "runs", timeout=60)
     assert waited == ["[restartbench] submitted job 77\n77\n"]
     assert failed["exit"] == 1 and failed["job"] == "77" and failed["log"] == str(out)
     assert failed["tail"] == ["the job's output", "its last line"]
-    late = cal.run_case(case, tmp_path / "runs", timeout=60)
+    late = runs.run_case(case, tmp_path / "runs", timeout=60)
     assert late["exit"] is None and late["note"] == "stopped after 60 s (--timeout), job 77 cancelled"
-    one_node = cal.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=60)
+    one_node = runs.run_case(cal.Case("tiny", "tp1pp1dp2", "torch"), tmp_path / "runs", timeout=60)
     assert len(waited) == 2 and "job" not in one_node  # a 1-node case is not waited for

@@ -29,12 +29,9 @@ With ``--slurm`` (calibration under Slurm, 1 and 2 nodes) three kinds of step ar
 - 2-node runs (``sbatch`` through ``config-n-run.py --launcher slurm --nnodes 2 --submit``, waited for): tiny on
   tp1pp1dp2 through the first engine, the emulated big checkpoint at its larger scale through each emulated engine,
   beside the 1-node runs in the fit (their durable and load times across nodes);
-- nodes that are one host (``scripts/slurm-local.sh``: two slurmd on one machine, one boot id) are said so, in the
-  printed summary and the cluster file's sources: their "shared storage" is the one disk; the fit then takes such a
-  run's processes as one node's writers (one disk), which they are.
-
-Without a usable Slurm (no ``sinfo``, ``sinfo`` failing, fewer than 2 idle nodes) ``--slurm`` is refused before
-anything runs, saying what to do (``slurm_nodes``).
+- nodes that are one host (two slurmd on one machine, one boot id) are said so, and fitted as one node of all their
+  processes (``restartbench.whatif.slurm``). Without a usable Slurm (no ``sinfo``, ``sinfo`` failing, fewer than 2
+  idle nodes) ``--slurm`` is refused before anything runs, saying what to do (``slurm_nodes``).
 
 Resumable: a run folder under ``--logs`` that already holds a complete run of a step's case is reused, not run again
 (rerun the same command after a failure or an interruption). Bad input (an ``--out`` that is not a new ``.yaml``
@@ -48,10 +45,7 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -64,6 +58,16 @@ from restartbench.progress import say
 from restartbench.whatif import cluster as clusters
 from restartbench.whatif import fit as fitting
 from restartbench.whatif import limits as probes
+from restartbench.whatif.calibration_runs import completed, free_port, per_process, run_case
+from restartbench.whatif.slurm import (
+    SLURM_HOWTO,
+    SLURM_NODES,
+    SlurmNodes,
+    one_host_as_one_node,
+    parse_sinfo,
+    shared_fields,
+    shared_summary,
+)
 
 #: Options of every real run: fp32 (much faster than bf16 on CPUs without bf16 units), two checkpoints (the second's
 #: background work seen by the first's clean iterations: the slowdown fraction).
@@ -91,12 +95,6 @@ EXPECTED_S = {"storage limits": 60.0, "host copy": 2.0, "d2h": 2.0, "fit": 15.0,
               ("tiny", "tp1pp1dp2"): 32.0, ("small", "tp1pp1dp2"): 90.0, ("tiny", "tp1pp1dp4"): 60.0,
               (EMULATED_PRESET, EMULATED_LAYOUT): 35.0,
               ("tiny", "tp1pp1dp2", 2): 35.0, (EMULATED_PRESET, EMULATED_LAYOUT, 2): 40.0}
-#: Slurm nodes of the calibration's multi-node steps.
-SLURM_NODES = 2
-SLURM_HOWTO = ("run --slurm where Slurm's commands reach its controller and at least 2 nodes are idle (a login node "
-               "or inside an allocation; export SLURM_CONF=PATH where the configuration is not in /etc/slurm); on one "
-               "machine, scripts/slurm-local.sh up DIR 8 2 and export SLURM_CONF=DIR/slurm.conf; or calibrate the "
-               "node you are on without --slurm")
 
 
 class CalibrationError(ValueError):
@@ -151,13 +149,6 @@ class Case:
                 "--ranks-per-process", str(self.ranks_per_process)]
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (a submitted job's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def calibration_cases(engines: tuple[str, ...] = DEFAULT_ENGINES,
                       emulated_engines: tuple[str, ...] | None = None, slurm: bool = False) -> tuple[Case, ...]:
     """The runs a calibration fits on. Real: tiny and small on tp1pp1dp2 per engine (two presets: the byte and
@@ -185,25 +176,6 @@ def probe_jobs(cases: tuple[Case, ...]) -> int:
 # -- Slurm -------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SlurmNodes:
-    """What ``sinfo`` says: the nodes, those idle, and whether their addresses are one machine."""
-
-    nodes: tuple[str, ...]
-    idle: tuple[str, ...]
-    addresses: dict[str, str]
-    one_host: bool
-    """Every node's NodeAddr resolves to one address (or all to loopback): a guess, before the shared probe's boot
-    ids settle it."""
-
-    def line(self) -> str:
-        where = ("one host: every NodeAddr resolves to " + next(iter(set(self.addresses.values())))
-                 if self.one_host else "NodeAddrs " + ", ".join(sorted(set(self.addresses.values()))))
-        return (f"Slurm: {len(self.nodes)} node(s), {len(self.idle)} idle ({', '.join(self.idle)}); {where}"
-                + ("; its 2-node runs and the shared probe share this machine's disk and CPUs" if self.one_host
-                   else ""))
-
-
 def _sinfo() -> str:
     """``sinfo -h -N -o %N|%T|%o`` (node, state, NodeAddr per line); CalibrationError where it cannot run."""
     missing = [name for name in ("sinfo", "sbatch", "srun") if shutil.which(name) is None]
@@ -218,31 +190,6 @@ def _sinfo() -> str:
         raise CalibrationError(f"--slurm: no usable Slurm here: sinfo exited {proc.returncode}{conf}: "
                                f"{(proc.stderr.strip().splitlines() or [''])[-1][-300:]}; {SLURM_HOWTO}")
     return proc.stdout
-
-
-def _resolve(address: str) -> str:
-    try:
-        return socket.gethostbyname(address)
-    except OSError:
-        return address
-
-
-def parse_sinfo(text: str, resolve: Callable[[str], str] = _resolve) -> SlurmNodes:
-    """``_sinfo``'s lines as nodes (each once: sinfo -N repeats a node per partition), the idle ones (state idle or
-    mixed: not down, drained, allocated, not responding ``*`` or powered off ``~``) and whether one machine."""
-    states: dict[str, str] = {}
-    addresses: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 3 or not parts[0]:
-            continue
-        states[parts[0]] = parts[1].strip().lower()
-        address = parts[2].strip() or parts[0]
-        addresses[parts[0]] = resolve(address) or address
-    idle = tuple(name for name, state in states.items() if state in ("idle", "mixed"))
-    distinct = set(addresses.values())
-    same = len(distinct) == 1 or (bool(distinct) and all(a.startswith("127.") for a in distinct))
-    return SlurmNodes(tuple(states), idle, addresses, one_host=len(addresses) > 1 and same)
 
 
 def slurm_nodes(text: str | None = None) -> SlurmNodes:
@@ -377,139 +324,6 @@ def check_options(options: Options) -> None:
         raise CalibrationError(str(error)) from None
 
 
-# -- the runner (bench/whatif_validation.py's shape: completed, run_case) -------------------------------------------
-
-
-def _run_config(meta_path: Path) -> tuple[dict, dict] | None:
-    try:
-        return json.loads(meta_path.read_text()), json.loads((meta_path.parent / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def matches(meta: dict, config: dict, case: Case) -> bool:
-    """Whether a run's metadata.json and config.json are a run of ``case``."""
-    emulation = config.get("emulation") or {}
-    scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
-    per_process = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
-    return (meta.get("preset") == case.preset and meta.get("engine") in (case.engine, f"{case.engine}-emulated")
-            and scale == case.scale and per_process == case.ranks_per_process
-            and (config.get("layout") or {}).get("layout") == case.layout
-            and int((config.get("layout") or {}).get("nnodes") or 1) == case.nodes)
-
-
-def completed(folder: Path, case: Case) -> Path | None:
-    """The run folder under ``folder`` that holds a complete run of ``case``, or None."""
-    for meta_path in sorted(Path(folder).rglob("metadata.json")):
-        found = _run_config(meta_path)
-        if found and found[0].get("status") == "complete" and matches(*found, case):
-            return meta_path.parent
-    return None
-
-
-#: The run's command: restartbench.cli (config-n-run.py's main) in a fresh interpreter.
-RUN_PROGRAM = "import sys; from restartbench.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def run_case(case: Case, folder: Path, timeout: int, extra: tuple[str, ...] = (),
-             log_dir: Path | None = None) -> dict[str, Any]:
-    """Run ``case`` into ``folder`` unless a complete run of it is there already. The run's output goes to
-    ``log_dir/<case>.log`` (default: ``folder/calibrate-logs``); a run past ``timeout`` seconds is stopped with its
-    whole process group. A case on several nodes is submitted to Slurm (``--launcher slurm --submit``) and waited for
-    until its run folder says complete or failed (``wait_for_job``; cancelled past ``timeout``). Returns {case, exit,
-    wall_s, tail, log} (exit 0 and note 'already complete' when reused)."""
-    found = completed(folder, case)
-    if found is not None:
-        return {"case": dataclasses.asdict(case), "exit": 0, "wall_s": None, "note": "already complete",
-                "run": str(found)}
-    log_dir = log_dir or folder / "calibrate-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / (case.label.replace(" ", "-").replace("(", "").replace(")", "") + ".log")
-    argv = [sys.executable, "-c", RUN_PROGRAM, *case.argv(folder), *extra]
-    start = time.perf_counter()
-    with open(log, "w") as output:
-        proc = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except BaseException:  # the timeout, or an interrupt: the launcher and its ranks go too
-            _stop_group(proc)
-            if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
-                raise
-            code = None
-    job = ""
-    if case.nodes > 1 and code == 0:
-        job, code, job_log = wait_for_job(folder, log.read_text(errors="replace"), start + timeout)
-        log = job_log or log
-    wall = time.perf_counter() - start
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
-    result = {"case": dataclasses.asdict(case), "exit": code, "wall_s": wall, "tail": tail, "log": str(log)}
-    if job:
-        result["job"] = job
-    if code is None:
-        result["note"] = f"stopped after {timeout} s (--timeout)" + (f", job {job} cancelled" if job else "")
-    found = completed(folder, case) if code == 0 else None
-    if found is not None:
-        result["run"] = str(found)
-    elif code == 0:
-        result |= {"exit": 1, "note": "exited 0 but left no complete run folder"}
-    return result
-
-
-def submitted_job(printed: str) -> str:
-    """The job id a ``--submit`` run printed: its last line that is a number ('' where none)."""
-    for line in reversed(printed.strip().splitlines()):
-        if line.strip().isdigit():
-            return line.strip()
-    return ""
-
-
-def wait_for_job(folder: Path, printed: str, deadline: float,
-                 poll_s: float = 2.0) -> tuple[str, int | None, Path | None]:
-    """A submitted case (bench/whatif_validation.py's wait): (job id, 0 complete or 1 failed, the job's output file)
-    once the run folder under ``folder`` whose metadata names the job says so; past ``deadline`` (perf_counter) or on
-    an interrupt the job is cancelled (exit None)."""
-    job = submitted_job(printed)
-    if not job:
-        return "", 1, None
-    try:
-        while time.perf_counter() < deadline:
-            for meta_path in Path(folder).rglob("metadata.json"):
-                try:
-                    meta = json.loads(meta_path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if str(meta.get("job_id")) == job and meta.get("status") in ("complete", "failed"):
-                    return job, 0 if meta["status"] == "complete" else 1, meta_path.parent / f"slurm-{job}.out"
-            time.sleep(poll_s)
-    except BaseException:
-        subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
-        raise
-    subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
-    return job, None, None
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def per_process(collected) -> dict[str, int]:
-    """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
-    out = {}
-    for run_id, run in collected.table()[["run_id", "run"]].drop_duplicates().itertuples(index=False):
-        emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
-        out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
-    return out
-
-
 # -- the cluster file ------------------------------------------------------------------------------------------
 
 
@@ -579,45 +393,6 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
                         "this machine's GPU")
     return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s}
                                           for k, (v, b, s) in fields.items()}, str(options.out))
-
-
-def shared_fields(shared: dict[str, Any], slurm: SlurmNodes | None, made: str) -> dict[str, tuple[Any, str, str]]:
-    """The cluster file's storage fields from ``limits.shared_storage_limits``'s figures (MB/s medians → GB/s)."""
-    write, read = shared["write"], shared["read"]
-    nodes = ", ".join(shared["nodes"])
-    host = (f"; the {len(shared['nodes'])} nodes are one host ({shared['hosts'][0]}: one boot id), so this is its one "
-            "disk shared by the nodes, not a shared file system's figure" if shared["one_host"] else
-            f"; hosts {', '.join(shared['hosts'])}")
-    how = (f"{made}: {shared['method']}; {shared['jobs_per_node']} writer(s) per node (the 2-node runs' "
-           f"concurrency), {shared['size_mib_per_job']} MiB each, {shared['repeats']} repeat(s) on "
-           f"{shared['target']}, nodes {nodes}{host}")
-
-    def spread(figures: dict[str, float]) -> str:
-        return f"median of {figures['min']:.0f}-{figures['max']:.0f} MB/s"
-    per_client = max(write["alone_MBps"]["median"], read["alone_MBps"]["median"]) / 1e3
-    fields: dict[str, tuple[Any, str, str]] = {
-        "storage": ("shared", "calibration", f"{made}: --logs' file system ({shared['target']}), written and read "
-                    f"by nodes {nodes} at once" + (" (one host: its disk)" if shared["one_host"] else "")),
-        "shared_write_GBps": (write["aggregate_MBps"]["median"] / 1e3, "calibration",
-                              f"aggregate write of the nodes at once, {spread(write['aggregate_MBps'])} (each node "
-                              f"{spread(write['per_node_MBps'])}); {how}"),
-        "shared_read_GBps": (read["aggregate_MBps"]["median"] / 1e3, "calibration",
-                             f"aggregate read of the nodes at once, {spread(read['aggregate_MBps'])} (each node "
-                             f"{spread(read['per_node_MBps'])}); {how}"),
-        "shared_per_client_GBps": (per_client, "calibration",
-                                   f"one node alone, the larger of its write ({spread(write['alone_MBps'])}) and "
-                                   f"read ({spread(read['alone_MBps'])}); {how}"),
-        "nic_GBps": (per_client, "calibration", f"{made}: " + (
-            "the nodes are one host: no network stands between a node and the disk; the per-client figure stands in "
-            "(shared_per_client_GBps)" if shared["one_host"] else
-            f"not measured apart: one node alone reached {per_client:.3g} GB/s from the storage through it "
-            "(shared_per_client_GBps), a lower bound")),
-    }
-    if slurm is not None:
-        fields["nodes"] = (len(slurm.nodes), "calibration", f"{made}: sinfo: {len(slurm.nodes)} node(s) "
-                           f"({', '.join(slurm.nodes)}); the calibration ran on {len(shared['nodes'])} at most"
-                           + (", two nodes on one host" if shared["one_host"] else ""))
-    return fields
 
 
 def write_atomically(files: dict[Path, str], check: Callable[[dict[Path, Path]], None] | None = None) -> None:
@@ -775,16 +550,6 @@ def _probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
     raise CalibrationError(f"unknown probe {step.name!r}")
 
 
-def shared_summary(shared: dict[str, Any]) -> str:
-    """The shared probe's figures in one line (printed after its step)."""
-    write, read = shared["write"], shared["read"]
-    where = (f"{len(shared['nodes'])} nodes on one host ({shared['hosts'][0]}, one boot id): one disk, not a shared "
-             "file system" if shared["one_host"] else f"hosts {', '.join(shared['hosts'])}")
-    return (f"nodes {', '.join(shared['nodes'])} at once: write {write['aggregate_MBps']['median']:.0f} MB/s, read "
-            f"{read['aggregate_MBps']['median']:.0f} MB/s in all; one node alone: write "
-            f"{write['alone_MBps']['median']:.0f} MB/s, read {read['alone_MBps']['median']:.0f} MB/s; {where}")
-
-
 def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: Options,
          one_host: bool = False) -> dict[str, Any]:
     """The fit on the complete runs of the planned cases; refused (naming the runs, or the term and the runs that
@@ -825,20 +590,6 @@ def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: 
     return {"fit": fit, "runs": sorted(planned), "notes": {**notes, **{f"{engine} {term}": line.note
                                                                      for engine, terms in fit.engines.items()
                                                                      for term, line in terms.items() if line.note}}}
-
-
-def one_host_as_one_node(table):
-    """Multi-node runs whose nodes are one host, as one node: every process of theirs wrote to and read from the one
-    disk the storage probe measured, so the fit's node bytes and concurrency are the whole run's (fit.py divides a
-    run's bytes among its nodes, each at the one-node limit). Returns the table and a note ({} where none)."""
-    multi = table["nodes"].fillna(1).astype(int) > 1
-    if not multi.any():
-        return table, {}
-    table = table.copy()
-    table.loc[multi, "nodes"] = 1
-    runs = sorted(set(table.loc[multi, "run_id"]))
-    return table, {"multi-node runs": f"{len(runs)} run(s) on Slurm nodes of one host fitted as one node of all "
-                                      f"their processes (one disk): {', '.join(runs)}"}
 
 
 def _find_storage(done: list[dict], side: str) -> float:

@@ -1,0 +1,157 @@
+"""The calibration's runs (``python -m restartbench.whatif --calibrate``, and bench/whatif_validation.py's): a case
+found complete under the runs folder is reused, else run through ``restartbench.cli`` in a fresh interpreter with its
+output in a log, stopped with its process group past its timeout; a case on several nodes is submitted to Slurm and
+waited for on its run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from restartbench.whatif.calibrate import Case
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (a submitted job's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_config(meta_path: Path) -> tuple[dict, dict] | None:
+    try:
+        return json.loads(meta_path.read_text()), json.loads((meta_path.parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def matches(meta: dict, config: dict, case: Case) -> bool:
+    """Whether a run's metadata.json and config.json are a run of ``case``."""
+    emulation = config.get("emulation") or {}
+    scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
+    per_process = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
+    return (meta.get("preset") == case.preset and meta.get("engine") in (case.engine, f"{case.engine}-emulated")
+            and scale == case.scale and per_process == case.ranks_per_process
+            and (config.get("layout") or {}).get("layout") == case.layout
+            and int((config.get("layout") or {}).get("nnodes") or 1) == case.nodes)
+
+
+def completed(folder: Path, case: Case) -> Path | None:
+    """The run folder under ``folder`` that holds a complete run of ``case``, or None."""
+    for meta_path in sorted(Path(folder).rglob("metadata.json")):
+        found = _run_config(meta_path)
+        if found and found[0].get("status") == "complete" and matches(*found, case):
+            return meta_path.parent
+    return None
+
+
+#: The run's command: restartbench.cli (config-n-run.py's main) in a fresh interpreter.
+RUN_PROGRAM = "import sys; from restartbench.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_case(case: Case, folder: Path, timeout: int, extra: tuple[str, ...] = (),
+             log_dir: Path | None = None) -> dict[str, Any]:
+    """Run ``case`` into ``folder`` unless a complete run of it is there already. The run's output goes to
+    ``log_dir/<case>.log`` (default: ``folder/calibrate-logs``); a run past ``timeout`` seconds is stopped with its
+    whole process group. A case on several nodes is submitted to Slurm (``--launcher slurm --submit``) and waited for
+    until its run folder says complete or failed (``wait_for_job``; cancelled past ``timeout``). Returns {case, exit,
+    wall_s, tail, log} (exit 0 and note 'already complete' when reused)."""
+    found = completed(folder, case)
+    if found is not None:
+        return {"case": dataclasses.asdict(case), "exit": 0, "wall_s": None, "note": "already complete",
+                "run": str(found)}
+    log_dir = log_dir or folder / "calibrate-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / (case.label.replace(" ", "-").replace("(", "").replace(")", "") + ".log")
+    argv = [sys.executable, "-c", RUN_PROGRAM, *case.argv(folder), *extra]
+    start = time.perf_counter()
+    with open(log, "w") as output:
+        proc = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except BaseException:  # the timeout, or an interrupt: the launcher and its ranks go too
+            _stop_group(proc)
+            if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise
+            code = None
+    job = ""
+    if case.nodes > 1 and code == 0:
+        job, code, job_log = wait_for_job(folder, log.read_text(errors="replace"), start + timeout)
+        log = job_log or log
+    wall = time.perf_counter() - start
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
+    result = {"case": dataclasses.asdict(case), "exit": code, "wall_s": wall, "tail": tail, "log": str(log)}
+    if job:
+        result["job"] = job
+    if code is None:
+        result["note"] = f"stopped after {timeout} s (--timeout)" + (f", job {job} cancelled" if job else "")
+    found = completed(folder, case) if code == 0 else None
+    if found is not None:
+        result["run"] = str(found)
+    elif code == 0:
+        result |= {"exit": 1, "note": "exited 0 but left no complete run folder"}
+    return result
+
+
+def submitted_job(printed: str) -> str:
+    """The job id a ``--submit`` run printed: its last line that is a number ('' where none)."""
+    for line in reversed(printed.strip().splitlines()):
+        if line.strip().isdigit():
+            return line.strip()
+    return ""
+
+
+def wait_for_job(folder: Path, printed: str, deadline: float,
+                 poll_s: float = 2.0) -> tuple[str, int | None, Path | None]:
+    """A submitted case (bench/whatif_validation.py's wait): (job id, 0 complete or 1 failed, the job's output file)
+    once the run folder under ``folder`` whose metadata names the job says so; past ``deadline`` (perf_counter) or on
+    an interrupt the job is cancelled (exit None)."""
+    job = submitted_job(printed)
+    if not job:
+        return "", 1, None
+    try:
+        while time.perf_counter() < deadline:
+            for meta_path in Path(folder).rglob("metadata.json"):
+                try:
+                    meta = json.loads(meta_path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if str(meta.get("job_id")) == job and meta.get("status") in ("complete", "failed"):
+                    return job, 0 if meta["status"] == "complete" else 1, meta_path.parent / f"slurm-{job}.out"
+            time.sleep(poll_s)
+    except BaseException:
+        subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
+        raise
+    subprocess.run(["scancel", "--full", job], check=False, capture_output=True)
+    return job, None, None
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def per_process(collected) -> dict[str, int]:
+    """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
+    out = {}
+    for run_id, run in collected.table()[["run_id", "run"]].drop_duplicates().itertuples(index=False):
+        emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
+        out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
+    return out
