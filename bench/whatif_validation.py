@@ -46,8 +46,7 @@ from restartbench.whatif import cluster as clusters  # noqa: E402
 from restartbench.whatif import fit as fitting  # noqa: E402
 from restartbench.whatif import limits as probes  # noqa: E402
 from restartbench.whatif import predict as model  # noqa: E402
-from restartbench.whatif.calibrate import Case  # noqa: E402
-from restartbench.whatif.calibration_runs import completed, per_process  # noqa: E402
+from restartbench.whatif.calibration_runs import Case, completed, per_process  # noqa: E402
 
 
 def _real(preset: str, layout: str, engines: tuple[str, ...]) -> list[Case]:

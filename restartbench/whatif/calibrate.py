@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from restartbench.layout import LayoutError, parse_layout
+from restartbench.layout import LayoutError
 from restartbench.progress import say
 from restartbench.whatif import cluster as clusters
 from restartbench.whatif import fit as fitting
 from restartbench.whatif import limits as probes
-from restartbench.whatif.calibration_runs import completed, free_port, per_process, run_case
+from restartbench.whatif.calibration_runs import Case, completed, per_process, run_case
 from restartbench.whatif.slurm import (
     SLURM_HOWTO,
     SLURM_NODES,
@@ -69,11 +69,6 @@ from restartbench.whatif.slurm import (
     shared_summary,
 )
 
-#: Options of every real run: fp32 (much faster than bf16 on CPUs without bf16 units), two checkpoints (the second's
-#: background work seen by the first's clean iterations: the slowdown fraction).
-REAL = ("--dtype", "fp32", "--iters", "4", "--save-interval", "2")
-#: Options of every emulated run: one checkpoint of the big preset's files, saved and restored.
-EMULATED = ("--dtype", "bf16", "--iters", "1", "--save-interval", "1")
 DEFAULT_ENGINES = ("torch", "lazy", "dcp")
 #: The emulated preset and its two scales: 3B on tp1pp1dp2 writes the real layout's files at a few hundred MB per
 #: rank, so the two points give the lines' byte slope at one file count in seconds each.
@@ -102,51 +97,6 @@ class CalibrationError(ValueError):
 
 
 # -- the cases -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    """One run of a calibration: a real run, or an emulated big checkpoint (bench/whatif_validation.py's shape)."""
-
-    preset: str
-    layout: str
-    engine: str
-    scale: float | None = None
-    """--emulate-scale for an emulated case; None: a real run."""
-    ranks_per_process: int = 1
-    """--ranks-per-process of an emulated case."""
-    nodes: int = 1
-    """Slurm nodes (--nnodes): above 1 the case is submitted to Slurm (``SLURM_CONF``), one torchrun per node."""
-
-    @property
-    def key(self) -> tuple[str, str, str, bool]:
-        """What tells configurations apart: preset, layout, engine, emulated."""
-        return (self.preset, self.layout, self.engine, self.scale is not None)
-
-    @property
-    def label(self) -> str:
-        kind = "real" if self.scale is None else f"emulated at scale {self.scale:g}"
-        return f"{self.preset} {self.layout} {self.engine} ({kind}{f', {self.nodes} nodes' if self.nodes > 1 else ''})"
-
-    @property
-    def ranks(self) -> int:
-        spec = parse_layout(self.layout)
-        return spec.tp * spec.pp * (spec.dp or 1)
-
-    @property
-    def concurrency(self) -> int:
-        """Processes of one node doing checkpoint I/O at once."""
-        return max(1, self.ranks // self.nodes // self.ranks_per_process)
-
-    def argv(self, logs: Path) -> list[str]:
-        common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
-        if self.nodes > 1:
-            common += ["--nnodes", str(self.nodes), "--launcher", "slurm", "--submit", "--master-port",
-                       str(free_port())]
-        if self.scale is None:
-            return [*common, *REAL]
-        return [*common, *EMULATED, "--emulate", "--emulate-scale", str(self.scale),
-                "--ranks-per-process", str(self.ranks_per_process)]
 
 
 def calibration_cases(engines: tuple[str, ...] = DEFAULT_ENGINES,

@@ -1,7 +1,7 @@
-"""The calibration's runs (``python -m restartbench.whatif --calibrate``, and bench/whatif_validation.py's): a case
-found complete under the runs folder is reused, else run through ``restartbench.cli`` in a fresh interpreter with its
-output in a log, stopped with its process group past its timeout; a case on several nodes is submitted to Slurm and
-waited for on its run folder."""
+"""The calibration's cases and their runs (``python -m restartbench.whatif --calibrate``, and
+bench/whatif_validation.py's): a case found complete under the runs folder is reused, else run through
+``restartbench.cli`` in a fresh interpreter with its output in a log, stopped with its process group past its
+timeout; a case on several nodes is submitted to Slurm and waited for on its run folder."""
 
 from __future__ import annotations
 
@@ -13,11 +13,61 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from restartbench.whatif.calibrate import Case
+from restartbench.layout import parse_layout
+
+#: Options of every real run: fp32 (much faster than bf16 on CPUs without bf16 units), two checkpoints (the second's
+#: background work seen by the first's clean iterations: the slowdown fraction).
+REAL = ("--dtype", "fp32", "--iters", "4", "--save-interval", "2")
+#: Options of every emulated run: one checkpoint of the big preset's files, saved and restored.
+EMULATED = ("--dtype", "bf16", "--iters", "1", "--save-interval", "1")
+
+@dataclass(frozen=True)
+class Case:
+    """One run of a calibration: a real run, or an emulated big checkpoint (bench/whatif_validation.py's shape)."""
+
+    preset: str
+    layout: str
+    engine: str
+    scale: float | None = None
+    """--emulate-scale for an emulated case; None: a real run."""
+    ranks_per_process: int = 1
+    """--ranks-per-process of an emulated case."""
+    nodes: int = 1
+    """Slurm nodes (--nnodes): above 1 the case is submitted to Slurm (``SLURM_CONF``), one torchrun per node."""
+
+    @property
+    def key(self) -> tuple[str, str, str, bool]:
+        """What tells configurations apart: preset, layout, engine, emulated."""
+        return (self.preset, self.layout, self.engine, self.scale is not None)
+
+    @property
+    def label(self) -> str:
+        kind = "real" if self.scale is None else f"emulated at scale {self.scale:g}"
+        return f"{self.preset} {self.layout} {self.engine} ({kind}{f', {self.nodes} nodes' if self.nodes > 1 else ''})"
+
+    @property
+    def ranks(self) -> int:
+        spec = parse_layout(self.layout)
+        return spec.tp * spec.pp * (spec.dp or 1)
+
+    @property
+    def concurrency(self) -> int:
+        """Processes of one node doing checkpoint I/O at once."""
+        return max(1, self.ranks // self.nodes // self.ranks_per_process)
+
+    def argv(self, logs: Path) -> list[str]:
+        common = [self.preset, self.layout, "--engine", self.engine, "--logs", str(logs), "--baseline-mib", "0"]
+        if self.nodes > 1:
+            common += ["--nnodes", str(self.nodes), "--launcher", "slurm", "--submit", "--master-port",
+                       str(free_port())]
+        if self.scale is None:
+            return [*common, *REAL]
+        return [*common, *EMULATED, "--emulate", "--emulate-scale", str(self.scale),
+                "--ranks-per-process", str(self.ranks_per_process)]
 
 
 def free_port() -> int:
