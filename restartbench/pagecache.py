@@ -3,7 +3,7 @@
 Eviction uses ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file, which needs no privileges and
 drops the file's clean pages only: a dirty page, or one under writeback, stays. A checkpoint is
 fsync'd at commit, but a run folder copied since (``cp -r``, ``shutil.copytree``) has its files
-dirty in the page cache for up to half a minute, so each file is ``fdatasync``'d first. Some
+dirty in the page cache for up to half a minute, so each file is ``fsync``'d first. Some
 file systems ignore it (tmpfs and /dev/shm keep files in memory by design, some network file
 systems cache elsewhere), so the result is measured with ``mincore`` over a mapping of each
 file: a restore is labelled ``cold`` only when none of its bytes were resident.
@@ -77,10 +77,9 @@ def evict_and_measure(paths: list[Path]) -> CacheState:
     for passes in range(1, EVICT_PASSES + 1):
         evict(paths)
         state = measure(paths)
-        if state.resident_fraction == 0:
-            break
+        if state.resident_fraction == 0 or passes == EVICT_PASSES:
+            return state
         time.sleep(0.1 * passes)
-    return state
 
 
 def before_restore(ckpt_dir: str | Path, tag: str, wanted: str) -> dict:
