@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from restartbench.analysis.columns import RESTART_PART_COLUMNS
 from restartbench.events import Event
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
@@ -388,10 +389,9 @@ def _slowdown(engine: str, checkpoints: list[dict]) -> Line:
     return fit_constant(f"{engine} slowdown fraction", rows, "fraction")
 
 
-#: Each CPU-bound start-up part's column in the tidy table.
-STARTUP_COLUMNS = {"imports": "restart_imports_s", "dist init": "restart_dist_init_s",
-                   "model build": "restart_model_build_s", "ds init": "restart_ds_init_s",
-                   "engine setup": "restart_engine_setup_s", "gaps": "path_gaps_s"}
+#: Each CPU-bound start-up part's column in the tidy table (the analysis's names; the gaps are the critical path's).
+STARTUP_COLUMNS = {**{label: column for column, label in RESTART_PART_COLUMNS if label in CPU_BOUND},
+                   "gaps": "path_gaps_s"}
 
 
 def per_core(rows: list[dict], target: str) -> list[dict]:

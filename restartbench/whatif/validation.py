@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from restartbench.analysis.columns import RESTART_PART_COLUMNS
 from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import terms
@@ -69,11 +70,9 @@ def measured_parts(rows: pd.DataFrame) -> dict[str, float]:
     ckpt, rest = rows[rows["kind"] == "checkpoint"], rows[(rows["kind"] == "restart") & rows["restart_ckpt_load_s"]
                                                           .notna()]
     out = {"stall": ckpt["stall_max_s"].median(), "durable": ckpt["durable_rank_max_s"].median()}
-    columns = {"launch": "restart_launch_s", "imports": "restart_imports_s", "dist init": "restart_dist_init_s",
-               "model build": "restart_model_build_s", "ds init": "restart_ds_init_s",
-               "engine setup": "restart_engine_setup_s", "ckpt load": "restart_ckpt_load_s",
-               "1st iter": "restart_1st_iter_s"}
-    for name, column in columns.items():
+    for column, name in RESTART_PART_COLUMNS:
+        if name == "convert":  # not a part the model predicts: a restore on another layout only
+            continue
         if column in rest and rest[column].notna().any():
             out[name] = rest[column].median()
     if "restart_s" in rest and rest["restart_s"].notna().any():
