@@ -281,17 +281,17 @@ def cpu2_cluster(limits: dict) -> clusters.Cluster:
                                "the calibration's runs were made on it"),
         "gpus_per_node": (8, "probe", "the most ranks the study runs on this machine (FACTS.md: 8 ranks as a slow "
                           "smoke test on its 2 cores); the calibration ran 2 and 4"),
-        "d2h_pinned_GBps": (copy_gbps, "probe", f"host memcpy, {copy['jobs']} at once ({copy['method']}), median of "
-                            f"{copy['MBps']['min']:.0f}-{copy['MBps']['max']:.0f} MB/s; a CPU rank copies nothing "
+        "d2h_pinned_GBps": (copy_gbps, "probe", f"host memcpy, {copy['jobs']} at once ({copy['method']}), "
+                            f"{probes.spread_text(copy['MBps'])}; a CPU rank copies nothing "
                             "out of a device: the term is 0 on cpu"),
         "d2h_pageable_GBps": (copy_gbps, "probe", "as d2h_pinned_GBps (unused on cpu)"),
         "pin_GBps": (copy_gbps, "probe", "nothing is pinned on cpu (the term is 0 on cpu); the memcpy rate stands in"),
         "local_write_GBps": (write["MBps"]["median"] / 1e3, "fio" if write["best"].startswith("fio") else "probe",
-                             f"best of {', '.join(write['methods'])}: {write['best']}, median of "
-                             f"{write['MBps']['min']:.0f}-{write['MBps']['max']:.0f} MB/s; {measured}"),
+                             f"best of {', '.join(write['methods'])}: {write['best']}, "
+                             f"{probes.spread_text(write['MBps'])}; {measured}"),
         "local_read_GBps": (read["MBps"]["median"] / 1e3, "fio" if read["best"].startswith("fio") else "probe",
-                            f"best of {', '.join(read['methods'])}: {read['best']}, median of "
-                            f"{read['MBps']['min']:.0f}-{read['MBps']['max']:.0f} MB/s; {measured}"),
+                            f"best of {', '.join(read['methods'])}: {read['best']}, "
+                            f"{probes.spread_text(read['MBps'])}; {measured}"),
         "storage": ("local", "probe", "the run folder's disk"),
         "shared_write_GBps": (0.0, "probe", "no shared file system"),
         "shared_read_GBps": (0.0, "probe", "no shared file system"),

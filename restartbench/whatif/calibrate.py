@@ -299,11 +299,11 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
         "cpu_cores_per_node": (os.cpu_count(), "calibration", f"{made}: os.cpu_count() where the calibration ran, "
                                "by which its runs' CPU share was taken in the fit"),
         "local_write_GBps": (write["MBps"]["median"] / 1e3, "calibration",
-                             f"{made}: best of {', '.join(write['methods'])}: {write['best']}, median of "
-                             f"{write['MBps']['min']:.0f}-{write['MBps']['max']:.0f} MB/s; {measured}"),
+                             f"{made}: best of {', '.join(write['methods'])}: {write['best']}, "
+                             f"{probes.spread_text(write['MBps'])}; {measured}"),
         "local_read_GBps": (read["MBps"]["median"] / 1e3, "calibration",
-                            f"{made}: best of {', '.join(read['methods'])}: {read['best']}, median of "
-                            f"{read['MBps']['min']:.0f}-{read['MBps']['max']:.0f} MB/s; {measured}"),
+                            f"{made}: best of {', '.join(read['methods'])}: {read['best']}, "
+                            f"{probes.spread_text(read['MBps'])}; {measured}"),
         "storage": ("local", "calibration", f"{made}: the file system of {storage['target']}, as one node sees it"),
         "shared_write_GBps": (0.0, "calibration", f"{made}: not measured (one node; no shared file system figure)"),
         "shared_read_GBps": (0.0, "calibration", f"{made}: not measured (one node; no shared file system figure)"),
@@ -331,8 +331,8 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
             "--gpus-per-node" if options.gpus_per_node else "the most ranks the study runs on one CPU machine "
             "(FACTS.md: 8 ranks as a slow smoke test on 2 cores); the calibration ran 2 and 4"))
         rate = copy["MBps"]["median"] / 1e3
-        how = (f"{made}: host memcpy, {copy['jobs']} at once ({copy['method']}), median of "
-               f"{copy['MBps']['min']:.0f}-{copy['MBps']['max']:.0f} MB/s; no GPU: the term is 0 on cpu")
+        how = (f"{made}: host memcpy, {copy['jobs']} at once ({copy['method']}), "
+               f"{probes.spread_text(copy['MBps'])}; no GPU: the term is 0 on cpu")
         for name in ("d2h_pinned_GBps", "d2h_pageable_GBps", "pin_GBps"):
             fields[name] = (rate, "calibration", how)
     cited = clusters.load_cluster(CLUSTER_EXAMPLE)

@@ -25,6 +25,7 @@ REAL = ("--dtype", "fp32", "--iters", "4", "--save-interval", "2")
 #: Options of every emulated run: one checkpoint of the big preset's files, saved and restored.
 EMULATED = ("--dtype", "bf16", "--iters", "1", "--save-interval", "1")
 
+
 @dataclass(frozen=True)
 class Case:
     """One run of a calibration: a real run, or an emulated big checkpoint (bench/whatif_validation.py's shape)."""

@@ -42,6 +42,11 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def spread_text(figures: dict[str, float]) -> str:
+    """A ``_spread`` of MB/s figures as a cluster file's source says it: 'median of MIN-MAX MB/s'."""
+    return f"median of {figures['min']:.0f}-{figures['max']:.0f} MB/s"
+
+
 def read_files(paths: list[Path], block: int = 8 * MiB) -> int:
     """Read every file at once (one thread each); the bytes read."""
     def read(path: Path) -> int:

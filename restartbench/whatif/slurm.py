@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from restartbench.whatif.limits import spread_text
+
 #: Slurm nodes of the calibration's multi-node steps.
 SLURM_NODES = 2
 SLURM_HOWTO = ("run --slurm where Slurm's commands reach its controller and at least 2 nodes are idle (a login node "
@@ -72,21 +74,19 @@ def shared_fields(shared: dict[str, Any], slurm: SlurmNodes | None, made: str) -
            f"concurrency), {shared['size_mib_per_job']} MiB each, {shared['repeats']} repeat(s) on "
            f"{shared['target']}, nodes {nodes}{host}")
 
-    def spread(figures: dict[str, float]) -> str:
-        return f"median of {figures['min']:.0f}-{figures['max']:.0f} MB/s"
     per_client = max(write["alone_MBps"]["median"], read["alone_MBps"]["median"]) / 1e3
     fields: dict[str, tuple[Any, str, str]] = {
         "storage": ("shared", "calibration", f"{made}: --logs' file system ({shared['target']}), written and read "
                     f"by nodes {nodes} at once" + (" (one host: its disk)" if shared["one_host"] else "")),
         "shared_write_GBps": (write["aggregate_MBps"]["median"] / 1e3, "calibration",
-                              f"aggregate write of the nodes at once, {spread(write['aggregate_MBps'])} (each node "
-                              f"{spread(write['per_node_MBps'])}); {how}"),
+                              f"aggregate write of the nodes at once, {spread_text(write['aggregate_MBps'])} "
+                              f"(each node {spread_text(write['per_node_MBps'])}); {how}"),
         "shared_read_GBps": (read["aggregate_MBps"]["median"] / 1e3, "calibration",
-                             f"aggregate read of the nodes at once, {spread(read['aggregate_MBps'])} (each node "
-                             f"{spread(read['per_node_MBps'])}); {how}"),
+                             f"aggregate read of the nodes at once, {spread_text(read['aggregate_MBps'])} (each node "
+                             f"{spread_text(read['per_node_MBps'])}); {how}"),
         "shared_per_client_GBps": (per_client, "calibration",
-                                   f"one node alone, the larger of its write ({spread(write['alone_MBps'])}) and "
-                                   f"read ({spread(read['alone_MBps'])}); {how}"),
+                                   f"one node alone, the larger of its write ({spread_text(write['alone_MBps'])}) and "
+                                   f"read ({spread_text(read['alone_MBps'])}); {how}"),
         "nic_GBps": (per_client, "calibration", f"{made}: " + (
             "the nodes are one host: no network stands between a node and the disk; the per-client figure stands in "
             "(shared_per_client_GBps)" if shared["one_host"] else
