@@ -214,25 +214,33 @@ def test_step_right_after_save_waits_for_the_copies_and_the_wait_is_reported(tmp
 # -- host buffer and copy wait (the CUDA side's arithmetic; tests/test_gpu_lazy.py runs it on a GPU) --------------
 
 
-@pytest.mark.parametrize("address, nbytes, page, span", [
-    (0, 1, 4096, (0, 4096)),  # one byte pins a page
-    (4096 * 3, 4096, 4096, (0, 4096)),  # aligned, whole pages: exactly the request
-    (64, 21_000_000_000, 4096, (4032, 21_000_003_584)),  # 21 GB from a 64-byte-aligned block: 3,584 B more
-    (4095, 8193, 4096, (1, 12288)),
+@pytest.mark.parametrize("nbytes, page, length", [
+    (1, 4096, 4096),  # one byte pins a page
+    (4096, 4096, 4096),  # whole pages: exactly the request
+    (21_000_000_000, 4096, 21_000_003_584),  # 21 GB: 3,584 B more, not the 32 GiB of torch's caching allocator
+    (8193, 4096, 12288),
 ])
-def test_a_pinned_buffer_pins_the_request_rounded_to_pages(address, nbytes, page, span):
-    """Not the power of two torch's caching host allocator would pin (a 21 GB buffer: 32 GiB): the request's pages,
-    starting at the block's first page boundary, inside the padded block wherever the allocator put it."""
-    offset, length = copies.page_span(address, nbytes, page)
-    assert (offset, length) == span
-    assert offset % page == (-address) % page and (address + offset) % page == 0
-    assert nbytes <= length < nbytes + page
-    assert offset + length <= copies.padded_bytes(nbytes, page)
+def test_a_pinned_buffer_pins_the_request_rounded_to_pages(nbytes, page, length):
+    assert copies.pinned_length(nbytes, page) == length
 
 
-def test_page_span_refuses_nothing_to_pin():
+def test_pinned_length_refuses_nothing_to_pin():
     with pytest.raises(ValueError, match="nbytes >= 1"):
-        copies.page_span(0, 0)
+        copies.pinned_length(0)
+
+
+def test_the_pinned_range_starts_where_the_tensors_storage_does(monkeypatch):
+    """torch's ``is_pinned`` asks CUDA about the storage's first byte: the range registered must start there (the
+    first H100 visit found a buffer locked from its first page boundary inward, and ``is_pinned`` False)."""
+    calls = []
+    monkeypatch.setattr(copies, "_cuda_call", lambda name, *args: calls.append((name, *args)))
+    pages = copies.pin_pages(3 * copies.PAGE + 5)
+    storage_start = pages.tensor.untyped_storage().data_ptr()
+    assert calls == [("cudaHostRegister", storage_start, 4 * copies.PAGE, 0)]
+    assert storage_start % copies.PAGE == 0 and pages.tensor.numel() == 3 * copies.PAGE + 5
+    pages.tensor.fill_(7)  # writable, all of it
+    pages.unpin()
+    assert calls[-1] == ("cudaHostUnregister", storage_start) and pages.tensor is None
 
 
 def test_a_pageable_buffer_pins_nothing_and_is_released():

@@ -35,6 +35,7 @@ def test_pinned_buffer_is_its_pages_and_goes_back_to_the_system():
     tensor[:256 * MiB].view(torch.int32).copy_(source, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(tensor[:256 * MiB].view(torch.int32), source.cpu())
+    del tensor
     buffer.release()
     after = resident_bytes()
     assert held - before >= 250 * MiB and held - after >= 250 * MiB and buffer.pinned_bytes == 0
