@@ -386,8 +386,11 @@ class Session:
         return self.ledger
 
     def stale(self, blocks: list[Block]) -> set[str]:
-        """The blocks whose only results on this machine were measured at other code."""
-        return {b.name for b in blocks if not b.every_visit and held_results(self.results, self.machine, b.name)
+        """The blocks that ended ok on this machine at other code and hold no result at this code. A block that only
+        ever failed is not stale but unmeasured: its failure may be what the code changed for (the first H100 visit's
+        probe failed for want of fio), so it keeps its place in the priority order."""
+        return {b.name for b in blocks if not b.every_visit
+                and any(meta.get("status") == "ok" for _, meta in held_results(self.results, self.machine, b.name))
                 and not held_result(self.results, self.machine, self.code["tree"], b.name)}
 
     def decide_held(self, block: Block) -> str | None:
@@ -575,7 +578,7 @@ def block_result(ledger: dict, name: str, entry: dict, logs: Path, probe: dict |
     runs = logs / name / "runs"
     if runs.is_dir():
         result["runs"] = run_figures(runs, probe if name.startswith("engines-1B-") else None)
-    if name == "probe" and entry["status"] == "ok":
+    if name == "probe" and entry["status"] in DONE:
         try:
             result["limits"] = limits_of(entry["files"])
         except SessionError as error:
@@ -584,12 +587,13 @@ def block_result(ledger: dict, name: str, entry: dict, logs: Path, probe: dict |
 
 
 def probe_limits(ledger: dict, results: Path) -> dict | None:
-    """The probe's limits: this visit's probe, else the latest held for this machine, at this code or another (None:
-    no probe, or one whose files do not give them: the probe's own result says why)."""
+    """The probe's limits: this visit's probe (whatever its files give, even where the block failed on one of its
+    commands: its copies are measured before its storage), else the latest held for this machine, at this code or
+    another (None: no probe, or one whose files give nothing: the probe's own result says why)."""
     probe = ledger["blocks"].get("probe", {})
-    if probe.get("status") == "ok":
+    if probe.get("status") in DONE:
         try:
-            return limits_of(probe["files"])
+            return limits_of(probe.get("files", {}))
         except SessionError:
             return None
     held = held_results(results, ledger["session"]["machine"], "probe")
@@ -597,18 +601,23 @@ def probe_limits(ledger: dict, results: Path) -> dict | None:
 
 
 def limits_of(files: dict) -> dict:
-    """Pinned D2H bandwidth (gpu_probe.py) and fio's write and cold read (bench/limits.py's best method)."""
+    """Pinned D2H bandwidth and the cost of pinning (gpu_probe.py), and the storage's write and cold read
+    (bench/limits.py's best method; None each, with ``storage_error``, where it measured none)."""
     copies, storage = files.get("copies.json"), files.get("limits.json")
-    if not isinstance(copies, dict) or not isinstance(storage, dict):
-        raise SessionError("the probe ended ok but its copies.json or limits.json is missing or not JSON: "
-                           "see its log in logs.tar.gz")
+    if not isinstance(copies, dict):
+        raise SessionError("the probe's copies.json is missing or not JSON: see its log in logs.tar.gz")
+    limits = {"d2h_pinned_GBps": copies["d2h_pinned"]["best_GBps"], "pin_s_per_GiB": copies["pin"]["best_s_per_GiB"],
+              "write_MBps": None, "read_MBps": None}
+    if not isinstance(storage, dict):
+        return {**limits, "storage_error": "bench/limits.py wrote no JSON: see the probe's log in logs.tar.gz"}
+    if storage.get("error"):
+        return {**limits, "storage_error": storage["error"]}
     try:
         write, read = storage["write"]["best_MBps"], storage["read"]["best_MBps"]
     except (KeyError, TypeError):
         raise SessionError("bench/limits.py's JSON has no write.best_MBps / read.best_MBps: update "
                            "gpu_session.limits_of to its format") from None
-    return {"d2h_pinned_GBps": copies["d2h_pinned"]["best_GBps"], "write_MBps": write, "read_MBps": read,
-            "pin_s_per_GiB": copies["pin"]["best_s_per_GiB"]}
+    return {**limits, "write_MBps": write, "read_MBps": read, "storage_tool": storage.get("tool", "fio")}
 
 
 def run_figures(runs: Path, probe: dict | None) -> list[dict]:
@@ -702,7 +711,8 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
     if not rows:
         return None
     meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
-            "gpu": session.get("gpu"), "code": session["code"]}
+            "gpu": session.get("gpu"), "code": session["code"],
+            "runtime": ledger["blocks"].get("setup", {}).get("files", {}).get("runtime.json", {})}
     return {"meta": meta, "engines": rows, "headline": headline(rows)}
 
 
@@ -765,23 +775,27 @@ def markdown(result: dict) -> str:
                   *result["log_tail"][-20:], "```", ""]
     lines += ["Commands:", "", *[f"- `{c}`" for c in meta["commands"]], ""]
     if result.get("limits"):
-        lim = result["limits"]
-        lines += ["## Limits", "",
-                  f"- pinned device-to-host copy: **{lim['d2h_pinned_GBps']:.1f} GB/s** (bench/gpu_probe.py: one "
-                  "torch copy of 4 GiB, best of 5), pinning host memory "
-                  f"{lim['pin_s_per_GiB']:.2f} s/GiB (cudaHostRegister of a fresh buffer)",
-                  f"- disk: write ending in fsync **{lim['write_MBps']:.0f} MB/s**, cold read **{lim['read_MBps']:.0f} "
-                  "MB/s** (bench/limits.py: best of its fio methods, one job, the checkpoint's one rank)", ""]
+        lines += limits_markdown(result["limits"])
     if "runs" in result:
         lines += runs_markdown(result["runs"])
     return "\n".join(lines) + "\n"
+
+
+def limits_markdown(lim: dict) -> list[str]:
+    disk = (f"write ending in fsync **{lim['write_MBps']:.0f} MB/s**, cold read **{lim['read_MBps']:.0f} MB/s** "
+            f"(bench/limits.py: best of its {lim.get('storage_tool', 'fio')} methods, one job, the checkpoint's one "
+            "rank)" if lim.get("write_MBps") else f"not measured: {lim.get('storage_error')}")
+    return ["## Limits", "",
+            f"- pinned device-to-host copy: **{lim['d2h_pinned_GBps']:.1f} GB/s** (bench/gpu_probe.py: one torch copy "
+            f"of 4 GiB, best of 5), pinning host memory {lim['pin_s_per_GiB']:.2f} s/GiB (bench/gpu_probe.py)",
+            f"- disk: {disk}", ""]
 
 
 def runs_markdown(runs: list[dict]) -> list[str]:
     lines = ["## Runs (last checkpoint; restore = the relaunch's first attempt)", "",
              "| run | engine | stall s | slowdown s | whole cost s | durable s | restore s (cache) | restart s | "
              "verdict | host peak GB train/restore | GPU peak GB train/restore | stall ÷ D2H floor | "
-             "cost ÷ floor | durable ÷ fio write | restore ÷ fio read |",
+             "cost ÷ floor | durable ÷ disk write | restore ÷ disk read |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if r.get("status") != "complete":
@@ -812,8 +826,9 @@ FIGURES_SAID = (
     "the restored state against the digests recorded at save and iteration K+1 against the uninterrupted run "
     "(restartbench's proof); host peak = largest RSS of any rank in steady training / in the restart; GPU peak = "
     "torch's cuda max allocated in any span; D2H floor = the rank's checkpoint bytes ÷ the probe's pinned D2H "
-    "bandwidth; fio write/read = the probe's bench/limits.py figures (a ratio above 1 says the limit was measured "
-    "too low). All on the machine named above, one run each.")
+    "bandwidth; disk write/read = the probe's bench/limits.py figures (fio's, or dd's where the machine has no fio; "
+    "a ratio above 1 says the limit was measured too low; — where the probe measured none). All on the machine "
+    "named above, one run each.")
 
 
 def _gb(value) -> str:

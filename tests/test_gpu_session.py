@@ -120,6 +120,18 @@ def test_blocks_held_at_other_code_come_after_the_unmeasured_and_are_planned_wit
         "measured on this machine: 60 s on 2026-11-20")
 
 
+def test_a_block_that_only_failed_at_other_code_keeps_its_place_in_the_priority_order(tmp_path):
+    """The first H100 visit's probe failed (no fio on the image): the code that fixes it must not send the probe to
+    the back of the next visit, behind every block never run."""
+    results = tmp_path / "results"
+    held(results, "probe", "older", 20, status="failed")
+    held(results, "smoke", "older", 30)
+    blocks = [block("setup", 1, every_visit=True), block("probe", 10, "print('p')", needs=("setup",)),
+              block("smoke", 10, "print('s')", needs=("setup",)), block("engine", 10, "print('e')", needs=("setup",))]
+    ledger = session(tmp_path, 1000, {}, results).run(blocks, None, [], None)
+    assert list(ledger["blocks"]) == ["setup", "probe", "engine", "smoke"]
+
+
 def test_a_stale_block_moves_up_with_an_unmeasured_block_that_needs_it():
     blocks = [block("setup", 1, every_visit=True), block("build", 1, needs=("setup",)), block("x", 1),
               block("use", 1, needs=("setup", "build"))]
@@ -240,18 +252,22 @@ def test_keep_checkpoints_1_keeps_the_newest_and_restores_it_exactly(tiny_run):
     assert not [f for f in json.loads((run / "inventory.json").read_text()) if f["tag"] == "step1"]
 
 
-def visit(tmp_path, runs: Path) -> Path:
-    """What a visit brings back: a ledger with a probe and an engines-1B-lazy block, and the logs' archive."""
+def visit(tmp_path, runs: Path, storage: dict | None = None) -> Path:
+    """What a visit brings back: a ledger with a setup, a probe and an engines-1B-lazy block, and the logs' archive
+    (``storage``: the probe's limits.json, by default fio's limits)."""
     out = tmp_path / "out"
     out.mkdir()
     visit = {"started": "2026-11-26T10:00:00+00:00", "argv": ["--budget", "540"], "budget_s": 540, "gpu": "H100"}
     entry = {"expected_s": 300, "basis": "test", "commands": ["config-n-run.py 1B ..."], "code": "c0de", "visit": 1,
              "started": visit["started"], "ended": visit["started"], "exit": 0, "error": None, "log_tail": []}
     probe_files = {"copies.json": {"d2h_pinned": {"best_GBps": 50.0}, "pin": {"best_s_per_GiB": 0.5}},
-                   "limits.json": {"write": {"best_MBps": 1000.0}, "read": {"best_MBps": 2000.0}}}
+                   "limits.json": storage or {"write": {"best_MBps": 1000.0}, "read": {"best_MBps": 2000.0}}}
+    probe_status = "failed" if storage and storage.get("error") else "ok"
+    runtime = {"python": "3.12.3", "torch": "2.11.0+cu130", "deepspeed": "0.19.8"}
     ledger = {"session": {"machine": "h100", "gpu": "NVIDIA H100 80GB HBM3", "visits": [visit],
                           "code": {"tree": "c0de", "files": 3, "paths": ["restartbench"], "commit": None}},
-              "blocks": {"probe": {**entry, "status": "ok", "seconds": 100.0, "files": probe_files},
+              "blocks": {"setup": {**entry, "status": "ok", "seconds": 8.0, "files": {"runtime.json": runtime}},
+                         "probe": {**entry, "status": probe_status, "seconds": 100.0, "files": probe_files},
                          "engines-1B-lazy": {**entry, "status": "ok", "seconds": 280.0, "files": {}},
                          "tests": {**entry, "status": "not started", "error": "does not fit"}}}
     (out / gs.LEDGER).write_text(json.dumps(ledger))
@@ -282,6 +298,22 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
     assert gs.held_result(results, "h100", "c0de", "engines-1B-lazy") is not None
     for path in written:  # as tests/test_bench_results.py reads every result: the .md is markdown() of the .json
         assert path.read_text() == gs.markdown(json.loads(path.with_suffix(".json").read_text()))
+
+
+def test_a_probe_without_storage_limits_still_gives_the_d2h_ratios_and_says_why_the_disk_ones_are_missing(
+        tmp_path, tiny_run):
+    """The first H100 visit: the image had no fio, so the probe block failed on bench/limits.py after measuring the
+    copies; the stall's ratio to the D2H floor needs only the copies."""
+    results = tmp_path / "results"
+    no_fio = {"fio": None, "error": "fio is not installed on this machine"}
+    gs.import_results(visit(tmp_path, tiny_run, storage=no_fio), results)
+    [run] = json.loads((results / "2026-11-26-h100-gpu-engines-1B-lazy.json").read_text())["runs"]
+    assert run["stall_over_floor"] == pytest.approx(run["stall_s"] / (run["bytes_per_rank_max"] / 50e9))
+    assert run["durable_over_write"] is None and run["restore_over_read"] is None
+    probe_md = (results / "2026-11-26-h100-gpu-probe.md").read_text()
+    assert "50.0 GB/s" in probe_md and "disk: not measured: fio is not installed" in probe_md
+    summary_md = (results / "2026-11-26-h100-gpu-engines-1B.md").read_text()
+    assert "Python 3.12.3, torch 2.11.0+cu130, DeepSpeed 0.19.8" in summary_md
 
 
 def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
