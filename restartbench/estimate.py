@@ -21,8 +21,10 @@ Pure arithmetic on the preset and layout, written out so that it can be checked:
       step after that (torch's foreach AdamW: one fp32 temporary of the partition for the square root) holds the
       fp32 gradient and that temporary, 8·P/dp, but no longer the w·P gradients: never more than the flatten;
   - a fixed per-process overhead.
-  To be checked against ``cuda_max_allocated_bytes`` (the spans' torch peak) on the first GPU run; the old figure
-  (fp32 gradients 4·P, nothing for the step) was 4·P/dp + 2·P short in bf16 at dp 1 and 2·P over at large dp;
+  Checked against ``cuda_max_allocated_bytes`` (the spans' torch peak) on the first H100 visit (2026-11-26, 1B
+  tp1pp1 bf16, training iterations): 33.58 GB measured, 32.97 GB estimated without the process overhead (which
+  torch's figure does not count), 1.8 % under; 34.58 GB with it. The old figure (fp32 gradients 4·P, nothing for
+  the step) was 4·P/dp + 2·P short in bf16 at dp 1 and 2·P over at large dp;
 - checkpoint bytes: ``restartbench.plan``'s prediction of every file the run's engine writes, to the byte within
   the engine's stated tolerance (it needs torch and DeepSpeed, imported only when asked, and is kept between
   processes: ``restartbench.plan.PLAN_CACHE``).
