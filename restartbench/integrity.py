@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,22 @@ MANIFEST = "manifest.json"
 def sha256_of(path: str | Path) -> str:
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+FILE_THREADS = min(8, os.cpu_count() or 1)
+"""Files hashed at once by ``sha256_each``: hashlib and file reads release the GIL, and one thread hashed a 1B
+model's rank (a 3 GB and an 18 GB file) at about 1 GB/s, one file after the other. Each file's hash is still the
+SHA-256 of the whole file (what ``sha256sum`` prints), so one file is hashed on one thread: the largest bounds it."""
+
+
+def sha256_each(paths: list[str], sha256: Callable[[str], str] = sha256_of, threads: int | None = None) -> list[str]:
+    """``sha256(path)`` of every path, in their order, up to ``threads`` (default FILE_THREADS) files at once. A
+    store's own (``store.sha256``) hashes paths relative to it. The first failure is raised, as one thread's would."""
+    threads = min(threads or FILE_THREADS, len(paths))
+    if threads <= 1:
+        return [sha256(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(sha256, paths))
 
 
 Store = LocalStore | ObjectStore
@@ -58,16 +77,24 @@ def tag_step(tag: str) -> int:
     return int(digits) if digits else -1
 
 
-def check_share(ckpt_dir: str | Path | Store, tag: str, rank: int, world_size: int) -> list[str]:
-    """Check this rank's share of the manifest (every world_size-th file); a line per problem, naming the file."""
+def check_share(ckpt_dir: str | Path | Store, tag: str, rank: int, world_size: int,
+                threads: int | None = None) -> list[str]:
+    """Check this rank's share of the manifest (every world_size-th file); a line per problem, naming the file. The
+    files whose size is right are hashed ``sha256_each`` (several at once)."""
     store = _store(ckpt_dir)
-    problems = []
-    for entry in read_manifest(store, tag)[rank::world_size]:
+    problems: dict[int, str] = {}
+    to_hash = []
+    share = read_manifest(store, tag)[rank::world_size]
+    for index, entry in enumerate(share):
         path, size = store.url_of(entry["path"]), store.size(entry["path"])
         if size is None:
-            problems.append(f"{path}: missing")
+            problems[index] = f"{path}: missing"
         elif size != entry["bytes"]:
-            problems.append(f"{path}: {size} bytes, manifest says {entry['bytes']} (truncated or overwritten)")
-        elif store.sha256(entry["path"]) != entry["sha256"]:
-            problems.append(f"{path}: SHA-256 differs from the manifest (corrupt)")
-    return problems
+            problems[index] = f"{path}: {size} bytes, manifest says {entry['bytes']} (truncated or overwritten)"
+        else:
+            to_hash.append(index)
+    hashes = sha256_each([share[index]["path"] for index in to_hash], store.sha256, threads)
+    for index, digest in zip(to_hash, hashes):
+        if digest != share[index]["sha256"]:
+            problems[index] = f"{store.url_of(share[index]['path'])}: SHA-256 differs from the manifest (corrupt)"
+    return [problems[index] for index in sorted(problems)]

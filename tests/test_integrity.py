@@ -6,7 +6,16 @@ import os
 
 import pytest
 
-from restartbench.integrity import check_share, committed_tags, read_manifest, sha256_of, write_manifest
+from restartbench import integrity
+from restartbench.integrity import (
+    check_share,
+    committed_tags,
+    read_manifest,
+    sha256_each,
+    sha256_of,
+    write_manifest,
+)
+from restartbench.storage import LocalStore
 
 
 def _commit(root, tag, contents):
@@ -101,3 +110,44 @@ def test_reading_the_manifest_of_an_uncommitted_tag_says_never_committed(tmp_pat
     (tmp_path / "step6").mkdir()
     with pytest.raises(FileNotFoundError, match="step6 .* has no manifest.json: it was never committed"):
         read_manifest(tmp_path, "step6")
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2, 5])
+def test_files_hashed_several_at_once_have_hashlibs_whole_file_sha256_in_their_order(tmp_path, threads):
+    """What a commit records (``sha256_each``: a rank's files on threads), by path or through the store, each
+    file's SHA-256 as sha256sum prints it, in the order asked, whichever file finishes first."""
+    sizes = [5 * 2**20 + 3, 0, 1, 2**20, 77]
+    data = [os.urandom(size) for size in sizes]
+    names = [f"step4/file{index}.pt" for index in range(len(sizes))]
+    (tmp_path / "step4").mkdir()
+    for name, content in zip(names, data):
+        (tmp_path / name).write_bytes(content)
+    expected = [hashlib.sha256(content).hexdigest() for content in data]
+    assert sha256_each([tmp_path / name for name in names], threads=threads) == expected
+    assert sha256_each(names, LocalStore(tmp_path).sha256, threads=threads) == expected
+    assert sha256_each([], threads=threads) == []
+
+
+def test_a_file_that_cannot_be_hashed_fails_the_whole_share(tmp_path):
+    (tmp_path / "a.pt").write_bytes(b"a")
+    with pytest.raises(FileNotFoundError):
+        sha256_each([tmp_path / "a.pt", tmp_path / "gone.pt"], threads=2)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_a_share_checked_on_threads_names_each_damaged_file_in_the_manifests_order(tmp_path, threads, monkeypatch):
+    """Corrupt, truncated, missing and intact files mixed: each problem is named once, in the manifest's order."""
+    monkeypatch.setattr(integrity, "FILE_THREADS", 1)  # threads= decides, not the default
+    paths = _commit(tmp_path, "step4", _shards(count=7))
+    for victim in paths[1], paths[4], paths[6]:
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+    paths[3].write_bytes(paths[3].read_bytes()[:10])
+    paths[5].unlink()
+    assert check_share(tmp_path, "step4", rank=0, world_size=1, threads=threads) == [
+        f"{paths[1]}: SHA-256 differs from the manifest (corrupt)",
+        f"{paths[3]}: 10 bytes, manifest says 4096 (truncated or overwritten)",
+        f"{paths[4]}: SHA-256 differs from the manifest (corrupt)",
+        f"{paths[5]}: missing",
+        f"{paths[6]}: SHA-256 differs from the manifest (corrupt)"]

@@ -151,28 +151,34 @@ def test_same_bytes_under_another_dtype_or_shape_differ():
 
 def test_a_digest_is_the_same_in_every_process():
     """Phase 2 compares against what phase 1 recorded in another process: a tensor's hash depends only on its
-    dtype, shape and bytes (values pinned here)."""
-    assert tensor_hash(torch.arange(6, dtype=torch.float32).view(2, 3)) == "50e040d95cf11aca47eb2492"
-    assert tensor_hash(torch.arange(6, dtype=torch.bfloat16)) == "5798eae1a415d4c2e0bbffe7"
+    dtype, shape and bytes (values pinned here; the format is verify.HASH_NAME)."""
+    assert tensor_hash(torch.arange(6, dtype=torch.float32).view(2, 3)) == "cd6ce7d68fd041a89c2d7147"
+    assert tensor_hash(torch.arange(6, dtype=torch.bfloat16)) == "468bdd305dbfc84d264a9be8"
 
 
-def _hash_before_memoryview(tensor: torch.Tensor) -> str:
-    """tensor_hash as it was until the digest hashed one host copy through a memoryview (two copies: .cpu() and
-    .numpy().tobytes()): every digest recorded by an earlier phase 1 was made so."""
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    digest = hashlib.blake2b(digest_size=12)
-    digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-    digest.update(raw.cpu().numpy().tobytes())
-    return digest.hexdigest()
+def _reference_hash(tensor: torch.Tensor) -> str:
+    """tensor_hash written out with hashlib alone, from one full host copy of the bytes: SHA-256 of the format, the
+    chunk size, dtype, shape and chunk count, then the SHA-256 of every CHUNK_BYTES slice of the bytes in order."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    size = verify.CHUNK_BYTES
+    chunks = [data[start:start + size] for start in range(0, len(data), size)]
+    whole = hashlib.sha256(f"sha256-chunked-v2 {size} {tensor.dtype}{tuple(tensor.shape)} {len(chunks)}\n".encode())
+    for chunk in chunks:
+        whole.update(hashlib.sha256(chunk).digest())
+    return whole.hexdigest()[:24]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_digest_is_what_it_was_before_the_copy_was_saved(dtype):
-    """The same hash as the two-copy digest, for the study's dtypes: signed zeros (-0.0 and 0.0 differ by one
-    bit), a transposed (non-contiguous) tensor, a scalar and an empty one."""
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 7, 64])
+def test_a_tensors_hash_is_the_sha256_of_its_header_and_its_chunks_hashes(monkeypatch, dtype, chunk_bytes):
+    """For the study's dtypes, at the real chunk size and at small ones (many chunks, the last one shorter): signed
+    zeros (-0.0 and 0.0 differ by one bit), a transposed (non-contiguous) tensor, a scalar and an empty one."""
+    if chunk_bytes:
+        monkeypatch.setattr(verify, "CHUNK_BYTES", chunk_bytes)
     values = torch.tensor([[-0.0, 0.0, 1.5], [-2.25, float("inf"), 3e-3]], dtype=dtype)
     cases = [values, values.t(), values[0, 0], values[:0], torch.randn(257, 3).to(dtype)]
-    assert [tensor_hash(t) for t in cases] == [_hash_before_memoryview(t) for t in cases]
+    assert [tensor_hash(t) for t in cases] == [_reference_hash(t) for t in cases]
+    assert [tensor_hash(t, threads=3) for t in cases] == [_reference_hash(t) for t in cases]
     assert tensor_hash(torch.tensor([-0.0], dtype=dtype)) != tensor_hash(torch.tensor([0.0], dtype=dtype))
 
 
