@@ -18,8 +18,14 @@ the cache absorbs measures).
 The result's ``write`` and ``read`` hold each side's limit (``best_MBps``: the winner's median), its method and
 spread; ``limits`` every method's figures. With ``--json FILE`` the result goes to FILE only (bench/gpu_session.py
 runs it so on a GPU machine); without, to ``bench/results/YYYY-MM-DD-<machine>-limits.json`` and ``.md``
-(bench/results_io.py). Without fio it says so (in FILE where given) and exits with status 3. ``--render FILE.json``
-writes the Markdown of an existing result again (after ``notes`` were added to it).
+(bench/results_io.py). ``--render FILE.json`` writes the Markdown of an existing result again (after ``notes`` were
+added to it).
+
+Without fio (a bare GPU image), GNU dd measures instead (``baseline.DD_FULL``): buffered and O_DIRECT writes ending
+in fsync, O_DIRECT reads and buffered reads of evicted files, one dd process per job, in 1 and 8 MiB blocks; the same
+repeats, spreads and keys, with ``tool`` "dd". dd moves one block at a time (queue depth 1), so its limits are lower
+bounds of what the device allows with a queue. Without fio and dd it says so (in FILE where given) and exits with
+status 3.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from results_io import ROOT, add_output_arguments, machine_line, run_meta, write
 sys.path.insert(0, str(ROOT))
 
 from restartbench import baseline, pagecache  # noqa: E402
-from restartbench.baseline import FULL, Method  # noqa: E402
+from restartbench.baseline import DD_FULL, FULL, Method  # noqa: E402
 
+#: The exit status where neither fio nor dd is installed.
 NO_FIO = 3
 #: The experiment's methods (``--sizes``): the two durable writes, the page cache's write, the old read and the
 #: queued and buffered reads.
@@ -53,6 +60,14 @@ SWEEP: tuple[Method, ...] = (
     Method("read", direct=True, ioengine="libaio", iodepth=32, block_size="8M"),
     Method("read", evict_first=True),
 )
+#: The experiment's methods with dd: its own, and the page cache's write.
+DD_SWEEP: tuple[Method, ...] = (*DD_FULL, Method("write", ioengine="dd", fsync=False))
+NO_TOOL = ("fio is not installed on this machine, nor dd (GNU coreutils), so no storage limit was measured "
+           "(apt-get install fio, or copy a fio binary onto the PATH)")
+
+
+def methods_for(tool: str, fio_methods: tuple[Method, ...], dd_methods: tuple[Method, ...]) -> tuple[Method, ...]:
+    return fio_methods if tool == "fio" else dd_methods
 
 
 def resident_fraction(paths: list[Path]) -> float:
@@ -137,6 +152,16 @@ HEADER = ["| method | n | min MB/s | median MB/s | max MB/s | each pass MB/s | o
           "|---|---|---|---|---|---|---|---|---|"]
 
 
+def dd_note(result: dict) -> list[str]:
+    """Where dd measured: why, and that its figures are lower bounds."""
+    if result["limits"].get("tool") != "dd":
+        return []
+    return [f"**Measured with dd, not fio** (fio is not installed here; {result['limits'].get('tool_version')}): one "
+            "dd process per job, each moving its file one block at a time (queue depth 1), so these limits are "
+            "lower bounds of what the device allows with a queue (fio's libaio methods). The writes are zeros from "
+            "/dev/zero; each pass is timed from the processes' start to the last one's exit, fsync included.", ""]
+
+
 def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# Storage limits at the checkpoint's concurrency — {meta['machine']}, {meta['date']}", "",
@@ -146,12 +171,14 @@ def markdown(result: dict) -> str:
         return "\n".join([*lines, f"**Not measured: {result['error']}**", ""])
     limits = result["limits"]
     context = result["context"]
+    tool = limits.get("tool", "fio")
     lines += [f"Target {limits['target']} ({context.get('filesystem')}; block device {context.get('block_device')}, "
               f"write cache '{context.get('write_cache')}', readahead {context.get('read_ahead_kb')} kB; memory "
               f"{context.get('mem_total_kB')}, dirty_background_ratio {context.get('dirty_background_ratio_pct')} %, "
-              f"dirty_ratio {context.get('dirty_ratio_pct')} %). {limits['jobs']} fio jobs at once, each its own "
+              f"dirty_ratio {context.get('dirty_ratio_pct')} %). {limits['jobs']} {tool} jobs at once, each its own "
               f"file of {limits['size_bytes'] / baseline.MiB:.0f} MiB, {limits['repeats']} repeats, the methods in "
               "another order each repeat. MB = 10^6 bytes; bandwidths are the jobs' aggregate.", "",
+              *dd_note(result),
               *[f"- **{side} limit: {fmt(limits[f'{side}_MBps'])} MB/s** (median; min "
                 f"{fmt(limits[f'{side}_spread_MBps']['min_MBps'])}, max "
                 f"{fmt(limits[f'{side}_spread_MBps']['max_MBps'])}), by `{limits[f'{side}_best']}`"
@@ -159,8 +186,8 @@ def markdown(result: dict) -> str:
               f"- choice: {limits['choice']}",
               f"- probe size rule: {limits['probe_rule']}" + (" — **this probe is below it**"
                                                               if limits["probe_below_rule"] else ""),
-              f"- a run's own baseline: {baseline.COST_BOUND}", "",
-              "other disk traffic = bytes the block device moved during the pass beyond fio's own (other processes "
+              f"- a run's own baseline: {baseline.DD_COST_BOUND if tool == 'dd' else baseline.COST_BOUND}", "",
+              f"other disk traffic = bytes the block device moved during the pass beyond {tool}'s own (other processes "
               "on this machine; /proc/diskstats). load = the 1-minute load average at each pass's start. Bold: "
               "the winner of its side.", "", *HEADER,
               *method_rows(limits["methods"], {limits["write_best"], limits["read_best"]}), ""]
@@ -175,26 +202,28 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def measure_all(args: argparse.Namespace) -> dict:
-    limits = baseline.measure(args.dir, args.mib_per_job, jobs=args.jobs, methods=FULL, repeats=args.repeats,
+def measure_all(args: argparse.Namespace, tool: str) -> dict:
+    """The limits with ``tool`` (fio or dd), and the size experiment where asked."""
+    limits = baseline.measure(args.dir, args.mib_per_job, jobs=args.jobs, repeats=args.repeats,
+                              methods=methods_for(tool, FULL, DD_FULL),
                               check_evicted=resident_fraction)
-    print(f"limits: write {limits['write_MBps']:.0f} MB/s ({limits['write_best']}), read {limits['read_MBps']:.0f} "
-          f"MB/s ({limits['read_best']})", flush=True)
+    print(f"limits ({tool}): write {limits['write_MBps']:.0f} MB/s ({limits['write_best']}), read "
+          f"{limits['read_MBps']:.0f} MB/s ({limits['read_best']})", flush=True)
     sweep = []
     for size in args.sizes:
-        point = baseline.measure(args.dir, size, jobs=args.jobs, methods=SWEEP, repeats=args.repeats,
-                                 check_evicted=resident_fraction)
+        point = baseline.measure(args.dir, size, jobs=args.jobs, methods=methods_for(tool, SWEEP, DD_SWEEP),
+                                 repeats=args.repeats, check_evicted=resident_fraction)
         print(f"{size} MiB per job: write {point['write_MBps']:.0f}, read {point['read_MBps']:.0f} MB/s", flush=True)
         sweep.append(point)
     sides = {side: {"best_MBps": limits[f"{side}_MBps"], "method": limits[f"{side}_best"],
                     **limits[f"{side}_spread_MBps"]} for side in ("write", "read")}
-    return {**sides, "limits": limits, "sweep": sweep}
+    return {"tool": tool, "tool_version": limits["tool_version"], **sides, "limits": limits, "sweep": sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, help="the folder to measure (where the checkpoints go)")
-    parser.add_argument("--jobs", type=int, default=2, help="fio jobs at once: the ranks per node (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="fio (or dd) jobs at once: the ranks per node (default 2)")
     parser.add_argument("--mib-per-job", type=int, default=256, help="each job's file: a rank's share (MiB)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
@@ -210,22 +239,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir is None:
         parser.error("--dir is required")
     meta = {**meta_for(argv, args.machine), "dir": str(args.dir)}
-    if shutil.which("fio") is None:
-        error = ("fio is not installed on this machine, so no storage limit was measured (apt-get install fio, "
-                 "or copy a fio binary onto the PATH)")
-        print(f"bench/limits.py: {error}", file=sys.stderr)
+    tool = baseline.available_tool()
+    if tool is None:
+        print(f"bench/limits.py: {NO_TOOL}", file=sys.stderr)
         if args.json:
-            args.json.write_text(json.dumps({"meta": meta, "fio": None, "error": error}, indent=1) + "\n")
+            args.json.write_text(json.dumps({"meta": meta, "fio": None, "tool": None, "error": NO_TOOL}, indent=1)
+                                 + "\n")
         return NO_FIO
+    if tool == "dd":
+        print("bench/limits.py: fio is not installed: dd measures (one process per job, queue depth 1: lower "
+              "bounds)", file=sys.stderr)
     try:
         args.dir.mkdir(parents=True, exist_ok=True)
         result = {"meta": meta, "fio": shutil.which("fio"), "context": system_context(args.dir),
-                  **measure_all(args)}
+                  **measure_all(args, tool)}
     except (baseline.BaselineError, OSError) as error:
         print(f"bench/limits.py: not measured: {error}", file=sys.stderr)
         if args.json:
-            args.json.write_text(json.dumps({"meta": meta, "fio": shutil.which("fio"), "error": str(error)},
-                                            indent=1) + "\n")
+            args.json.write_text(json.dumps({"meta": meta, "fio": shutil.which("fio"), "tool": tool,
+                                             "error": str(error)}, indent=1) + "\n")
         return 1
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -28,10 +28,17 @@ moves 640 MiB, a few seconds here (tests/test_baseline.py prints it). ``bench/li
 repeated, with min/median/max per method.
 
 The probe's size (``PROBE_RULE``, ``probe_mib``): bench/results/2026-11-26-cpu2-limits.md has the experiment.
+
+Where fio is not installed (a bare GPU image) GNU ``dd`` measures instead (``DD_QUICK``, ``DD_FULL``: methods whose
+``ioengine`` is ``"dd"``): one dd process per job, all started together, each moving its file one block at a time
+(queue depth 1), the pass timed from their start to the last one's exit, fsync included. dd has no queue, so its
+figures are a lower bound of what the device allows with one (fio's libaio methods); the writes are zeros from
+/dev/zero (a compressing filesystem would make them look faster).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -40,7 +47,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,14 @@ WRITE_CACHED = "sequential buffered write without fsync: the page cache's speed,
 READ_DIRECT = "sequential O_DIRECT read (fio --direct=1)"
 READ_BUFFERED = ("sequential buffered read after posix_fadvise(DONTNEED) eviction (pages a filesystem cannot "
                  "evict, such as tmpfs's, may be read from memory)")
+DD_ONE_BY_ONE = "dd, a single process per job, queue depth 1: a lower bound of what the device allows with a queue"
+DD_WRITE_METHOD = (f"sequential buffered write of zeros, fsync at the end (conv=fsync), fsync time included; "
+                   f"{DD_ONE_BY_ONE}")
+DD_WRITE_DIRECT = (f"sequential O_DIRECT write of zeros (oflag=direct conv=fsync), fsync time included; "
+                   f"{DD_ONE_BY_ONE}")
+DD_READ_DIRECT = f"sequential O_DIRECT read (iflag=direct); {DD_ONE_BY_ONE}"
+DD_READ_BUFFERED = (f"sequential buffered read after posix_fadvise(DONTNEED) eviction (the kernel's readahead may "
+                    f"keep more than one block in flight); {DD_ONE_BY_ONE}")
 #: Seconds one fio pass (one method, all jobs) may take before it is stopped and recorded as failed.
 PASS_TIMEOUT_S = 60
 
@@ -72,7 +87,8 @@ SIZING = ("one fio job per rank of a node (every engine the study runs writes fr
 
 @dataclass(frozen=True)
 class Method:
-    """One way of moving a file with fio: a write ending in fsync, or a sequential read."""
+    """One way of moving a file with fio, or with dd where ``ioengine`` is ``"dd"``: a write ending in fsync, or a
+    sequential read."""
 
     rw: str  # "write" or "read"
     direct: bool = False
@@ -94,9 +110,16 @@ class Method:
         return self.rw == "read" or self.fsync
 
     @property
+    def tool(self) -> str:
+        return "dd" if self.ioengine == "dd" else "fio"
+
+    @property
     def family(self) -> str:
         if self.rw == "write" and not self.fsync:
             return WRITE_CACHED
+        if self.tool == "dd":
+            return {("write", False): DD_WRITE_METHOD, ("write", True): DD_WRITE_DIRECT,
+                    ("read", False): DD_READ_BUFFERED, ("read", True): DD_READ_DIRECT}[self.rw, self.direct]
         if self.rw == "write":
             return WRITE_DIRECT if self.direct else WRITE_METHOD
         return READ_DIRECT if self.direct else READ_BUFFERED
@@ -112,6 +135,15 @@ class Method:
         if self.rw == "write" and self.fsync:
             args.append("--end_fsync=1")
         return args
+
+    def dd_args(self, path: Path, size: int) -> list[str]:
+        """dd's command for this method on one file of ``size`` bytes (a whole number of blocks)."""
+        count = f"count={size // self.block_bytes}"
+        if self.rw == "write":
+            return ["dd", "if=/dev/zero", f"of={path}", f"bs={self.block_size}", count,
+                    *(["oflag=direct"] if self.direct else []), *(["conv=fsync"] if self.fsync else [])]
+        return ["dd", f"if={path}", "of=/dev/null", f"bs={self.block_size}", count,
+                *(["iflag=direct"] if self.direct else [])]
 
 
 #: A run's own baseline: the old figures (buffered write + fsync, O_DIRECT psync read) and the methods that won on
@@ -138,9 +170,29 @@ FULL: tuple[Method, ...] = (
     Method("read", evict_first=True),
     Method("read", evict_first=True, block_size="8M"),
 )
-COST_BOUND = (f"{len(QUICK)} fio passes ({', '.join(m.name for m in QUICK)}), each of jobs x size bytes and each "
-              f"stopped after {PASS_TIMEOUT_S} s: at most jobs x --baseline-mib x {len(QUICK)} bytes moved and "
-              f"{len(QUICK) * PASS_TIMEOUT_S} s")
+#: Without fio, bench/limits.py: dd's two writes and two reads, each in 1 and 8 MiB blocks (neither won everywhere
+#: on this VM: a buffered dd write in 8 MiB blocks ran at half its 1 MiB speed, a buffered read the other way round).
+DD_FULL: tuple[Method, ...] = tuple(
+    Method(rw, direct=direct, evict_first=rw == "read" and not direct, ioengine="dd", block_size=block)
+    for rw, direct in (("write", False), ("write", True), ("read", True), ("read", False)) for block in ("1M", "8M"))
+#: Without fio, a run's own baseline: the 1 MiB blocks only, so a file of one MiB is enough.
+DD_QUICK: tuple[Method, ...] = tuple(m for m in DD_FULL if m.block_size == BLOCK_SIZE)
+
+
+def with_block(methods: Sequence[Method], block_size: str) -> tuple[Method, ...]:
+    """``methods`` with ``block_size`` blocks."""
+    return tuple(replace(m, block_size=block_size) for m in methods)
+
+
+def cost_text(methods: Sequence[Method]) -> str:
+    """What a run's own baseline with ``methods`` costs at most."""
+    return (f"{len(methods)} {methods[0].tool} passes ({', '.join(m.name for m in methods)}), each of jobs x size "
+            f"bytes and each stopped after {PASS_TIMEOUT_S} s: at most jobs x --baseline-mib x {len(methods)} bytes "
+            f"moved and {len(methods) * PASS_TIMEOUT_S} s")
+
+
+COST_BOUND = cost_text(QUICK)
+DD_COST_BOUND = cost_text(DD_QUICK)
 #: How big each job's file must be to measure the disk and not what sits before it (see ``probe_mib``). The experiment
 #: (bench/results/2026-11-26-cpu2-limits.md, 2 jobs, 5 repeats at 8, 64, 256 and 1024 MiB per job): at 8 MiB the
 #: buffered write ending in fsync read 305 MB/s (median), twice its 141-175 MB/s at 64 MiB and above, as a burst that
@@ -178,15 +230,22 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,
     """Measure ``target`` and write ``run_dir/baseline.json`` (with ``sizing``, how the jobs and sizes were chosen,
     where given); on any problem print a note and return None.
 
-    A missing or failing baseline never fails the run: it is context for the analysis, not a result.
+    A missing or failing baseline never fails the run: it is context for the analysis, not a result. Without fio,
+    dd measures (``DD_QUICK``: queue depth 1, a lower bound).
     """
-    if shutil.which("fio") is None:
-        say("note: fio is not installed, so no storage baseline is measured (install it: apt-get install fio)")
+    tool = available_tool()
+    if tool is None:
+        say("note: fio is not installed, nor dd, so no storage baseline is measured (install fio: apt-get install "
+            "fio)")
         return None
-    say(f"storage baseline: {jobs} fio job(s) at once each write and read {size_mib} MiB in {target} "
-        f"({len(QUICK)} methods)")
+    methods = QUICK if tool == "fio" else DD_QUICK
+    if tool == "dd":
+        say("note: fio is not installed, so dd measures the storage baseline (one process per job, queue depth 1: "
+            "a lower bound of the storage's limits)")
+    say(f"storage baseline: {jobs} {tool} job(s) at once each write and read {size_mib} MiB in {target} "
+        f"({len(methods)} methods)")
     try:
-        baseline = measure(Path(target), size_mib, jobs=jobs)
+        baseline = measure(Path(target), size_mib, jobs=jobs, methods=methods)
     except (BaselineError, OSError) as error:
         say(f"note: storage baseline not measured: {error}")
         return None
@@ -197,6 +256,11 @@ def record_baseline(run_dir: Path, target: Path, size_mib: int, jobs: int = 1,
     say(f"storage baseline: write {baseline['write_MBps']:.0f} MB/s ({baseline['write_best']}), "
         f"read {baseline['read_MBps']:.0f} MB/s ({baseline['read_best']})")
     return path
+
+
+def available_tool() -> str | None:
+    """The tool that measures: fio where installed, else dd, else None."""
+    return next((tool for tool in ("fio", "dd") if shutil.which(tool)), None)
 
 
 def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int = 1,
@@ -213,8 +277,9 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
     if repeats < 1:
         raise BaselineError(f"the baseline needs at least one repeat, got {repeats}")
     if methods is None:
-        methods = QUICK if block_size == BLOCK_SIZE else tuple(
-            Method(m.rw, m.direct, m.ioengine, m.iodepth, block_size, m.evict_first, m.fsync) for m in QUICK)
+        methods = QUICK if block_size == BLOCK_SIZE else with_block(QUICK, block_size)
+    if len({m.tool for m in methods}) != 1:
+        raise BaselineError("the baseline's methods must all use one tool (fio or dd)")
     target.mkdir(parents=True, exist_ok=True)
     test_files = [target / f".restartbench-baseline-{os.getpid()}-{job}.fio" for job in range(jobs)]
     size = size_mib * MiB
@@ -263,16 +328,18 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
     figures = summarize(methods, passes, skipped)
     write, read = best(figures, "write"), best(figures, "read")
     common = {m["block_size"] for m in figures if m.get("median_MBps") is not None}
+    tool, version = methods[0].tool, tool_version(passes)
     return {
-        "tool": "fio", "write_MBps": write["median_MBps"], "read_MBps": read["median_MBps"],
+        "tool": tool, "tool_version": version, "write_MBps": write["median_MBps"], "read_MBps": read["median_MBps"],
         "write_best": write["name"], "read_best": read["name"],
         "write_spread_MBps": spread_of(write), "read_spread_MBps": spread_of(read),
         "target": str(target.resolve()), "size_bytes": size, "jobs": jobs, "repeats": repeats,
         "block_size": common.pop() if len(common) == 1 else "per method (see methods)",
-        "write_method": write["family"], "read_method": read["family"], "fio_version": fio_version(passes),
+        "write_method": write["family"], "read_method": read["family"],
+        **({"fio_version": version} if tool == "fio" else {}),
         "choice": "each side's limit is the method with the highest median over the repeats (write_best, "
                   "read_best); every method's figures are in methods",
-        "cost_bound": COST_BOUND if list(methods) == list(QUICK) else None,
+        "cost_bound": {QUICK: COST_BOUND, DD_QUICK: DD_COST_BOUND}.get(tuple(methods)),
         "probe_rule": PROBE_RULE, "probe_below_rule": size_mib < PROBE_MIN_MIB,
         "methods": figures,
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -298,19 +365,20 @@ def rotated(methods: list[Method], repeat: int) -> list[Method]:
 
 
 def one_pass(paths: list[Path], method: Method, size: int) -> dict[str, Any]:
-    """One fio pass of ``method`` over ``paths``: its figure, or the error that stopped it; with the load and the
-    device's other traffic while it ran."""
+    """One pass of ``method`` over ``paths`` (fio, or dd): its figure, or the error that stopped it; with the load
+    and the device's other traffic while it ran."""
     device = device_counters(paths[0].parent)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     try:
-        report = run_fio(paths, method.rw, size, method.block_size, *method.fio_args(), ioengine=None)
+        report = run_dd(paths, method, size) if method.tool == "dd" else run_fio(
+            paths, method.rw, size, method.block_size, *method.fio_args(), ioengine=None)
     except BaselineError as error:
         return {"error": str(error), "load_average": load}
     wall_s = time.perf_counter() - start
     if report["io_bytes"] != size * len(paths):  # the group report must cover every job, all of its bytes
-        raise BaselineError(f"fio's {method.rw} report covers {report['io_bytes']} bytes, not the {len(paths)} × "
-                            f"{size} bytes its jobs moved")
+        raise BaselineError(f"{method.tool}'s {method.rw} report covers {report['io_bytes']} bytes, not the "
+                            f"{len(paths)} × {size} bytes its jobs moved")
     after = device_counters(paths[0].parent)
     other = None
     if device is not None and after is not None:
@@ -328,7 +396,7 @@ def summarize(methods: Sequence[Method], passes: dict[str, list[dict[str, Any]]]
         done = [p["MBps"] for p in passes.get(method.name, []) if "MBps" in p]
         errors = [p["error"] for p in passes.get(method.name, []) if "error" in p]
         figures.append({
-            "name": method.name, "rw": method.rw, "family": method.family, "direct": method.direct,
+            "name": method.name, "rw": method.rw, "family": method.family, "direct": method.direct, "tool": method.tool,
             "ioengine": method.ioengine, "iodepth": method.iodepth, "block_size": method.block_size,
             "evict_first": method.evict_first, "fsync": method.fsync, "is_limit": method.is_limit, **spread(done),
             "passes": passes.get(method.name, []),
@@ -361,7 +429,7 @@ def best(figures: list[dict[str, Any]], rw: str) -> dict[str, Any]:
     return max(measured, key=lambda f: f["median_MBps"])  # max keeps the first of equals
 
 
-def fio_version(passes: dict[str, list[dict[str, Any]]]) -> str | None:
+def tool_version(passes: dict[str, list[dict[str, Any]]]) -> str | None:
     return next((p["version"] for runs in passes.values() for p in runs if p.get("version")), None)
 
 
@@ -384,6 +452,53 @@ def run_fio(paths: Path | list[Path], rw: str, size: int, block_size: str, *extr
         raise BaselineError(f"fio {rw} on {paths[0].parent} exited with {done.returncode}: "
                             f"{reason[-1] if reason else 'no message'}")
     return parse_fio(done.stdout, rw)
+
+
+def run_dd(paths: list[Path], method: Method, size: int, timeout_s: float = PASS_TIMEOUT_S) -> dict[str, Any]:
+    """One dd process per file of ``paths``, all started at once; their aggregate bandwidth (MB/s: every byte over
+    the time from the start to the last one's exit, fsync included) and dd's version."""
+    env = {**os.environ, "LC_ALL": "C"}  # dd's summary in English, for dd_bytes
+    start = time.perf_counter()
+    running = [subprocess.Popen(method.dd_args(path, size), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env) for path in paths]
+    try:
+        outputs = [process.communicate(timeout=max(0.0, start + timeout_s - time.perf_counter()))[1]
+                   for process in running]
+    except subprocess.TimeoutExpired:
+        stop(running)
+        raise BaselineError(f"dd {method.rw} on {paths[0].parent} stopped after {timeout_s:.0f} s") from None
+    wall_s = time.perf_counter() - start
+    for process, output in zip(running, outputs):
+        if process.returncode != 0:
+            reason = output.strip().splitlines()
+            raise BaselineError(f"dd {method.rw} on {paths[0].parent} exited with {process.returncode}: "
+                                f"{reason[-1] if reason else 'no message'}")
+    moved = sum(dd_bytes(output) for output in outputs)
+    return {"MBps": moved / wall_s / 1e6, "io_bytes": moved, "version": dd_version()}
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    """Kill and reap the processes still running (a pass past its timeout)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def dd_bytes(summary: str) -> int:
+    """The bytes dd copied, from its last line ("8388608 bytes (8.4 MB, 8.0 MiB) copied, ...")."""
+    last = next((line for line in reversed(summary.splitlines()) if " bytes" in line), "")
+    try:
+        return int(last.split()[0])
+    except (IndexError, ValueError):
+        raise BaselineError(f"dd printed no byte count: {summary.strip()[-200:]!r}") from None
+
+
+@functools.cache
+def dd_version() -> str | None:
+    """The first line of ``dd --version`` (None where it prints none)."""
+    done = subprocess.run(["dd", "--version"], capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+    return (done.stdout.strip().splitlines() or [None])[0]
 
 
 def parse_fio(output: str, rw: str) -> dict[str, Any]:
