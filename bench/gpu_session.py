@@ -144,9 +144,10 @@ def setup_block(where: Where) -> Block:
                  "versions (about 10 s)", tuple(commands), every_visit=True, problem=problem)
 
 
-def probe_mib(free_bytes: int, checkpoint: int, reserve: int = 4 * GiB, cap_mib: int = 8192) -> int:
-    """The fio file of the probe (one job: the checkpoint's one rank), MiB: at most ``cap_mib``, and small enough that
-    the checkpoint and ``reserve`` still fit beside it on the disk."""
+def probe_mib(free_bytes: int, checkpoint: int, reserve: int = 4 * GiB, cap_mib: int = 4096) -> int:
+    """The probe's file (one job: the checkpoint's one rank), MiB: at most ``cap_mib`` (each pass ends in fsync or
+    reads an evicted file, so 4 GiB measures the disk, not the page cache, in about 3 s a pass at its 1.4-2 GB/s),
+    and small enough that the checkpoint and ``reserve`` still fit beside it on the disk."""
     return max(0, min(cap_mib, (free_bytes - checkpoint - reserve) // MiB))
 
 
@@ -162,12 +163,14 @@ def probe_block(where: Where, free_bytes: int, checkpoint: int) -> Block:
          "--mib-per-job", str(mib), "--repeats", "2", "--json", str(out / "limits.json")),
     )
     problem = None if mib >= 1024 else (
-        f"{free_bytes / GiB:.1f} GiB free on the disk: a fio file of at least 1 GiB beside a {checkpoint / 1e9:.1f} GB "
+        f"{free_bytes / GiB:.1f} GiB free on the disk: a probe file of at least 1 GiB beside a "
+        f"{checkpoint / 1e9:.1f} GB "
         "checkpoint and 4 GiB kept free does not fit; free the disk")
     return Block("probe", 120, f"nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 repeats at 11-55 GB/s "
-                 f"and 3 pinnings at 0.55 s/GiB (FACTS: H100) with torch's import: about 20 s; fio through "
-                 f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s, "
-                 "2 repeats of each of its methods (about 3): about 90 s", commands, needs=("setup",),
+                 f"and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi calls); "
+                 f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s: "
+                 "fio's methods or, on an image without fio (the H100's), dd's 8 (4 write, 4 read), 2 repeats each, "
+                 "with the file written for the reads and the evictions: about 90 s", commands, needs=("setup",),
                  cleanup=(("rm", "-rf", str(where.work / "fio")),), problem=problem)
 
 
@@ -712,7 +715,7 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
         return None
     meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
             "gpu": session.get("gpu"), "code": session["code"],
-            "runtime": ledger["blocks"].get("setup", {}).get("files", {}).get("runtime.json", {})}
+            "runtime": ledger.get("blocks", {}).get("setup", {}).get("files", {}).get("runtime.json", {})}
     return {"meta": meta, "engines": rows, "headline": headline(rows)}
 
 
