@@ -196,7 +196,7 @@ def restore_phase(ranks: EmulatedRanks, emulator: Emulator) -> None:
 
     tag = harness.restore_tag(ranks.logs, ranks.store, ranks.cfg.launch, ranks.requested_tag, ranks.say)
     step = tag_step(tag)
-    cache = harness.page_cache_before_load(ranks.store, tag, ranks.cfg.launch.restore_cache)
+    cache = harness.page_cache_before_load(ranks.logs, ranks.store, tag, ranks.cfg.launch.restore_cache)
     ranks.say(f"restore (emulated, {ranks.engine}): loading {tag} ({cache['cache']} page cache)")
     problems_seen = []
     for rank in ranks.ranks:

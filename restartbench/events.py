@@ -62,6 +62,8 @@ class Event:
     # -- phase 2's restore -----------------------------------------------------------------------------------------
     RESTORE_CHECK_FILES = "restore.check_files"  # the manifest check of a checkpoint's files (span); problems
     RESTORE_FALLBACK = "restore.fallback"  # the wanted checkpoint was damaged; wanted, restored
+    RESTORE_CACHE = "restore.cache"  # the page cache before the load: evicted for a cold restore, then measured
+    # with mincore (span); cache, resident_fraction, cache_requested
     RESTORE_CONVERT = "restore.convert"  # an engine's offline conversion for another layout (span; rank 0 converts,
     # the others wait); converted_tag, files_read, bytes_read, files_written, bytes_written, command
     RESTORE_LOAD = "restore.load"  # the checkpoint's load (span); bytes, n_files, read_deserialize_s, cache
@@ -165,7 +167,8 @@ def span_on(logs: Iterable[EventLog], event: str, **fields: Any) -> Iterator[dic
 
 _SPANS = (Event.PROCESS_START, Event.STARTUP_IMPORTS, Event.STARTUP_DIST_INIT, Event.STARTUP_MODEL_BUILD,
           Event.STARTUP_DS_INITIALIZE, Event.STARTUP_ENGINE, Event.TRAIN_ITERATION, Event.CHECKPOINT_SAVE,
-          Event.CHECKPOINT_WAIT_DURABLE, Event.RESTORE_CONVERT, Event.RESTORE_LOAD, Event.RESTORE_VERIFY)
+          Event.CHECKPOINT_WAIT_DURABLE, Event.RESTORE_CHECK_FILES, Event.RESTORE_CACHE, Event.RESTORE_CONVERT,
+          Event.RESTORE_LOAD, Event.RESTORE_VERIFY)
 #: Fields the readers rely on, per event (README "Run folder"); other events and fields are not checked.
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     **{name: ("start", "duration_s") for name in _SPANS},

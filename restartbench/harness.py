@@ -5,7 +5,8 @@ Saving: ``begin_save`` starts a rank's save on both clocks; ``durable_share`` wa
 durable and hashes them; ``settle`` gathers every rank's share, records each rank's ``checkpoint.durable`` and, on
 rank 0, commits (manifest, then ``latest``) or discards the checkpoint, then records the ranks' resources.
 Restoring: ``restore_tag`` chooses the checkpoint and checks its files against the manifest, ``page_cache_before_load``
-evicts and measures the page cache, ``timed_load`` times the load and ``record_result`` records what it gave.
+evicts and measures the page cache (``restore.cache``), ``timed_load`` times the load and ``record_result`` records
+what it gave.
 
 One clock per checkpoint: a checkpoint starts when its first rank began its save (wall clock, gathered at
 ``settle``); every rank's durable time (``since_checkpoint_start_s``) and the commit are measured from that start,
@@ -297,14 +298,19 @@ def _committed_here(committed: list[str]) -> str:
             else "no checkpoint here has a manifest")
 
 
-def page_cache_before_load(store: Store, tag: str, wanted: str) -> dict[str, Any]:
+def page_cache_before_load(logs: Logs, store: Store, tag: str, wanted: str) -> dict[str, Any]:
     """The checkpoint's page-cache state when the load begins, evicted first for a cold restore
-    (``pagecache.before_restore``, a collective); ``remote`` for an object store, where no page cache applies."""
+    (``pagecache.before_restore``, a collective), as the ``restore.cache`` span on every rank of ``logs`` (the
+    harness's own work, which a restart figure can then leave out); ``remote`` for an object store, where no page
+    cache applies."""
     from restartbench import pagecache
 
-    if store.remote:  # every byte comes over the network: no page cache to evict or measure
-        return {"cache": "remote", "resident_fraction": None, "cache_requested": wanted}
-    return pagecache.before_restore(store.location, tag, wanted)
+    with span_all(logs, Event.RESTORE_CACHE, tag=tag) as extra:
+        if store.remote:  # every byte comes over the network: no page cache to evict or measure
+            extra.update(cache="remote", resident_fraction=None, cache_requested=wanted)
+        else:
+            extra.update(pagecache.before_restore(store.location, tag, wanted))
+    return dict(extra)
 
 
 def convert(log: EventLog, converter: Converter, load_dir: str, tag: str) -> str:

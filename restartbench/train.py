@@ -256,7 +256,7 @@ class RankRun:
 
         tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
         step = _step_of(tag)
-        cache = harness.page_cache_before_load(self.store, tag, self.cfg.launch.restore_cache)
+        cache = harness.page_cache_before_load({self.rank: self.log}, self.store, tag, self.cfg.launch.restore_cache)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
                   "cache)" + (f", saved on {self.saved_layout}, onto {self.plan.layout_name}" if self.relayout else ""))
         kill_in_load(self.log)

@@ -251,10 +251,47 @@ def test_restart_row_of_the_table(run):
 def test_critical_path_is_the_last_rank_ready_and_adds_up_to_the_restart(run):
     row = table_row(run, "restart", RESTORED)
     # rank 3 started its first iteration last (7.68 s after launch); the rest of the 8.41 s is that iteration
+    # (these spans are back to back: no gaps; no restore.cache span here, as in a run from before it was recorded)
     path = {"launch": 1.10, "imports": 2.10, "dist init": 0.15, "model build": 0.30, "ds init": 3.20,
-            "engine setup": 0.03, "ckpt load": 0.60, "verify": 0.10, "gaps": 0.10, "1st iter": 0.73}
-    assert row["path_rank"] == 3 and pd.isna(row["path_convert_s"])
-    assert {label: row[column] for column, label in analysis.PATH_COLUMNS if label != "convert"} == pytest.approx(path)
+            "engine setup": 0.03, "check files": 0.10, "ckpt load": 0.60, "verify": 0.10, "gaps": 0.0,
+            "1st iter": 0.73}
+    assert row["path_rank"] == 3 and pd.isna(row["path_convert_s"]) and pd.isna(row["path_cache_s"])
+    assert {label: row[column] for column, label in analysis.PATH_COLUMNS
+            if label not in ("convert", "cache")} == pytest.approx(path)
+    # without the harness's checks: 8.41 less rank 3's manifest check (0.10) and verify (0.10)
+    assert row["restart_less_checks_s"] == pytest.approx(8.21)
+
+
+def _span(rank: int, event: str, start: float, duration: float, **fields) -> dict:
+    return {"event": event, "phase": "restore", "rank": rank, "attempt": 1, "time": start + duration,
+            "start": start, "duration_s": duration, **fields}
+
+
+def test_the_harness_checks_are_path_parts_and_left_out_of_restart_less_checks():
+    """One rank's restore with every harness span (two manifest checks: a fallback), gaps between the spans and a
+    verify after the first resumed iteration (not on the path): the path parts add up to the restart, and
+    restart_less_checks_s is the restart less the checks on the path."""
+    events = [_span(0, "process.start", 100.0, 1.0), _span(0, "startup.imports", 101.0, 2.0),
+              _span(0, "startup.engine", 103.0, 0.5),
+              _span(0, "restore.check_files", 103.75, 0.25, problems=["damaged"]),  # 0.25 s gap before it
+              _span(0, "restore.check_files", 104.0, 0.5, problems=[]),
+              _span(0, "restore.cache", 104.5, 1.5, cache="cold"), _span(0, "restore.load", 106.0, 3.0),
+              _span(0, "restore.verify", 109.25, 0.75),  # 0.25 s gap before it
+              _span(0, "train.iteration", 110.0, 2.0, step=7, first_after_restore=True),
+              _span(0, "restore.verify", 112.0, 9.0)]  # after the first resumed iteration: not in the restart
+    ranks = analysis.rank_restarts(events)
+    assert {key: ranks[0][key] for key in ("check_files_s", "cache_s", "verify_s", "restart_s", "ready_s")} \
+        == pytest.approx({"check_files_s": 0.75, "cache_s": 1.5, "verify_s": 0.75, "restart_s": 12.0,
+                          "ready_s": 10.0})
+    path = analysis.critical_path(ranks, 12.0)
+    parts = {label: path[column] for column, label in analysis.PATH_COLUMNS if path[column] is not None}
+    assert parts == pytest.approx({"launch": 1.0, "imports": 2.0, "engine setup": 0.5, "check files": 0.75,
+                                   "cache": 1.5, "ckpt load": 3.0, "verify": 0.75, "gaps": 0.5, "1st iter": 2.0})
+    assert sum(parts.values()) == pytest.approx(12.0)
+    assert path["restart_less_checks_s"] == pytest.approx(12.0 - 0.75 - 1.5 - 0.75)
+    # a run without the harness's spans (engine none, an older run): the restart less what it has, nothing
+    bare = [e for e in events if not e["event"].startswith(("restore.check", "restore.cache", "restore.verify"))]
+    assert analysis.critical_path(analysis.rank_restarts(bare), 12.0)["restart_less_checks_s"] == pytest.approx(12.0)
 
 
 def test_rank_table_keeps_every_ranks_own_figures(run):

@@ -61,6 +61,7 @@ from restartbench.analysis.checkpoints import checkpoint_summary, rank_checkpoin
 from restartbench.analysis.collecting import Collected, Excluded, collect, run_folders
 from restartbench.analysis.columns import (
     FILE_KINDS,
+    HARNESS_PARTS,
     MB,
     MEMORY_COLUMNS,
     PATH_COLUMNS,
@@ -103,8 +104,8 @@ from restartbench.analysis.restarts import (
 from restartbench.baseline import BASELINE_FILE
 
 __all__ = [
-    "BASELINE_FILE", "FILE_KINDS", "GOODPUT_COLUMNS", "LIMIT_TOLERANCE_PCT", "LIMIT_UNDERESTIMATED", "LOGS_ENV", "MB",
-    "MEMORY_COLUMNS", "PATH_COLUMNS", "PATH_PARTS", "RANK_COLUMNS", "RECORD_FILE", "RELAYOUT_COLUMNS",
+    "BASELINE_FILE", "FILE_KINDS", "GOODPUT_COLUMNS", "HARNESS_PARTS", "LIMIT_TOLERANCE_PCT", "LIMIT_UNDERESTIMATED",
+    "LOGS_ENV", "MB", "MEMORY_COLUMNS", "PATH_COLUMNS", "PATH_PARTS", "RANK_COLUMNS", "RECORD_FILE", "RELAYOUT_COLUMNS",
     "RESTART_PART_COLUMNS", "SETUP_KEYS", "SPAN_COLUMNS", "SPAN_PARTS", "TABLE_COLUMNS", "WARM_CACHE", "BaselineFinder",
     "Collected", "Excluded", "MiB", "checkpoint_cost", "checkpoint_summary", "collect", "critical_path",
     "ds_init_summary", "engine_comparison", "engine_order", "file_statistics", "file_summary", "files_per_rank",

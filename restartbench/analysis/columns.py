@@ -13,10 +13,14 @@ FILE_KINDS = ("layer", "model", "optimizer", "other")
 #: (tidy-table column, label) of each restart part, in launch order.
 RESTART_PART_COLUMNS = [(f"restart_{label.replace(' ', '_')}_s", label) for _event, label in RESTART_PARTS]
 #: The restart's critical path: the parts of the rank that was last ready to train (its first resumed iteration
-#: started last; every rank waits for it there), in launch order. ``verify`` is the harness's exactness check and
-#: ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
-PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "convert", "ckpt load",
-              "verify", "gaps", "1st iter")
+#: started last; every rank waits for it there), in launch order. ``check files`` (the manifest check), ``cache``
+#: (the page cache's eviction and measure before the load) and ``verify`` (the exactness check) are the harness's
+#: own work (``HARNESS_PARTS``), ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
+PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "check files", "cache",
+              "convert", "ckpt load", "verify", "gaps", "1st iter")
+#: The critical path's parts that are the harness checking itself, not what a training job's restart costs: a job
+#: that checks nothing takes ``restart_less_checks_s`` (restart_s less these).
+HARNESS_PARTS = ("check files", "cache", "verify")
 PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_PARTS]
 
 
@@ -118,6 +122,10 @@ TABLE_COLUMNS: dict[str, str] = {
     "restart_s": "restart: max over ranks of launch -> end of the first resumed iteration",
     "restart_min_s": "fastest rank's launch -> end of the first resumed iteration",
     "restart_rank": "slowest rank of the restart",
+    "restart_less_checks_s": "what the restart takes without the harness's own checks (manifest check, page-cache "
+                             "eviction, exactness proof): a job that checks nothing. restart_s less the critical "
+                             "rank's path_check_files_s, path_cache_s and path_verify_s (a run without those spans, "
+                             "older runs or engine none, less what it has)",
     **{column: f"restart part '{label}', max over ranks" for column, label in RESTART_PART_COLUMNS},
     "path_rank": "the restart's critical rank: the last one ready to train (everyone waits for it in the first "
                  "iteration)",
@@ -166,6 +174,9 @@ RANK_COLUMNS: dict[str, str] = {
     "durable_s": "the checkpoint's start (its first rank's save start) -> this rank's files fsync'd",
     "bytes": "bytes written by this rank",
     "files": "files written by this rank", "restart_s": "launch -> end of this rank's first resumed iteration",
+    "check_files_s": "this rank's manifest check of the checkpoint's files (restore.check_files, every check summed)",
+    "cache_s": "this rank's page-cache preparation before the load (restore.cache: eviction and mincore measure)",
+    "verify_s": "this rank's exactness check (restore.verify)",
     "bytes_read": "bytes this rank read", "files_read": "files this rank read",
     "read_deserialize_s": "time inside this rank's file reads",
     "ds_init_parts": "this rank's deepspeed.initialize in its stages, {stage: seconds}, with 'collective wait' and "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from restartbench.analysis.columns import MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
+from restartbench.analysis.columns import HARNESS_PARTS, MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
 from restartbench.events import Event
 from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
 
@@ -50,8 +50,10 @@ def skipped_restarts(meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[str, Any]]:
-    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, bytes read,
-    ``ready_s`` (launch -> start of its first resumed iteration) and its ``deepspeed.initialize`` in stages."""
+    """One row per rank of one restore attempt: launch -> end of first resumed iteration, each part, the harness's
+    own checks before its first resumed iteration (``check_files_s``, every manifest check summed; ``cache_s``;
+    ``verify_s``), bytes read, ``ready_s`` (launch -> start of its first resumed iteration) and its
+    ``deepspeed.initialize`` in stages."""
     labels = dict(RESTART_PARTS)
     columns = {label: column for column, label in RESTART_PART_COLUMNS}
     rows: dict[int, dict[str, Any]] = {}
@@ -59,8 +61,10 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
         row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "attempt": attempt, "rank": e["rank"],
                                           "restart_s": None,
                                           "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
-                                          "verify_s": None, "bytes_read": None, "files_read": None,
-                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None})
+                                          "check_files_s": None, "cache_s": None, "verify_s": None,
+                                          "bytes_read": None, "files_read": None,
+                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None,
+                                          "_checks": []})
         name = e["event"]
         if name == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
             continue
@@ -73,15 +77,25 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
         elif name == Event.RESTORE_LOAD:
             row.update(tag=e.get("tag"), bytes_read=e.get("bytes"), files_read=e.get("n_files"),
                        read_deserialize_s=e.get("read_deserialize_s"))
-        elif name == Event.RESTORE_VERIFY:
-            row["verify_s"] = e["duration_s"]
+        elif name in _HARNESS_SPANS:
+            row["_checks"].append(e)
         elif name == Event.STARTUP_DS_INITIALIZE:
             row["ds_init_parts"] = ds_init_breakdown([e])
     for row in rows.values():
         launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
         row["restart_s"] = end - launch if launch is not None and end is not None else None
         row["ready_s"] = first - launch if launch is not None and first is not None else None
+        for e in row.pop("_checks"):  # a fallback checks several checkpoints' files: their times add up
+            if first is None or e["start"] < first:  # one after the first resumed iteration began is not on the path
+                key = _HARNESS_SPANS[e["event"]]
+                row[key] = (row[key] or 0.0) + e["duration_s"]
     return [rows[rank] for rank in sorted(rows)]
+
+
+#: The harness's own spans of a restore -> the per-rank column of their time (the path's ``HARNESS_PARTS``).
+_HARNESS_SPANS = {Event.RESTORE_CHECK_FILES: "check_files_s", Event.RESTORE_CACHE: "cache_s",
+                  Event.RESTORE_VERIFY: "verify_s"}
+_HARNESS_LABELS = dict(zip(_HARNESS_SPANS.values(), HARNESS_PARTS))
 
 
 #: The spans of a restore the memory figure marks: the restart's parts and the harness's exactness check.
@@ -179,16 +193,19 @@ def _part_at(spans: list[dict[str, Any]], starts: list[float], t: float) -> str 
 
 
 def critical_path(ranks: list[dict[str, Any]], total: float | None) -> dict[str, Any]:
-    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``, and its
-    ``deepspeed.initialize`` in stages (``path_ds_init_parts``)."""
+    """The parts of the last rank ready to train (``path_*`` columns), adding up to ``total``, its
+    ``deepspeed.initialize`` in stages (``path_ds_init_parts``) and ``restart_less_checks_s``: ``total`` less the
+    harness's own checks on that path (``HARNESS_PARTS``; those a rank did not record subtract nothing)."""
     ready = [r for r in ranks if r["ready_s"] is not None]
     if not ready or total is None:
-        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}, "path_ds_init_parts": None}
+        return {"path_rank": None, **{column: None for column, _ in PATH_COLUMNS}, "path_ds_init_parts": None,
+                "restart_less_checks_s": total}
     rank = max(ready, key=lambda r: r["ready_s"])
     by_label = {label: rank[column] for column, label in RESTART_PART_COLUMNS}
-    path = {label: by_label.get(label) for label in PATH_PARTS if label not in ("verify", "gaps", "1st iter")}
-    path["verify"] = rank["verify_s"]
+    by_label.update({label: rank[key] for key, label in _HARNESS_LABELS.items()})
+    path = {label: by_label.get(label) for label in PATH_PARTS if label not in ("gaps", "1st iter")}
     path["1st iter"] = max(total - rank["ready_s"], 0.0)
     path["gaps"] = max(rank["ready_s"] - sum(v for k, v in path.items() if v is not None and k != "1st iter"), 0.0)
+    checks = sum(path[label] for label in HARNESS_PARTS if path[label] is not None)
     return {"path_rank": rank["rank"], **{column: path.get(label) for column, label in PATH_COLUMNS},
-            "path_ds_init_parts": rank["ds_init_parts"]}
+            "path_ds_init_parts": rank["ds_init_parts"], "restart_less_checks_s": total - checks}

@@ -28,6 +28,7 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
     grouped = timed.groupby(keys, dropna=False)
     summary = grouped.agg(
         runs=("run_id", "nunique"), ranks=("ranks", "max"), restart_s=("restart_s", "median"),
+        **({"restart_less_checks_s": ("restart_less_checks_s", "median")} if "restart_less_checks_s" in timed else {}),
         restart_min_s=("restart_s", "min"), restart_max_s=("restart_s", "max"),
         rank_spread_s=("rank_spread_s", "median"),
         **{column: (column, "median") for column, _ in RESTART_PART_COLUMNS},

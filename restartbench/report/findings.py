@@ -62,7 +62,8 @@ def findings(table: pd.DataFrame) -> list[str]:
                 text += (f" Reading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; "
                          f"{caches} page cache)")
             path = [(label, restoring[column].median()) for column, label in analysis.PATH_COLUMNS
-                    if column in restoring and label not in ("ckpt load", "1st iter", "gaps", "verify")]
+                    if column in restoring
+                    and label not in ("ckpt load", "1st iter", "gaps", *analysis.HARNESS_PARTS)]
             path = sorted([(label, v) for label, v in path if pd.notna(v)], key=lambda p: -p[1])[:3]
             if path:
                 text += "; the time goes to start-up: " + ", ".join(f"{label} {fmt_s(v)}" for label, v in path)

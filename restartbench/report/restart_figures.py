@@ -26,6 +26,9 @@ from restartbench.report.style import (
     rows_of,
 )
 
+#: Parts drawn hatched: the harness's own checks (not what a training job's restart costs) and the gaps.
+UNPAINTED = (*analysis.HARNESS_PARTS, "gaps")
+
 
 def plot_restart_phases(table: pd.DataFrame) -> Figure:
     """Per preset/layout and engine: the restart's critical path as stacked bars (the parts of the last rank ready to
@@ -69,7 +72,7 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
                 if width is None or pd.isna(width) or width <= 0:
                     continue
                 bar = ax.barh(yi, width, left=left, color=PART_COLORS.get(label, "#bbbbbb"), height=0.62,
-                              edgecolor="white", linewidth=0.6, hatch="xx" if label in ("verify", "gaps") else None)
+                              edgecolor="white", linewidth=0.6, hatch="xx" if label in UNPAINTED else None)
                 bar.patches[0].set_gid(f"part:{label}")
                 if width >= 0.07 * xmax:
                     ax.text(left + width / 2, yi, f"{label}\n{fmt_s(width)}", ha="center", va="center", fontsize=7,
@@ -99,7 +102,7 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
         ax.grid(axis="x", alpha=0.3)
         ax.set_axisbelow(True)
     axes[-1, 0].set_xlabel("seconds from the relaunch (medians over runs)")
-    handles = [Patch(facecolor=PART_COLORS[label], hatch="xx" if label in ("verify", "gaps") else None,
+    handles = [Patch(facecolor=PART_COLORS[label], hatch="xx" if label in UNPAINTED else None,
                      edgecolor="white", label=label) for _, label in path_columns]
     handles.append(plt.Line2D([], [], marker="D", ls="", color="black", label="total"))
     handles.extend(Patch(label=STAGE_LABELS.get(name, name), **_stage_style(name, names.index(name)))
@@ -108,7 +111,8 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
     strip = "; under ds init: its stages" if names else ""
     figure_header(fig, "Where restart time goes: relaunch → end of the first resumed iteration",
             "the parts of the last rank ready to train (all ranks wait for it); orange: reading the checkpoint, "
-            f"blue: start-up{strip}{more}", handles, ncol, 7.5, header)
+            f"blue: start-up, hatched grey: the harness's own checks and the gaps{strip}{more}", handles, ncol, 7.5,
+            header)
     return fig
 
 

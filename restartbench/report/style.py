@@ -17,10 +17,11 @@ from restartbench.engines import engine_names
 MAX_FACETS = 24
 MAX_ROWS = 60
 KIND_COLORS = {"layer": "#4C72B0", "model": "#8172B3", "optimizer": "#DD8452", "other": "#999999"}
-PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out (an offline conversion before it too)
+PART_COLORS = {  # start-up parts in blues, the checkpoint read stands out (an offline conversion before it too),
+    # the harness's own checks and the gaps in greys
     "launch": "#c6dbef", "imports": "#9ecae1", "dist init": "#6baed6", "model build": "#4292c6",
     "ds init": "#2171b5", "engine setup": "#08519c", "convert": "#fdae6b", "ckpt load": "#e6550d",
-    "verify": "#bdbdbd", "gaps": "#e0e0e0",
+    "check files": "#969696", "cache": "#a6a6a6", "verify": "#bdbdbd", "gaps": "#e0e0e0",
     "1st iter": "#31a354",
 }
 DARK_PARTS = ("model build", "ds init", "engine setup", "ckpt load", "1st iter")
