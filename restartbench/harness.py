@@ -106,6 +106,7 @@ def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, s
     the engine said of its background work as the wait began), then hash them for the manifest
     (``checkpoint.checksum``). What fails is the share's error: every rank must learn of it."""
     from restartbench.engines.base import records_as_dicts
+    from restartbench.integrity import sha256_each
 
     share = Share(rank, started)
     try:
@@ -113,7 +114,8 @@ def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, s
             share.durable_at = wait_until_durable()
         share.written = records_as_dicts(written(), store.location)
         with log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
-            share.hashed = [{**f, "rank": rank, "sha256": store.sha256(f["path"])} for f in share.written]
+            hashes = sha256_each([f["path"] for f in share.written], store.sha256)  # the rank's files at once
+            share.hashed = [{**f, "rank": rank, "sha256": sha256} for f, sha256 in zip(share.written, hashes)]
     except Exception as failure:  # noqa: BLE001
         share.error = f"{type(failure).__name__}: {failure}"
     return share
