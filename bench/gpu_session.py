@@ -54,7 +54,7 @@ from results_io import ROOT, GiB, machine_name, write_results
 
 sys.path.insert(0, str(ROOT))
 
-from restartbench.analysis import collect  # noqa: E402
+from restartbench.analysis import HARNESS_PARTS, RESTART_PART_COLUMNS, collect  # noqa: E402
 from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes  # noqa: E402
 from restartbench.events import read_events  # noqa: E402
 from restartbench.presets import get_preset  # noqa: E402
@@ -659,11 +659,13 @@ def checkpoint_figures(row) -> dict:
 
 
 def restart_figures(row) -> dict:
-    parts = {column[len("restart_"):-2]: _value(row, column) for column in row.index
-             if column.startswith("restart_") and column.endswith("_s") and column not in ("restart_s",
-                                                                                           "restart_min_s")}
+    """The first restore: its verdict, the restart (all of it, and less the harness's own checks: what a job that
+    checks nothing would take), its parts (max over ranks) and the harness's checks on the critical path."""
+    parts = {column[len("restart_"):-2]: _value(row, column) for column, _ in RESTART_PART_COLUMNS}
+    checks = {label: _value(row, f"path_{label.replace(' ', '_')}_s") for label in HARNESS_PARTS}
     return {"verdict": _value(row, "verdict"), "exact": _value(row, "exact"), "restart_s": _value(row, "restart_s"),
-            "restart_parts_s": parts, "restore_s": parts.get("ckpt_load"), "cache": _value(row, "cache"),
+            "restart_less_checks_s": _value(row, "restart_less_checks_s"), "restart_parts_s": parts,
+            "harness_checks_s": checks, "restore_s": parts.get("ckpt_load"), "cache": _value(row, "cache"),
             "restore_MBps": _value(row, "read_MBps"), "bytes_read": _value(row, "bytes_read"),
             "restore_peak_rss_bytes": _value(row, "restore_peak_rss_bytes")}
 
@@ -797,17 +799,18 @@ def limits_markdown(lim: dict) -> list[str]:
 def runs_markdown(runs: list[dict]) -> list[str]:
     lines = ["## Runs (last checkpoint; restore = the relaunch's first attempt)", "",
              "| run | engine | stall s | slowdown s | whole cost s | durable s | restore s (cache) | restart s | "
-             "verdict | host peak GB train/restore | GPU peak GB train/restore | stall ÷ D2H floor | "
-             "cost ÷ floor | durable ÷ disk write | restore ÷ disk read |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "restart less checks s | verdict | host peak GB train/restore | GPU peak GB train/restore | "
+             "stall ÷ D2H floor | cost ÷ floor | durable ÷ disk write | restore ÷ disk read |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if r.get("status") != "complete":
-            lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 12)
+            lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 13)
             continue
         lines.append(
             f"| {r['run']} | {r['engine']} | {_f(r.get('stall_s'), '.3f')} | {_f(r.get('slowdown_s'), '.3f')} | "
             f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))} ({r.get('cache')}) "
-            f"| {_f(r.get('restart_s'))} | {r.get('verdict')} | {_gb(r.get('train_peak_rss_bytes'))}/"
+            f"| {_f(r.get('restart_s'))} | {_f(r.get('restart_less_checks_s'))} | {r.get('verdict')} | "
+            f"{_gb(r.get('train_peak_rss_bytes'))}/"
             f"{_gb(r.get('restore_peak_rss_bytes'))} | {_gb(r.get('train_gpu_peak_bytes'))}/"
             f"{_gb(r.get('restore_gpu_peak_bytes'))} | {_f(r.get('stall_over_floor'))} | "
             f"{_f(r.get('cost_over_floor'))} | {_f(r.get('durable_over_write'))} | {_f(r.get('restore_over_read'))} |")
@@ -816,7 +819,10 @@ def runs_markdown(runs: list[dict]) -> list[str]:
         lines += ["", "Restart parts, s (max over ranks; `imports` ... `dist_init` hold the CUDA context and NCCL's "
                   "init):", ""]
         lines += [f"- {r['run']}: " + ", ".join(f"{k} {_f(v)}" for k, v in r["restart_parts_s"].items()
-                                                 if v is not None) for r in parts]
+                                                 if v is not None)
+                  + "; the harness's checks on the critical path: "
+                  + (", ".join(f"{k} {_f(v)}" for k, v in r.get("harness_checks_s", {}).items() if v is not None)
+                     or "none recorded") for r in parts]
     lines += ["", FIGURES_SAID, ""]
     return lines
 
@@ -825,7 +831,9 @@ FIGURES_SAID = (
     "stall = the longest any rank's save blocked training (plus lazy's later wait for its copies); slowdown = what the "
     "iterations the save's background work overlapped took beyond the clean median; whole cost = stall + slowdown; "
     "durable = first save start to the last rank's files fsync'd; restore = the relaunch's checkpoint load, page "
-    "cache evicted first (cold) unless said; restart = launch to the end of the first resumed iteration; verdict = "
+    "cache evicted first (cold) unless said; restart = launch to the end of the first resumed iteration; restart "
+    "less checks = the restart less the harness's own checks on its critical path (the manifest check of the files, "
+    "the page-cache eviction, the exactness proof's digest): what a job that checks nothing would take; verdict = "
     "the restored state against the digests recorded at save and iteration K+1 against the uninterrupted run "
     "(restartbench's proof); host peak = largest RSS of any rank in steady training / in the restart; GPU peak = "
     "torch's cuda max allocated in any span; D2H floor = the rank's checkpoint bytes ÷ the probe's pinned D2H "
