@@ -5,11 +5,15 @@
     python bench/gpu_session.py --import-results DIR          (here, on what a visit brought back)
 
 On a visit, through the device tool (make the wheels here first: ``scripts/device-wheels.sh``; then read
-``status()``'s ``budget_left_s`` = B; one command runs at most 600 s and the machine's start-up, about 150 s, comes
-out of B):
+``status()``'s ``budget_left_s`` = B; one command runs at most 600 s and the machine's start-up, 30 s on the first
+H100 visit, comes out of B):
 
     run(command="bash bench/gpu-session.sh --budget S --out $OUT", carry=[".whl"], timeout_s=S + 30)
-        with S = min(B - 150, 560)
+        with S = min(B - 60, 560)
+
+With over 200 s left after it, make a second call at once (the machine goes back after 30 s idle) with ``--only``
+the blocks the first did not reach and S = what is left - 30: its output folder is a new one, so the blocks it
+needs (``setup``) run again.
 
 then, here: ``python bench/gpu_session.py --import-results FILES_AT`` (FILES_AT: the reply's ``files_at``), which
 writes ``bench/results/<date>-<machine>-gpu-<block>.{json,md}`` for every block the visit ran; commit them, and the
