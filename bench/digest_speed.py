@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -145,11 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     meta = run_meta("digest-speed", argv, args.machine)
     result = {"meta": meta, **measure(args.gib, args.threads, args.repeats)}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print(markdown(json.loads(args.json.read_text())))
-        return 0
-    write_results(args.out, result, markdown)
+    write_json_or_results(args.json, args.out, result, markdown)
     return 0
 
 

@@ -41,7 +41,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -259,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"meta": meta, "fio": shutil.which("fio"), "tool": tool,
                                              "error": str(error)}, indent=1) + "\n")
         return 1
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print(markdown(json.loads(args.json.read_text())))
-        return 0
-    write_results(args.out, result, markdown)
+    write_json_or_results(args.json, args.out, result, markdown)
     return 0
 
 

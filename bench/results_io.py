@@ -92,3 +92,12 @@ def write_results(out: Path, result: dict, markdown: Callable[[dict], str]) -> P
     print(text)
     print(f"written: {stem}.md, {stem}.json")
     return Path(f"{stem}.md")
+
+
+def write_json_or_results(json_path: Path | None, out: Path, result: dict, markdown: Callable[[dict], str]) -> None:
+    """``--json FILE``: ``result`` into FILE only, its Markdown (as read back) printed; else ``write_results``."""
+    if json_path is None:
+        write_results(out, result, markdown)
+        return
+    json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(markdown(json.loads(json_path.read_text())))
