@@ -186,7 +186,7 @@ def run_baseline(run_dir: Path, record: RunRecord, baselines: BaselineFinder) ->
 
 
 def baseline_path(run_dir: Path) -> str:
-    return str(Path(os.path.abspath(run_dir)) / BASELINE_FILE)
+    return os.path.join(os.path.abspath(run_dir), BASELINE_FILE)  # os.path: Path's parsing was a tenth of a read
 
 
 def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: BaselineFinder) -> None:
@@ -195,12 +195,13 @@ def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: B
         collected.excluded.append(Excluded(run_dir, **record["excluded"]))
         return
     place = {"run_id": run_id_of(run_dir, collected.root), "run": str(run_dir)}
+    baseline = run_baseline(run_dir, record, baselines)
     for name in TABLES:
         table = collected.tables[name]
         for keys, columns in record["tables"][name]:
             count = records.column_length(columns[0]) if columns else 0
             if name == "rows":
-                keys, columns = based_rows(keys, columns, run_baseline(run_dir, record, baselines))
+                keys, columns = based_rows(keys, columns, baseline)
             table.add(*placed(keys, columns, count, place), count)
 
 
