@@ -5,6 +5,7 @@ import gc
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from restartbench.analysis import records
 from restartbench.analysis.blocks import Columns
@@ -58,3 +59,26 @@ def test_the_stored_blocks_are_nothing_the_garbage_collector_tracks():
     assert held and not any(gc.is_tracked(obj) for obj in [*stored, *held])
     table.frame({})
     assert not any(gc.is_tracked(part) for blocks in table.blocks.values() for part in blocks.parts)
+
+
+def _typed(values):
+    """Each value with its type, NaN as a marker of its own (NaN never equals itself)."""
+    return [(type(v), "nan" if v != v else v) for v in values]
+
+
+@pytest.mark.parametrize("values", [
+    ["restore", "restore", "load", "load", "load", "load", None, None, None, None],  # labels and gaps: runs
+    [True, True, 1, 1, 1, 1, False, False, 0, 0, 0, 0],  # True == 1: the runs must keep each value's type
+    [float("nan")] * 4 + [1.5] * 4 + [None] * 4,  # NaN never equals: each NaN a run of one
+    [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, "0", "0", "0", "0"],
+    ["a"] * 12,
+])
+def test_an_encoded_column_decodes_to_the_same_values_of_the_same_types(values):
+    encoded = records.encode_column(values)
+    assert _typed(records.decode_column(encoded)) == _typed(values)
+    assert records.column_length(encoded) == len(values)
+
+
+def test_labels_in_runs_are_stored_as_runs():
+    labels = ["imports"] * 40 + ["ckpt load"] * 50 + [None] * 10
+    assert records.encode_column(labels) == {"runs": [["imports", 40], ["ckpt load", 50], [None, 10]]}

@@ -28,6 +28,7 @@ import base64
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import uuid
@@ -148,7 +149,7 @@ def encode_column(values: list[Any]) -> Any:
         return values
     if kinds == {float} or (kinds == {int} and INT64[0] <= min(values) and max(values) <= INT64[1]):
         return number_column(values, "f8" if kinds == {float} else "i8")
-    runs = value_runs(values)
+    runs = value_runs(values, kinds)
     if len(kinds) == 1 and len(runs) == 1:
         return {"same": values[0], "n": len(values)}
     return {"runs": runs} if len(runs) * 4 <= len(values) else values
@@ -168,8 +169,12 @@ def number_column(values: list[Any], kind: str) -> Any:
     return {kind: base64.b64encode(array.tobytes()).decode("ascii")}
 
 
-def value_runs(values: list[Any]) -> list[list[Any]]:
-    """[value, count] for each run of equal values of one type (scalars: NaN never equals, and stays a run of one)."""
+def value_runs(values: list[Any], kinds: set[type]) -> list[list[Any]]:
+    """[value, count] for each run of equal values of one type (scalars of ``kinds``: NaN never equals, and stays a
+    run of one). Where no two values of different kinds can be equal and there is no float (no NaN), ``groupby``'s
+    == between neighbours is the rule, at C speed: the first read encodes thousands of memory samples' labels."""
+    if float not in kinds and not {int, bool} <= kinds:
+        return [[value, len(tuple(group))] for value, group in itertools.groupby(values)]
     runs: list[list[Any]] = []
     for value in values:
         if runs and runs[-1][0] == value and type(runs[-1][0]) is type(value):
