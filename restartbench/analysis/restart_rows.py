@@ -7,6 +7,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
+import numpy as np
+
 from restartbench.analysis.columns import HARNESS_PARTS, MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
 from restartbench.events import Event
 from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
@@ -159,20 +161,19 @@ def memory_columns(events: list[dict[str, Any]], attempt: int, spans: list[dict[
 
 def parts_at(spans: list[dict[str, Any]], times: list[float]) -> list[str | None]:
     """The part (``_part_at``) of each time, for one rank's spans sorted by start. The answer can change only at a
-    span's start or end: between two such bounds, and at each bound, it is looked up once."""
+    span's start or end: between two such bounds, and at each bound, it is looked up once (the times placed among
+    the bounds by numpy: a first read of many runs places hundreds of samples per run)."""
     starts = [span["start_s"] for span in spans]
-    bounds = sorted({*starts, *(span["end_s"] for span in spans)})
-    if any(bound != bound for bound in bounds):  # a NaN bound orders nothing: every time looked up
+    bounds = np.array(sorted({*starts, *(span["end_s"] for span in spans)}), dtype=float)
+    if not len(times) or not len(bounds) or np.isnan(bounds).any():  # a NaN bound orders nothing: each looked up
         return [_part_at(spans, starts, t) for t in times]
-    found: dict[int, str | None] = {}
-    parts = []
-    for t in times:
-        index = bisect_right(bounds, t)
-        key = -index if index and bounds[index - 1] == t else index  # at a bound (-index) or between two (index)
-        if key not in found:
-            found[key] = _part_at(spans, starts, t)
-        parts.append(found[key])
-    return parts
+    at = np.asarray(times, dtype=float)
+    index = np.searchsorted(bounds, at, side="right")  # as bisect_right
+    on_bound = (index > 0) & (bounds[np.maximum(index - 1, 0)] == at)
+    keys = np.where(on_bound, -index, index)  # at a bound (-index) or between two (index)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    found = [_part_at(spans, starts, times[i]) for i in first.tolist()]
+    return [found[i] for i in inverse.tolist()]
 
 
 def _launches(restore: list[dict[str, Any]]) -> dict[int, float]:
