@@ -293,6 +293,7 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
     checks = run["harness_checks_s"]
     assert set(checks) == {"check files", "cache", "verify"} and all(v > 0 for v in checks.values())
     assert run["restart_less_checks_s"] < run["restart_s"] and "less_checks" not in run["restart_parts_s"]
+    assert run["train_peak_rss_bytes"] > 0 and run["restore_peak_rss_bytes"] > 0  # host peaks, training's included
     md = (results / "2026-11-26-h100-gpu-engines-1B-lazy.md").read_text()
     assert "stall ÷ D2H floor" in md and "D2H floor = the rank's checkpoint bytes" in md and "**ok**" in md
     assert json.loads((results / "2026-11-26-h100-gpu-probe.json").read_text())["limits"]["write_MBps"] == 1000.0
