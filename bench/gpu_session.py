@@ -200,6 +200,29 @@ def engine_block(where: Where, engine: str) -> Block:
                  cleanup=(("rm", "-rf", str(ckpt)),))
 
 
+def datastates_build_block(where: Where) -> Block:
+    """The build, or where this machine already holds one of this source and torch (a visit's second command finds
+    the first's: scripts/build-datastates.sh --check), its few seconds of checking it."""
+    script = str(where.root / "scripts/build-datastates.sh")
+    command = (("bash", script, str(where.site)),)
+    if datastates_built(where):
+        return Block("datastates-build", 15, "built earlier on this machine from this source and torch (its stamp "
+                     f"in {where.site}/datastates/BUILT): the script checks it and imports it", command,
+                     needs=("setup",))
+    return Block("datastates-build", 240, "nvcc and g++ on 5 translation units of a torch CUDAExtension (about 60 s "
+                 "each, MAX_JOBS=16 in parallel), pip's install around it", command, needs=("setup",),
+                 env={"MAX_JOBS": "16"})
+
+
+def datastates_built(where: Where) -> bool:
+    """Whether ``where.site`` holds a DataStates build of this source and torch (only asked where a build left its
+    stamp: the check imports torch)."""
+    if not (where.site / "datastates" / "BUILT").is_file():
+        return False
+    check = ("bash", str(where.root / "scripts/build-datastates.sh"), "--check", str(where.site))
+    return subprocess.run(check, env={**os.environ, "PYTHON": sys.executable}, capture_output=True).returncode == 0
+
+
 def plan_blocks(where: Where, free_bytes: int | None = None) -> list[Block]:
     """Every block, in priority order, with its command lines as they would run on this machine now."""
     # P x (2 bf16 weight bytes + 12 optimizer bytes): DLIO's P·14, 21.0 GB (restartbench.plan's exact prediction
@@ -211,11 +234,7 @@ def plan_blocks(where: Where, free_bytes: int | None = None) -> list[Block]:
     return [
         setup_block(where),
         probe_block(where, free, checkpoint),
-        Block("datastates-build", 240, "nvcc and g++ on 5 translation units of a torch CUDAExtension (about 60 s each, "
-              "MAX_JOBS=16 in parallel), pip's install around it", (("bash", str(where.root /
-                                                                              "scripts/build-datastates.sh"),
-                                                                     str(where.site)),),
-              needs=("setup",), env={"MAX_JOBS": "16"}),
+        datastates_build_block(where),
         Block("smoke", 150, "small tp1pp1 (31 M params) twice, torch and lazy: two launches each of about 35 s "
               "(imports, CUDA context, NCCL init), training and saves well under a second each",
               tuple(run_command(where, "small", engine, smoke_logs) for engine in ("torch", "lazy")),

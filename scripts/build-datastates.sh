@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # scripts/build-datastates.sh [TARGET]   (TARGET defaults to /tmp/site)
+# scripts/build-datastates.sh --stamp    prints what a build is made from (the vendored source's files, this torch)
+# scripts/build-datastates.sh --check [TARGET]   exit 0 if TARGET holds a build of that stamp, else 1
+#
+# A build writes its stamp to TARGET/datastates/BUILT; a later call on the same machine (a visit's second command)
+# finds it current and skips the build (after the import check).
 #
 # Builds DataStates-LLM (third_party/datastates-llm, vendored unchanged; see its VENDORED.md) into TARGET with this
 # machine's nvcc and CUDA torch, adds the study's adapter as datastates/__init__.py, and prints the import check.
@@ -13,10 +18,24 @@
 #   PYTHON (default python3) is the Python that builds and runs it.
 set -euo pipefail
 
-TARGET="${1:-/tmp/site}"
 PY="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SRC="$ROOT/third_party/datastates-llm"
+
+stamp() {  # sha256 of every vendored file (path and content, in name order) and of this Python's torch version
+    { (cd "$SRC" && find . -type f -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+      "$PY" -c 'import torch; print("torch", torch.__version__)'; } | sha256sum | cut -d' ' -f1
+}
+
+built() {  # TARGET ($1) holds a build of this stamp
+    [ -f "$1/datastates/BUILT" ] && [ "$(cat "$1/datastates/BUILT")" = "$(stamp)" ]
+}
+
+case "${1:-}" in
+    --stamp) stamp; exit 0 ;;
+    --check) built "${2:-/tmp/site}"; exit $? ;;
+esac
+TARGET="${1:-/tmp/site}"
 
 cuda_only() {
     echo "build-datastates.sh: DataStates-LLM is CUDA only: $1." >&2
@@ -32,6 +51,14 @@ TORCH_CUDA="$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/nu
 NVCC="${CUDA_HOME:+$CUDA_HOME/bin/}nvcc"
 command -v "$NVCC" >/dev/null || NVCC="$(command -v nvcc || true)"
 [ -n "$NVCC" ] || cuda_only "no nvcc (set CUDA_HOME or put nvcc on PATH)"
+
+if built "$TARGET"; then
+    echo "build-datastates.sh: $TARGET already holds a build of this source and torch (stamp $(stamp | cut -c1-12)):" \
+         "not built again"
+    PYTHONPATH="$TARGET:$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c 'from datastates import CheckpointEngine; \
+from datastates.ckpt.src import handle; print("import check: datastates.CheckpointEngine and its compiled engine")'
+    exit 0
+fi
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -73,4 +100,5 @@ print("import check: datastates.llm.Checkpointing from", inspect.getsourcefile(d
 print("import check: compiled engine", handle, "from", datastates.ckpt.src.__file__)
 print("import check: torch", torch.__version__, "CUDA available:", torch.cuda.is_available())
 EOF
+stamp > "$TARGET/datastates/BUILT"
 echo "build-datastates.sh: done; use it with: export PYTHONPATH=$TARGET:$ROOT"

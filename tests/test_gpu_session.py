@@ -347,3 +347,21 @@ def test_the_code_identity_follows_the_code_and_not_the_results(tmp_path):
     assert gs.code_identity(tmp_path)["tree"] == before["tree"] and before["files"] == 2
     (tmp_path / "bench/b.py").write_text("2")
     assert gs.code_identity(tmp_path)["tree"] != before["tree"]
+
+
+def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path):
+    """A visit's second command finds the first's build (scripts/build-datastates.sh leaves its stamp: the vendored
+    source's files and torch's version) and plans seconds for it, not a build; a stamp of other source or torch is
+    no build."""
+    where = gs.Where(work=tmp_path / "w", site=tmp_path / "site", wheels=tmp_path / "whl")
+    assert gs.datastates_build_block(where).expected_s == 240
+    script = str(ROOT / "scripts/build-datastates.sh")
+    stamp = subprocess.run(["bash", script, "--stamp"], env={"PATH": "/usr/bin:/bin", "PYTHON": PY},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert len(stamp) == 64 and int(stamp, 16) >= 0
+    (where.site / "datastates").mkdir(parents=True)
+    (where.site / "datastates" / "BUILT").write_text(stamp + "\n")
+    block = gs.datastates_build_block(where)
+    assert block.expected_s == 15 and "built earlier" in block.basis
+    (where.site / "datastates" / "BUILT").write_text("0" * 64 + "\n")  # another source or another torch
+    assert gs.datastates_build_block(where).expected_s == 240
