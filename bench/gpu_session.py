@@ -239,11 +239,11 @@ def plan_blocks(where: Where, free_bytes: int | None = None) -> list[Block]:
               "(imports, CUDA context, NCCL init), training and saves well under a second each",
               tuple(run_command(where, "small", engine, smoke_logs) for engine in ("torch", "lazy")),
               needs=("setup",), env=nccl),
-        Block("gpu-units", 90, "the new CUDA paths' own tests, no study run: the lazy engine's GPU-side copy wait "
-              "and in-place pinning, flash attention's backward under the proof's deterministic kernels (imports "
-              "and CUDA context about 20 s, each test a few seconds)",
+        Block("gpu-units", 40, "the new CUDA paths' own tests, no study run: the lazy engine's GPU-side copy wait "
+              "and in-place pinning, flash attention's backward under the proof's deterministic kernels, the chunked "
+              "digest of device tensors (the first H100 visit: 14 s for the first two files' 4 tests)",
               ((sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-m", "gpu",
-                "tests/test_gpu_lazy.py", "tests/test_proof_kernels.py"),),
+                "tests/test_gpu_lazy.py", "tests/test_proof_kernels.py", "tests/test_verify_chunked.py"),),
               needs=("setup",), env=nccl),
         *(engine_block(where, engine) for engine in ENGINES_FIRST + ENGINES_THEN),
         Block("tests", 480, "tests/test_gpu.py: 6 engines x small tp1pp1 bf16 runs of about 70 s (two launches each)",
