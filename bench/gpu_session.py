@@ -143,9 +143,9 @@ def setup_block(where: Where) -> Block:
     commands.append(runtime_command(where.block_dir("setup") / "runtime.json"))
     problem = None if wheels else (f"no wheels in {where.wheels}: run scripts/device-wheels.sh on the CPU machine "
                                    "first and carry ['.whl'] to the GPU machine")
-    return Block("setup", 30, "pip installs about 12 local wheels without compiling (DeepSpeed's is pure Python, its "
+    return Block("setup", 15, "pip installs about 20 local wheels without compiling (DeepSpeed's is pure Python, its "
                  "ops JIT-build later), dpkg -x of the libaio .debs, one import of torch and DeepSpeed for the "
-                 "versions (about 10 s)", tuple(commands), every_visit=True, problem=problem)
+                 "versions: 8 s on the first H100 visit", tuple(commands), every_visit=True, problem=problem)
 
 
 def probe_mib(free_bytes: int, checkpoint: int, reserve: int = 4 * GiB, cap_mib: int = 4096) -> int:
@@ -188,14 +188,14 @@ def engine_block(where: Where, engine: str) -> Block:
     ckpt = where.work / "ckpt" / engine
     command = run_command(where, "1B", engine, where.block_dir(name) / "runs", "--dtype", "bf16", "--iters", "2",
                           "--save-interval", "1", "--keep-checkpoints", "1", "--checkpoint-dir", str(ckpt))
-    slow = {"fastpersist": " + its async_io op's JIT build on a fresh machine (about 120 s)",
+    slow = {"fastpersist": "; + its async_io op's JIT build on a fresh machine (about 120 s)",
             "datastates": " (its package built by datastates-build)"}.get(engine, "")
-    return Block(name, 420 if engine == "fastpersist" else 300,
-                 "1B bf16, 21 GB per checkpoint: two launches of about 45 s each (imports, CUDA context, NCCL init, "
-                 "model build, deepspeed.initialize); two saves of 21 GB at torch's 0.52 GB/s durable (FACTS: 0.86 B "
-                 "on this H100) about 40 s each, each hashed for its manifest at about 1.5 GB/s (14 s); the restore's "
-                 "manifest check (14 s), cold load at about 1 GB/s (20 s) and the state digests (about 15 s each)"
-                 + slow, (command,),
+    return Block(name, 360 if engine == "fastpersist" else 240,
+                 "1B bf16, 21 GB per checkpoint. The first H100 visit (b87956b): torch's block 344 s, of which about "
+                 "120 s the harness's checks (three state digests of about 30 s, two commit checksums and a restore "
+                 "check of about 20 s); lazy's run reached its cold load in 250 s. Since then the digests hash 64 MiB "
+                 "chunks on every core and the checksums hash a rank's files at once (the 18 GB optimizer file, about "
+                 "14 s, sets each): about 240 s" + slow, (command,),
                  needs=("setup", "datastates-build") if engine == "datastates" else ("setup",),
                  cleanup=(("rm", "-rf", str(ckpt)),))
 
