@@ -14,7 +14,7 @@ PY="${RESTARTBENCH_VENV:-$ROOT/.venv}/bin/python"
 # tests/test_device_wheels.py checks every requirement of these (and of restartbench) against the three lists.
 PURE=(deepspeed hjson einops py-cpuinfo tqdm pydantic annotated-types typing-inspection typing-extensions
       torchsnapshot aiofiles nest-asyncio importlib-metadata zipp lazy-importer)
-BINARY=(pydantic-core psutil msgpack pyyaml)
+BINARY=(pydantic-core psutil msgpack pyyaml orjson)
 # On the image (FACTS: python 3.12, torch 2.11.0+cu130, ...; packaging comes with its pytest). typing-extensions is
 # there too, for torch, at a version not known: pydantic needs >= 4.16, so it is shipped (PURE) and shadows it.
 IMAGE=(torch numpy pandas jinja2 rich pytest packaging ninja)

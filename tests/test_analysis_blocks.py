@@ -2,6 +2,7 @@
 nothing the garbage collector tracks (issue 27: its passes over 10,000 runs' blocks took seconds)."""
 
 import gc
+import json
 
 import numpy as np
 import pandas as pd
@@ -82,3 +83,11 @@ def test_an_encoded_column_decodes_to_the_same_values_of_the_same_types(values):
 def test_labels_in_runs_are_stored_as_runs():
     labels = ["imports"] * 40 + ["ckpt load"] * 50 + [None] * 10
     assert records.encode_column(labels) == {"runs": [["imports", 40], ["ckpt load", 50], [None, 10]]}
+
+
+def test_a_record_is_read_as_json_writes_it_nan_included():
+    """orjson reads a record, json where orjson refuses the text: a NaN that json wrote is read back as NaN."""
+    record = {"tables": {"rows": [[["a", "b"], [[1.5, 2], {"same": "x", "n": 9}]]]}, "excluded": None}
+    assert records.decode(json.dumps(record).encode()) == record
+    with_nan = records.decode(json.dumps({"v": [float("nan"), 1.0]}).encode())
+    assert with_nan["v"][0] != with_nan["v"][0] and with_nan["v"][1] == 1.0

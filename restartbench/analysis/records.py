@@ -15,11 +15,11 @@ A record is used only where it is provably current:
   times from the file system's clock): an edit in the same clock tick as the write it follows could keep the
   modification time, and the record would not see it.
 
-The file is JSON (the standard library reads it; tuples come back as lists, which the records never hold), written
-to a temporary file in the folder and renamed over the old one, so that a reader never sees half a record. A folder
-the analysis may not write to simply has none. Each column of a block is stored as the shortest exact form that
-reads fast (``encode_column``): one value where all are the same (of one type), runs of equal values, the float64
-or int64 bytes (base64) where all are floats or all ints, else the list of values.
+The file is JSON (json writes it, orjson reads it: ``decode``; tuples come back as lists, which the records never
+hold), written to a temporary file in the folder and renamed over the old one, so that a reader never sees half a
+record. A folder the analysis may not write to simply has none. Each column of a block is stored as the shortest
+exact form that reads fast (``encode_column``): one value where all are the same (of one type), runs of equal
+values, the float64 or int64 bytes (base64) where all are floats or all ints, else the list of values.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from restartbench import rundir
 from restartbench.analysis.runs import RunRecord
@@ -91,7 +92,7 @@ def _stat_entry(folder: str, name: str) -> list[Any]:
 def load(run_dir: Path) -> RunRecord | None:
     """The folder's record where it is current (made by this code, from the inputs as they are now), else None."""
     try:
-        stored = json.loads((run_dir / RECORD_FILE).read_bytes())
+        stored = decode((run_dir / RECORD_FILE).read_bytes())
     except (OSError, ValueError):
         return None
     if not isinstance(stored, dict) or stored.get("code") != code_version():
@@ -102,6 +103,15 @@ def load(run_dir: Path) -> RunRecord | None:
     if record.get("excluded") and stored.get("made_for") != str(run_dir):  # a reason may name the folder
         return None
     return record  # its columns as encode_column made them: decode_column gives the values
+
+
+def decode(raw: bytes) -> Any:
+    """A record's JSON: orjson reads it in half json's time (a later read of 10,000 folders spent a sixth of its
+    time here), json where orjson refuses the text (NaN and Infinity, which json writes and orjson does not read)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def encode(record: RunRecord) -> RunRecord:
