@@ -166,6 +166,18 @@ def test_a_run_without_events_has_none(tmp_path):
     assert read_events(tmp_path) == [] and read_events(tmp_path, "train", 0) == []
 
 
+def test_events_read_as_json_wrote_them_nan_and_big_integers_included(tmp_path):
+    """The reader goes through orjson where it can and json where orjson refuses the text: a NaN and an integer
+    beyond 64 bits, which json writes, come back as json reads them."""
+    _write(tmp_path, "train", 0, "phase.end")
+    path = events_file(tmp_path, "train", 0)
+    event = {"event": "rank.resources", "phase": "train", "rank": 0, "time": 1.0, "rss_bytes": float("nan"),
+             "threads": 2**70}
+    path.write_text(path.read_text() + json.dumps(event) + "\n")
+    read = read_events(tmp_path)[-1]
+    assert read["rss_bytes"] != read["rss_bytes"] and read["threads"] == 2**70 and read["time"] == 1.0
+
+
 def test_a_torn_last_line_is_refused_naming_file_and_line(tmp_path):
     _write(tmp_path, "train", 0, "phase.error")
     path = events_file(tmp_path, "train", 0)
