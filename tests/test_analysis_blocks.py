@@ -10,6 +10,7 @@ import pytest
 
 from restartbench.analysis import records
 from restartbench.analysis.blocks import Columns
+from restartbench.events import decode_json
 
 
 def mixed_table() -> Columns:
@@ -88,6 +89,6 @@ def test_labels_in_runs_are_stored_as_runs():
 def test_a_record_is_read_as_json_writes_it_nan_included():
     """orjson reads a record, json where orjson refuses the text: a NaN that json wrote is read back as NaN."""
     record = {"tables": {"rows": [[["a", "b"], [[1.5, 2], {"same": "x", "n": 9}]]]}, "excluded": None}
-    assert records.decode(json.dumps(record).encode()) == record
-    with_nan = records.decode(json.dumps({"v": [float("nan"), 1.0]}).encode())
+    assert decode_json(json.dumps(record).encode()) == record
+    with_nan = decode_json(json.dumps({"v": [float("nan"), 1.0]}).encode())
     assert with_nan["v"][0] != with_nan["v"][0] and with_nan["v"][1] == 1.0

@@ -15,7 +15,7 @@ A record is used only where it is provably current:
   times from the file system's clock): an edit in the same clock tick as the write it follows could keep the
   modification time, and the record would not see it.
 
-The file is JSON (json writes it, orjson reads it: ``decode``; tuples come back as lists, which the records never
+The file is JSON (json writes it, orjson reads it: ``decode_json``; tuples come back as lists, which the records never
 hold), written to a temporary file in the folder and renamed over the old one, so that a reader never sees half a
 record. A folder the analysis may not write to simply has none. Each column of a block is stored as the shortest
 exact form that reads fast (``encode_column``): one value where all are the same (of one type), runs of equal
@@ -91,7 +91,7 @@ def _stat_entry(folder: str, name: str) -> list[Any]:
 def load(run_dir: Path) -> RunRecord | None:
     """The folder's record where it is current (made by this code, from the inputs as they are now), else None."""
     try:
-        stored = decode((run_dir / RECORD_FILE).read_bytes())
+        stored = decode_json((run_dir / RECORD_FILE).read_bytes())  # orjson where it can: half json's time
     except (OSError, ValueError):
         return None
     if not isinstance(stored, dict) or stored.get("code") != code_version():
@@ -102,12 +102,6 @@ def load(run_dir: Path) -> RunRecord | None:
     if record.get("excluded") and stored.get("made_for") != str(run_dir):  # a reason may name the folder
         return None
     return record  # its columns as encode_column made them: decode_column gives the values
-
-
-def decode(raw: bytes) -> Any:
-    """A record's JSON, read through orjson where it can (``events.decode_json``): a later read of 10,000 folders
-    spent a sixth of its time decoding records with json."""
-    return decode_json(raw)
 
 
 def encode(record: RunRecord) -> RunRecord:
