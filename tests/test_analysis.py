@@ -687,8 +687,9 @@ def test_no_record_beside_inputs_written_just_now(study_logs, tmp_path):
 
 
 def test_a_runs_own_baseline_is_kept_in_its_record(study_logs, tmp_path, monkeypatch):
-    """A run folder's own baseline.json is read into its record, and from there on every later collect (a planted
-    figure shows); one that warns is read again each time, its warning the same; editing it makes the record stale."""
+    """A run folder's own baseline.json is read into its record, its rows kept with the baseline's columns filled in,
+    and from there on every later collect reads them (a planted figure shows); one that warns is read again each time,
+    its warning the same; editing it makes the record stale."""
     logs = tmp_path / "logs"
     own, bad = logs / "a" / "run", logs / "b" / "run"
     for run in (own, bad):
@@ -704,7 +705,9 @@ def test_a_runs_own_baseline_is_kept_in_its_record(study_logs, tmp_path, monkeyp
     assert_same_tables(events, collect(logs))
     assert read == []
     stored = json.loads((own / analysis.RECORD_FILE).read_text())
-    stored["record"]["baseline"]["write_MBps"] = 12.5
+    assert stored["record"]["based"] and stored["record"]["baseline"]["write_MBps"] == 10.0
+    for keys, columns in stored["record"]["tables"]["rows"]:
+        columns[keys.index("baseline_write_MBps")] = [12.5] * len(decode_column(columns[0]))
     (own / analysis.RECORD_FILE).write_text(json.dumps(stored))
     assert set(collect(logs).table()["baseline_write_MBps"].dropna()) == {12.5}  # the record's, not the file's
     (own / "baseline.json").write_text(json.dumps({"tool": "fio", "write_MBps": 20.0, "read_MBps": 1000.0}))

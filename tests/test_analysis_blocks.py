@@ -3,6 +3,8 @@ nothing the garbage collector tracks (issue 27: its passes over 10,000 runs' blo
 
 import gc
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +12,7 @@ import pytest
 
 from restartbench.analysis import records
 from restartbench.analysis.blocks import Columns
+from restartbench.analysis.collecting import run_id_of
 from restartbench.events import decode_json
 
 
@@ -45,6 +48,20 @@ def test_blocks_added_after_a_table_was_made_join_as_if_added_before():
     pd.testing.assert_frame_equal(first, pd.DataFrame(ROWS), check_exact=True)
 
 
+def test_plain_blocks_added_in_a_row_are_sealed_into_one_part_between_encoded_ones():
+    """Consecutive plain blocks of one set of keys are one array (one part), not one each; an encoded block between
+    them ends a run; the rows still come back in the order added."""
+    table = Columns()
+    for value in (1.0, 2.0, 3.0):
+        table.add(("a",), [[value]], 1)
+    table.add(("a",), [records.encode_column([4.0] * 8)], 8)
+    table.add(("a",), [[5.0, 6.0]], 2)
+    table.seal()
+    blocks = table.blocks[("a",)]
+    assert [len(part) for part in blocks.parts] == [3, 1, 2] and blocks.encoded == [False, True, False]
+    assert table.frame({})["a"].tolist() == [1.0, 2.0, 3.0, *[4.0] * 8, 5.0, 6.0]
+
+
 def test_a_table_asked_for_again_is_a_copy_of_its_own():
     table = mixed_table()
     first = table.frame({})
@@ -54,8 +71,11 @@ def test_a_table_asked_for_again_is_a_copy_of_its_own():
 
 def test_the_stored_blocks_are_nothing_the_garbage_collector_tracks():
     """A record decodes to lists (and runs to lists of lists), which the collector tracks for ever and scans at every
-    pass; the blocks hold them in arrays, which it does not track."""
+    pass; the blocks hold them in arrays, which it does not track, once sealed (``collect`` seals its tables before
+    the collector is back)."""
     table = mixed_table()
+    table.seal()
+    assert not any(blocks.pending for blocks in table.blocks.values())
     stored = [part for blocks in table.blocks.values() for part in blocks.parts]
     held = [column for part in stored for column in part if isinstance(column, (list, dict, np.ndarray))]
     assert held and not any(gc.is_tracked(obj) for obj in [*stored, *held])
@@ -92,3 +112,11 @@ def test_a_record_is_read_as_json_writes_it_nan_included():
     assert decode_json(json.dumps(record).encode()) == record
     with_nan = decode_json(json.dumps({"v": [float("nan"), 1.0]}).encode())
     assert with_nan["v"][0] != with_nan["v"][0] and with_nan["v"][1] == 1.0
+
+
+@pytest.mark.parametrize("root, run", [("logs", "logs/tiny/tp1pp1dp2/torch/r1"), ("/abs/logs", "/abs/logs/a/b"),
+                                       (".", "tiny/r1"), ("../logs", "../logs/x/y"), ("/", "/x/y"),
+                                       ("logs", "logs2/x"), ("a/b", "a/b/c")])
+def test_a_run_id_is_the_folder_relative_to_the_root(root, run):
+    """The shortcut for a folder found under the root gives what os.path.relpath gives."""
+    assert run_id_of(Path(run), Path(root)) == os.path.relpath(run, root)

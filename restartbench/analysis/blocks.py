@@ -33,21 +33,42 @@ class Blocks:
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
-        self.parts: list[np.ndarray] = []
+        self.parts: list[np.ndarray] = []  # sealed: each a block's values, or a run of plain blocks' values
         self.encoded: list[bool] = []
-        self.counts: list[int] = []
+        self.sizes: list[int] = []  # the rows of each part
+        self.counts: list[int] = []  # the rows of each block
         self.count = 0
+        self.pending: list[list[Any]] = []  # the plain blocks' columns added since the last part
+        self.pending_rows = 0
 
     def add(self, columns: list[Any], count: int) -> None:
-        encoded = set(map(type, columns)) != {list}
-        self.parts.append(held(columns) if encoded else values_of(columns, count * len(columns)))
-        self.encoded.append(encoded)
+        """A block, as its columns. Plain blocks wait in ``pending`` until ``seal`` makes those in a row one part:
+        one array for thousands of runs' blocks, not one each (half of a read from records was these arrays)."""
+        if set(map(type, columns)) != {list}:  # encoded
+            self.seal()
+            self._part(held(columns), True, count)
+        else:
+            self.pending.append(columns)
+            self.pending_rows += count
         self.counts.append(count)
         self.count += count
+
+    def seal(self) -> None:
+        """The plain blocks waiting made one part (``add``): an array, which the garbage collector does not track."""
+        if self.pending:
+            columns = chain.from_iterable(self.pending)
+            self._part(values_of(columns, self.pending_rows * len(self.keys)), False, self.pending_rows)
+            self.pending, self.pending_rows = [], 0
+
+    def _part(self, part: np.ndarray, encoded: bool, rows: int) -> None:
+        self.parts.append(part)
+        self.encoded.append(encoded)
+        self.sizes.append(rows)
 
     def joined(self) -> dict[str, np.ndarray]:
         """Each column of every block, in the order added (arrays of the values, decoded); the blocks are one from
         now on, the runs' own freed."""
+        self.seal()
         values = self.values()
         counts = np.array(self.counts, dtype=np.int64)
         block = np.repeat(np.arange(len(counts)), counts)  # each row's block
@@ -55,13 +76,13 @@ class Blocks:
         first = start * len(self.keys) + np.arange(self.count) - start  # where its value of the first column is
         joined = {key: values[first + index * counts[block]] for index, key in enumerate(self.keys)}
         one = np.concatenate([values[:0], *joined.values()])  # values[:0]: none where there are no keys
-        self.parts, self.encoded, self.counts = [one], [False], [self.count]
+        self.parts, self.encoded, self.sizes, self.counts = [one], [False], [self.count], [self.count]
         return joined
 
     def values(self) -> np.ndarray:
         """Every block's values, block after block, each column after column."""
-        return np.concatenate([values_of(map(decoded, part), count * len(self.keys)) if encoded else part
-                               for part, encoded, count in zip(self.parts, self.encoded, self.counts)])
+        return np.concatenate([values_of(map(decoded, part), rows * len(self.keys)) if encoded else part
+                               for part, encoded, rows in zip(self.parts, self.encoded, self.sizes)])
 
 
 def values_of(columns: Iterable[Iterable[Any]], size: int) -> np.ndarray:
@@ -105,6 +126,12 @@ class Columns:
         self.added.append(blocks.keys)
         self.counts.append(count)
         self.kept = None
+
+    def seal(self) -> None:
+        """Every plain block waiting made part of an array (``Blocks.seal``): to be called before the garbage
+        collector is back, once the blocks of many runs are added."""
+        for blocks in self.blocks.values():
+            blocks.seal()
 
     def frame(self, order: dict[str, Any]) -> pd.DataFrame:
         """The table, the columns of ``order`` first (in its order), then the others as they came."""

@@ -4,7 +4,9 @@ runs' records concatenated column by column (``collect``).
 A run folder is read from its record (``records``) where the record is current, else from its files and events
 (``runs.read_run``), the first read of many folders in parallel across the machine's cores; the record is then kept
 in the folder for the next read. Either way the run gives the same rows: the record is the parse, kept. What depends
-on the collected root, the run's id, its path and its storage baseline, is filled in here, never kept.
+on the collected root, the run's id and its path, is filled in here, never kept; so is a storage baseline found above
+the folder. The folder's own baseline.json is an input of the record like its events, so a record keeps the rows
+with its columns filled in (``based``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ def add_runs(collected: Collected, folders: list[Path], baselines: BaselineFinde
     parsed = read_runs([folder for folder, record in zip(folders, kept) if record is None], keep_records, workers)
     for folder, record in zip(folders, kept):  # the parsed ones added as they come, in order
         add_run(collected, folder, record if record is not None else next(parsed), baselines)
+    for table in collected.tables.values():
+        table.seal()
 
 
 def read_runs(folders: list[Path], keep: bool, workers: int | None) -> Iterator[RunRecord]:
@@ -149,7 +153,12 @@ def read_folder(run_dir: Path, keep: bool) -> RunRecord:
                              "engine": engine}, "tables": {}}
     if not keep:
         return record
-    encoded = {**records.encode(record), "baseline": own_baseline(run_dir)}  # also what a worker sends back
+    own = own_baseline(run_dir)
+    based = isinstance(own, dict) and not record["excluded"]
+    if based:  # the folder's own, an input of the record like its events: the rows kept with its columns filled in
+        tables = record["tables"]
+        record = {**record, "tables": {**tables, "rows": [based_rows(*block, own) for block in tables["rows"]]}}
+    encoded = {**records.encode(record), "baseline": own, "based": based}  # also what a worker sends back
     records.save(run_dir, encoded, inputs)
     return encoded
 
@@ -195,12 +204,12 @@ def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: B
         collected.excluded.append(Excluded(run_dir, **record["excluded"]))
         return
     place = {"run_id": run_id_of(run_dir, collected.root), "run": str(run_dir)}
-    baseline = run_baseline(run_dir, record, baselines)
+    baseline = None if record.get("based") else run_baseline(run_dir, record, baselines)
     for name in TABLES:
         table = collected.tables[name]
         for keys, columns in record["tables"][name]:
             count = records.column_length(columns[0]) if columns else 0
-            if name == "rows":
+            if name == "rows" and baseline is not None:
                 keys, columns = based_rows(keys, columns, baseline)
             table.add(*placed(keys, columns, count, place), count)
 
@@ -225,5 +234,9 @@ def placed(keys: list[str], columns: list[Any], count: int, place: dict[str, str
 
 
 def run_id_of(run_dir: Path, root: Path) -> str:
+    """The run folder's path relative to the root (the folder's own name where it is the root)."""
+    folder, top = str(run_dir), str(root)
+    if folder.startswith(top) and folder[len(top):len(top) + 1] == os.sep and top != os.curdir:
+        return folder[len(top) + 1:]  # as relpath gives it, found under root by run_folders: a tenth of add_run
     rel = os.path.relpath(run_dir, root)
     return run_dir.resolve().name if rel == "." else rel

@@ -45,7 +45,7 @@ from restartbench.events import EVENTS_FOLDER, decode_json
 
 RECORD_FILE = "analysis-record.json"
 #: The record's own layout; a change of it changes ``code_version`` too.
-RECORD_FORMAT = 4  # 4: the restart rows' harness checks (restore.cache, path check files/cache)
+RECORD_FORMAT = 5  # 5: rows with the folder's own baseline filled in ("based"); 4: the restart rows' harness checks
 #: The run folder's files the analysis reads, besides the events (the baseline: the folder's own, kept in the record).
 INPUT_FILES = (rundir.METADATA, rundir.CONFIG, rundir.PLAN, rundir.INVENTORY, BASELINE_FILE)
 #: An input modified this close to the record (ns, either side) makes the record unsafe to keep.
