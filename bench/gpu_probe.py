@@ -6,9 +6,15 @@
 - device-to-host and host-to-device bandwidth into (from) pinned host memory and into (from) pageable host memory:
   one copy of ``--gib`` GiB on one stream, timed from a device synchronize to the next, best of ``--repeats``
   after one warm-up copy (GB = 10^9 bytes);
-- the cost of pinning host memory: ``cudaHostRegister`` of a fresh, touched host buffer of the same size, timed,
-  then unregistered and freed (torch's caching host allocator would answer a second ``pin_memory=True`` request from
-  its cache, so it is bypassed), at most 3 times, as seconds per GiB, best and worst.
+- the cost of pinning host memory (``pin``): ``cudaHostRegister`` of a fresh host buffer of the same size whose
+  pages were already touched (``torch.ones``, not timed), timed, then unregistered and freed (torch's caching host
+  allocator would answer a second ``pin_memory=True`` request from its cache, so it is bypassed), at most 3 times,
+  as seconds per GiB, best and worst. Touched pages only get locked: 0.05 s/GiB on the first H100 visit;
+- the lazy engine's own pinning (``engine_pin``: ``copies.pin_pages`` of the same size, a fresh mapping), with its
+  parallel fault-in (``prefault``) and without (``no_prefault``: ``cudaHostRegister`` faults every page in on one
+  thread, as on the first visit, where a 21 GB buffer took 7.7-8.2 s at engine set-up, about 0.39 s/GiB): the
+  fault-in and the register timed apart, at most 3 times each, and one device-to-host copy into the buffer (pages
+  first touched by several threads may lie on other NUMA nodes than one thread's would).
 
 Used by ``bench/gpu_session.py``'s ``probe`` block (``--json``). Without a CUDA device it exits with status 2.
 """
@@ -20,8 +26,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from restartbench.engines.lazy.copies import pin_pages  # noqa: E402
 
 GiB = 2**30
 GB = 1e9
@@ -67,6 +78,32 @@ def pin_cost(nbytes: int, repeats: int) -> dict:
             "seconds": seconds}
 
 
+def engine_pin_cost(nbytes: int, repeats: int, device: str = "cuda") -> dict:
+    """``pin_pages(nbytes)`` as the lazy engine pins its host buffer, with and without the parallel fault-in: seconds
+    per GiB of the fault-in, the register and both (best of ``repeats``; both: worst too), the threads that faulted
+    the pages in, and the D2H bandwidth into the last buffer pinned (best of 2 after a warm-up). ``device``: where the
+    copy comes from (tests/test_gpu_session.py runs this on the CPU, pinning nothing)."""
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    figures = {}
+    for name, prefault in (("prefault", True), ("no_prefault", False)):
+        fault, register = [], []
+        for repeat in range(repeats):
+            pages = pin_pages(nbytes, prefault=prefault)
+            fault.append(pages.fault_s)
+            register.append(pages.register_s)
+            if repeat == repeats - 1:
+                into = pages.tensor
+                d2h = best_bandwidth(nbytes, 2, lambda into=into: into.copy_(source, non_blocking=True))["best_GBps"]
+                threads = pages.fault_threads
+            pages.unpin()
+        total = [f + r for f, r in zip(fault, register)]
+        figures[name] = {"best_s_per_GiB": min(total) / (nbytes / GiB), "worst_s_per_GiB": max(total) / (nbytes / GiB),
+                         "fault_best_s_per_GiB": min(fault) / (nbytes / GiB),
+                         "register_best_s_per_GiB": min(register) / (nbytes / GiB),
+                         "fault_threads": threads, "d2h_GBps": d2h, "fault_s": fault, "register_s": register}
+    return figures
+
+
 def copies(nbytes: int, repeats: int) -> dict:
     """Each direction to and from pinned and pageable host memory (the buffers are freed on return)."""
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
@@ -81,7 +118,8 @@ def copies(nbytes: int, repeats: int) -> dict:
 
 
 def measure(nbytes: int, repeats: int) -> dict:
-    figures = {**copies(nbytes, repeats), "pin": pin_cost(nbytes, min(repeats, 3))}
+    figures = {**copies(nbytes, repeats), "pin": pin_cost(nbytes, min(repeats, 3)),
+               "engine_pin": engine_pin_cost(nbytes, min(repeats, 3))}
     return {**figures, "bytes": nbytes, "repeats": repeats, "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "method": "one torch copy_ on the current stream, device synchronized before "
             "and after; best of the repeats after a warm-up; GB = 1e9 bytes"}
@@ -99,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.json, "w") as handle:
         json.dump(figures, handle, indent=1)
     print(json.dumps({k: v["best_GBps"] for k, v in figures.items() if isinstance(v, dict) and "best_GBps" in v}))
+    print(json.dumps({"pin_touched_s_per_GiB": figures["pin"]["best_s_per_GiB"],
+                      **{f"engine_pin_{k}_s_per_GiB": v["best_s_per_GiB"] for k, v in figures["engine_pin"].items()}}))
     return 0
 
 

@@ -171,7 +171,8 @@ def probe_block(where: Where, free_bytes: int, checkpoint: int) -> Block:
         f"{checkpoint / 1e9:.1f} GB "
         "checkpoint and 4 GiB kept free does not fit; free the disk")
     return Block("probe", 120, f"nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 repeats at 11-55 GB/s "
-                 f"and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi calls); "
+                 f"and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi calls), then the lazy "
+                 "engine's pinning of 4 GiB 3 times with its fault-in and 3 without (about 10 s: 0.39 s/GiB without); "
                  f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s: "
                  "fio's methods or, on an image without fio (the H100's), dd's 8 (4 write, 4 read), 2 repeats each, "
                  "with the file written for the reads and the evictions: about 90 s", commands, needs=("setup",),
@@ -633,7 +634,7 @@ def limits_of(files: dict) -> dict:
     if not isinstance(copies, dict):
         raise SessionError("the probe's copies.json is missing or not JSON: see its log in logs.tar.gz")
     limits = {"d2h_pinned_GBps": copies["d2h_pinned"]["best_GBps"], "pin_s_per_GiB": copies["pin"]["best_s_per_GiB"],
-              "write_MBps": None, "read_MBps": None}
+              **engine_pin_limits(copies.get("engine_pin")), "write_MBps": None, "read_MBps": None}
     if not isinstance(storage, dict):
         return {**limits, "storage_error": "bench/limits.py wrote no JSON: see the probe's log in logs.tar.gz"}
     if storage.get("error"):
@@ -644,6 +645,16 @@ def limits_of(files: dict) -> dict:
         raise SessionError("bench/limits.py's JSON has no write.best_MBps / read.best_MBps: update "
                            "gpu_session.limits_of to its format") from None
     return {**limits, "write_MBps": write, "read_MBps": read, "storage_tool": storage.get("tool", "fio")}
+
+
+def engine_pin_limits(engine_pin: dict | None) -> dict:
+    """The lazy engine's own pinning (gpu_probe.py's ``engine_pin``, absent before 2026-11-26's fault-in), s/GiB with
+    and without its parallel fault-in, and the fault-in's threads."""
+    if not engine_pin:
+        return {}
+    return {"engine_pin_s_per_GiB": engine_pin["prefault"]["best_s_per_GiB"],
+            "engine_pin_fault_threads": engine_pin["prefault"]["fault_threads"],
+            "engine_pin_no_prefault_s_per_GiB": engine_pin["no_prefault"]["best_s_per_GiB"]}
 
 
 def run_figures(runs: Path, probe: dict | None) -> list[dict]:
@@ -813,10 +824,14 @@ def limits_markdown(lim: dict) -> list[str]:
     disk = (f"write ending in fsync **{lim['write_MBps']:.0f} MB/s**, cold read **{lim['read_MBps']:.0f} MB/s** "
             f"(bench/limits.py: best of its {lim.get('storage_tool', 'fio')} methods, one job, the checkpoint's one "
             "rank)" if lim.get("write_MBps") else f"not measured: {lim.get('storage_error')}")
+    engine_pin = [] if "engine_pin_s_per_GiB" not in lim else [
+        f"- the lazy engine's pinning of fresh memory (copies.pin_pages): **{lim['engine_pin_s_per_GiB']:.2f} s/GiB** "
+        f"with its fault-in on {lim['engine_pin_fault_threads']} threads, "
+        f"{lim['engine_pin_no_prefault_s_per_GiB']:.2f} s/GiB without"]
     return ["## Limits", "",
             f"- pinned device-to-host copy: **{lim['d2h_pinned_GBps']:.1f} GB/s** (bench/gpu_probe.py: one torch copy "
             f"of 4 GiB, best of 5), pinning host memory {lim['pin_s_per_GiB']:.2f} s/GiB (bench/gpu_probe.py)",
-            f"- disk: {disk}", ""]
+            *engine_pin, f"- disk: {disk}", ""]
 
 
 def runs_markdown(runs: list[dict]) -> list[str]:

@@ -198,6 +198,24 @@ def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
     assert "does not fit" in gs.probe_block(gs.Where(work=tmp_path), 24 * gs.GiB, ckpt).problem
 
 
+def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(monkeypatch):
+    """On the CPU, nothing registered: what the probe writes has the keys gpu_session.limits_of reads."""
+    from restartbench.engines.lazy import copies
+    monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
+    monkeypatch.setattr(gpu_probe.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(copies, "FAULT_SLICE_MIN", copies.PAGE)
+    engine_pin = gpu_probe.engine_pin_cost(4 * gs.MiB, 2, device="cpu")
+    assert engine_pin["prefault"]["fault_threads"] == copies.fault_threads()
+    assert engine_pin["no_prefault"]["fault_threads"] == 0
+    assert all(len(figures["register_s"]) == 2 and figures["d2h_GBps"] > 0 for figures in engine_pin.values())
+    copies_json = {"d2h_pinned": {"best_GBps": 50.0}, "pin": {"best_s_per_GiB": 0.05}}
+    lim = gs.limits_of({"copies.json": {**copies_json, "engine_pin": engine_pin}})
+    assert lim["engine_pin_s_per_GiB"] == engine_pin["prefault"]["best_s_per_GiB"]
+    assert "the lazy engine's pinning of fresh memory" in "\n".join(gs.limits_markdown(lim))
+    older = gs.limits_of({"copies.json": copies_json})  # a probe from before engine_pin: its text is unchanged
+    assert "engine_pin_s_per_GiB" not in older and "lazy engine" not in "\n".join(gs.limits_markdown(older))
+
+
 def test_every_blocks_command_lines_parse(tmp_path):
     """--dry-run's command lines, each against the program that takes it: config-n-run.py's parser (and one real
     config-n-run.py --dry-run), gpu_probe.py's, bench/limits.py's options, pytest's collection, bash's syntax check

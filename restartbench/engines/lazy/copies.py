@@ -8,11 +8,13 @@ wait for the bytes they need.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -37,8 +39,10 @@ class HostBuffer:
         self._pinned: PinnedPages | None = None
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        """At least ``nbytes``, uninitialised (its pages are touched by the copies, not here, unless pinning
-        touches them); a pinned buffer also serves a request for pageable memory."""
+        """At least ``nbytes``, uninitialised; a pinned buffer also serves a request for pageable memory. A pageable
+        buffer's pages are touched by the copies, not here (nothing is faulted in ahead on CPU: the first save's
+        copies pay for it, in the background); a pinned one's are faulted in by ``fault_in`` before they are
+        registered."""
         if self.tensor is None or self.tensor.numel() < nbytes or (pinned and not self.pinned):
             self.release()  # unpin and free the old one first
             if pinned:
@@ -75,18 +79,27 @@ def pinned_length(nbytes: int, page: int = PAGE) -> int:
 
 
 class PinnedPages:
-    """``nbytes`` of anonymous host memory (a private ``mmap``, so page-aligned), page-locked with
-    ``cudaHostRegister`` from its first byte: the tensor's storage starts on the first locked page, so torch's own
-    ``is_pinned`` (which looks at the storage's start) says so. The first H100 visit (2026-11-26) found that a
-    ``torch.empty`` block pinned from its first page boundary inward was locked but not ``is_pinned``."""
+    """``nbytes`` of anonymous host memory (an ``mmap`` of ``length`` bytes: page-aligned, and shared, Python's default
+    for ``mmap.mmap(-1, ...)``, so the kernel backs it with shmem pages), page-locked with ``cudaHostRegister`` from its
+    first byte: the tensor's storage starts on the first locked page, so torch's own ``is_pinned`` (which looks at the
+    storage's start) says so. The first H100 visit (2026-11-26) found that a ``torch.empty`` block pinned from its first
+    page boundary inward was locked but not ``is_pinned``.
 
-    def __init__(self, nbytes: int):
+    Its pages are faulted in by ``fault_in`` (``fault_threads`` threads) before they are registered; ``fault_s`` and
+    ``register_s`` time the two steps. ``prefault=False`` leaves the faulting to ``cudaHostRegister``, on one thread,
+    as before (``fault_threads`` 0): ``bench/gpu_probe.py`` times both ways."""
+
+    def __init__(self, nbytes: int, prefault: bool = True):
         self.length = pinned_length(nbytes)
         """Bytes page-locked: ``nbytes`` rounded up to whole pages."""
         self._block: mmap.mmap | None = mmap.mmap(-1, self.length)
         self.tensor: torch.Tensor | None = torch.frombuffer(self._block, dtype=torch.uint8, count=nbytes)
         self.address = self.tensor.data_ptr()
+        start = time.perf_counter()
+        self.fault_threads = fault_in(self.address, self.length) if prefault else 0
+        self.fault_s = time.perf_counter() - start
         _cuda_call("cudaHostRegister", self.address, self.length, 0)  # 0: cudaHostRegisterDefault
+        self.register_s = time.perf_counter() - start - self.fault_s
 
     def unpin(self) -> None:
         """Unlock the pages and drop this object's hold on them: the mapping is unmapped once no tensor views it."""
@@ -94,9 +107,41 @@ class PinnedPages:
         self._block = self.tensor = None
 
 
-def pin_pages(nbytes: int) -> PinnedPages:
-    """Allocate ``nbytes`` of host memory and page-lock exactly its pages (CUDA only): about 0.4 s per GiB (H100)."""
-    return PinnedPages(nbytes)
+def pin_pages(nbytes: int, prefault: bool = True) -> PinnedPages:
+    """Allocate ``nbytes`` of host memory and page-lock exactly its pages (CUDA only). On the first H100 visit, without
+    ``fault_in``, this took about 0.39 s per GiB (21 GB: 8.2 s at set-up in training, 7.7 s in the restart), while
+    registering pages already touched took 0.05 s per GiB (``bench/gpu_probe.py``'s ``pin``): the next visit's probe
+    measures both steps here (``engine_pin``)."""
+    return PinnedPages(nbytes, prefault)
+
+
+FAULT_THREADS = 16
+"""At most this many threads fault a buffer in (the GPU machine has 16 cores)."""
+FAULT_SLICE_MIN = 64 * 2**20
+"""A thread faults in at least this many bytes (a small buffer is one thread's work)."""
+
+
+def fault_threads() -> int:
+    """Threads ``fault_in`` uses: the cores this process may run on, at most ``FAULT_THREADS``."""
+    return max(1, min(len(os.sched_getaffinity(0)), FAULT_THREADS))
+
+
+def fault_in(address: int, length: int, threads: int | None = None) -> int:
+    """Write zeros over the ``length`` bytes at ``address`` (a page-aligned, fresh anonymous mapping, so zero already),
+    each of up to ``threads`` threads (default ``fault_threads()``) its own page-aligned slice; returns the threads
+    used.
+
+    Why: ``cudaHostRegister`` of a fresh mapping faults in, and the kernel zero-fills, every page on the one calling
+    thread. Faults on different pages run in parallel, and ``ctypes.memset`` releases the GIL, so the threads fault
+    the pages in together and registering then only locks pages that exist. On this study's 2-core CPU machine (busy),
+    2 threads faulted a 2 GiB mapping in at best 0.83 s/GiB, 1 thread at 1.37 s/GiB; the GPU machine's 16 cores are
+    not measured yet (``bench/gpu_probe.py``'s ``engine_pin``: the next visit checks it)."""
+    threads = max(1, min(threads or fault_threads(), length // FAULT_SLICE_MIN))
+    step = -(-length // (threads * PAGE)) * PAGE
+    slices = [(address + start, min(step, length - start)) for start in range(0, length, step)]
+    with ThreadPoolExecutor(len(slices), thread_name_prefix="lazy-fault-in") as pool:
+        list(pool.map(lambda piece: ctypes.memset(piece[0], 0, piece[1]), slices))
+    return len(slices)
 
 
 def _cuda_call(name: str, *args: int) -> None:
