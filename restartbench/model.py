@@ -19,8 +19,11 @@ Tensor parallelism: q, k, v, gate, up and the head are column-parallel (rank r h
 which keeps every query head with its own kv-head); o and down are row-parallel (input columns
 split the same way, outputs all-reduced); the embedding holds vocabulary rows [r·V/tp, (r+1)·V/tp)
 (other ids give zeros, then all-reduce); the head's logits are all-gathered over the vocabulary.
-Norm weights are replicated. Every full weight is drawn from a generator seeded by
-(seed, layer index, name) and then sliced, so the model is the same function for any tp, pp, dp.
+Norm weights are replicated. Every full weight's values are fixed by (seed, layer index, name, shape): its flattened
+elements are cut into chunks of ``DRAW_CHUNK``, each drawn whole from a generator seeded by (seed, layer index, name,
+chunk index); a rank keeps its slice, so the model is the same function for any tp, pp, dp. The chunks are drawn
+in a thread pool (one thread per CPU the process may use), and a rank holding rows [a, b) of a weight (split along
+dimension 0) draws only the chunks these rows overlap.
 
 Each sliced parameter carries its split (``TensorParallel.parameter``); from these marks the module declares
 ``universal_checkpoint_info``, the regular expressions by which DeepSpeed's ``ds_to_universal.py`` merges a
@@ -30,8 +33,10 @@ checkpoint's slices into full parameters (Universal Checkpointing, issue 19).
 from __future__ import annotations
 
 import math
+import os
 import re
-from functools import lru_cache
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -49,6 +54,10 @@ from restartbench.presets import ModelPreset
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
 INIT_STD = 0.02
+#: Elements of a weight's flattened values drawn from one generator (1 MiB of fp32). A constant: the values depend on
+#: it, never on the layout or the thread count. Small enough that a 1B layer's smallest weights (k, v: 1 M elements)
+#: still give a 16-core pool work; large enough that a generator's set-up (about 6 µs) is well under 1 % of a draw.
+DRAW_CHUNK = 1 << 18
 #: Attributes of a tensor-parallel parameter (``TensorParallel.parameter``): the dimension it is split along, and
 #: whether that dimension is the vocabulary. A parameter without them is replicated over the tensor-parallel group.
 TP_DIM = "tp_dim"
@@ -66,16 +75,25 @@ class TensorParallel:
         self.size, self.rank = size, rank
         self.group: dist.ProcessGroup | None = None
 
-    def shard(self, full: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's equal slice of ``full`` along ``dim``, in its own storage (not a view of ``full``)."""
-        if full.shape[dim] % self.size:
-            raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split into {self.size} shards")
-        return full.chunk(self.size, dim=dim)[self.rank].clone()
+    def shard(self, seed: int, layer: int, name: str, shape: tuple[int, ...], dim: int) -> torch.Tensor:
+        """This rank's equal slice along ``dim`` of the full weight ``_normal(seed, layer, name, shape)``, in its own
+        storage. Along dimension 0 the slice is a contiguous range of the flattened weight, and only it is drawn;
+        along another dimension the full weight is drawn and the slice copied out of it (with tp 1: the whole)."""
+        if shape[dim] % self.size:
+            raise ValueError(f"dimension {dim} of size {shape[dim]} does not split into {self.size} shards")
+        if dim == 0:
+            rows, row = shape[0] // self.size, math.prod(shape[1:])
+            start = self.rank * rows * row
+            return _normal(seed, layer, name, shape, start, start + rows * row).view(rows, *shape[1:])
+        full = _normal(seed, layer, name, shape).view(shape)
+        return full if self.size == 1 else full.chunk(self.size, dim=dim)[self.rank].clone()
 
-    def parameter(self, full: torch.Tensor, dim: int, *, vocabulary: bool = False) -> nn.Parameter:
-        """This rank's slice of ``full`` along ``dim`` as a parameter that says how it was cut (``TP_DIM``,
-        ``VOCABULARY``), as Megatron marks its parallel parameters: ``universal_checkpoint_info`` reads the marks."""
-        param = nn.Parameter(self.shard(full, dim))
+    def parameter(self, seed: int, layer: int, name: str, shape: tuple[int, ...], dim: int, *,
+                  vocabulary: bool = False) -> nn.Parameter:
+        """This rank's slice along ``dim`` of the full weight (``shard``) as a parameter that says how it was cut
+        (``TP_DIM``, ``VOCABULARY``), as Megatron marks its parallel parameters: ``universal_checkpoint_info`` reads
+        the marks."""
+        param = nn.Parameter(self.shard(seed, layer, name, shape, dim))
         setattr(param, TP_DIM, dim)
         setattr(param, VOCABULARY, vocabulary)
         return param
@@ -143,10 +161,55 @@ def gather_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 # --- layers -------------------------------------------------------------------------------
 
 
-def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """A full (unsharded) weight ~ N(0, INIT_STD), the same in every process for these arguments."""
-    generator = torch.Generator().manual_seed(stable_seed("weight", seed, layer, name))
-    return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
+def draw_threads() -> int:
+    """Threads that draw a weight's chunks: one per CPU this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+@cache
+def _draw_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's pool of ``threads`` drawing threads, made on first use and kept (idle between draws)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="restartbench-draw")
+
+
+def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...], start: int = 0, stop: int | None = None, *,
+            threads: int | None = None) -> torch.Tensor:
+    """Elements [start, stop) (default: all) of the flattened full (unsharded) weight of ``shape`` ~ N(0, INIT_STD),
+    flat, the same in every process for these arguments whatever ``threads`` (default ``draw_threads()``).
+
+    Chunk c holds flattened elements [c·DRAW_CHUNK, min((c+1)·DRAW_CHUNK, numel)) and is drawn whole from a generator
+    seeded by (seed, layer, name, c) (torch's normal_ gives other values for a shorter draw, so a chunk the range
+    cuts is drawn whole into a scratch tensor and its part copied). Only the chunks overlapping the range are drawn,
+    each by one thread of the pool: normal_ releases the GIL, and its generator is the chunk's own. A seed is a CRC-32
+    (``stable_seed``; torch's CPU generator keeps a seed's low 32 bits only), so two chunks of a model may, rarely,
+    hold the same values. On the meta device nothing is drawn (shapes only; drawing there imports torch._dynamo)."""
+    numel = math.prod(shape)
+    stop = numel if stop is None else stop
+    if not 0 <= start <= stop <= numel:
+        raise ValueError(f"elements [{start}, {stop}) are not within a weight of {numel}")
+    out = torch.empty(stop - start)
+    if out.is_meta or start == stop:
+        return out
+
+    def draw(chunk: int) -> None:
+        low, high = chunk * DRAW_CHUNK, min((chunk + 1) * DRAW_CHUNK, numel)
+        generator = torch.Generator().manual_seed(stable_seed("weight", seed, layer, name, chunk))
+        if start <= low and high <= stop:
+            out[low - start:high - start].normal_(0.0, INIT_STD, generator=generator)
+        else:
+            whole = torch.empty(high - low).normal_(0.0, INIT_STD, generator=generator)
+            first, last = max(low, start), min(high, stop)  # the part of the chunk within [start, stop)
+            out[first - start:last - start].copy_(whole[first - low:last - low])
+
+    chunks = range(start // DRAW_CHUNK, (stop - 1) // DRAW_CHUNK + 1)
+    threads = draw_threads() if threads is None else threads
+    if threads == 1 or len(chunks) == 1:
+        for chunk in chunks:
+            draw(chunk)
+    else:
+        for _ in _draw_pool(threads).map(draw, chunks):  # re-raises a thread's error
+            pass
+    return out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -163,6 +226,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _rope_tables(head_dim: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [seq_len, head_dim] for rotate-half RoPE, computed in fp32."""
+    if torch.empty(0).is_meta:  # shapes only (as in parameter_splits): arange there would import torch._dynamo
+        return torch.empty(seq_len, head_dim), torch.empty(seq_len, head_dim)
     inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
@@ -176,8 +241,7 @@ class EmbeddingPipe(nn.Module):
         super().__init__()
         self.tp = tp
         self.rows = preset.vocab_size // tp.size
-        self.weight = tp.parameter(_normal(seed, 0, "embedding", (preset.vocab_size, preset.hidden)), 0,
-                                   vocabulary=True)
+        self.weight = tp.parameter(seed, 0, "embedding", (preset.vocab_size, preset.hidden), 0, vocabulary=True)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start = self.tp.rank * self.rows
@@ -199,10 +263,10 @@ class DecoderLayerPipe(nn.Module):
         self.local_kv_heads = preset.kv_heads // tp.size
 
         def column(name: str, rows: int) -> nn.Parameter:
-            return tp.parameter(_normal(seed, layer, name, (rows, h)), 0)
+            return tp.parameter(seed, layer, name, (rows, h), 0)
 
         def row(name: str, cols: int) -> nn.Parameter:
-            return tp.parameter(_normal(seed, layer, name, (h, cols)), 1)
+            return tp.parameter(seed, layer, name, (h, cols), 1)
 
         self.attn_norm = nn.Parameter(torch.ones(h))
         self.q = column("q", preset.heads * hd)
@@ -260,8 +324,8 @@ class LMHeadPipe(nn.Module):
     def __init__(self, preset: ModelPreset, tp: TensorParallel, seed: int):
         super().__init__()
         self.tp = tp
-        full = _normal(seed, preset.layers + 2, "head", (preset.vocab_size, preset.hidden))
-        self.weight = tp.parameter(full, 0, vocabulary=True)
+        self.weight = tp.parameter(seed, preset.layers + 2, "head", (preset.vocab_size, preset.hidden), 0,
+                                   vocabulary=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gather_from_tp(F.linear(copy_to_tp(x, self.tp), self.weight), self.tp)
