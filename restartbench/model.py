@@ -162,8 +162,11 @@ def gather_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 def draw_threads() -> int:
-    """Threads that draw a weight's chunks: one per CPU this process may run on."""
-    return len(os.sched_getaffinity(0))
+    """Threads that draw a weight's chunks: this process's share of the CPUs it may run on, the node's ranks
+    (torchrun's ``LOCAL_WORLD_SIZE``) sharing them, at least one: 8 ranks on a 112-core node draw on 14 threads each,
+    not 112."""
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, len(os.sched_getaffinity(0)) // (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1))
 
 
 @cache

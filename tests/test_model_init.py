@@ -64,3 +64,15 @@ def test_meta_build_draws_nothing():
         layer = DecoderLayerPipe(TINY, TensorParallel(2, 1), seed=0, layer=1)
     assert layer.q.is_meta and layer.q.shape == (TINY.heads * TINY.head_dim // 2, TINY.hidden)
     assert layer.down.is_meta and layer.down.shape == (TINY.hidden, TINY.ffn_hidden // 2)
+
+
+@pytest.mark.parametrize("cpus, local_world, threads", [(16, None, 16), (16, "8", 2), (2, "4", 1), (8, "bad", 8),
+                                                        (8, "0", 8)])
+def test_ranks_on_one_node_share_its_cpus_for_drawing(monkeypatch, cpus, local_world, threads):
+    """Each of torchrun's LOCAL_WORLD_SIZE ranks draws on its share of the CPUs, at least one thread."""
+    monkeypatch.setattr(model.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    if local_world is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    assert model.draw_threads() == threads
