@@ -79,16 +79,18 @@ def pin_cost(nbytes: int, repeats: int) -> dict:
 
 
 def engine_pin_cost(nbytes: int, repeats: int, device: str = "cuda") -> dict:
-    """``pin_pages(nbytes)`` as the lazy engine pins its host buffer, with and without the parallel fault-in: seconds
+    """``pin_pages(nbytes)`` as the lazy engine pins its host buffer, with and without the parallel fault-in, and
+    into private huge-page memory with it (``prefault_huge``: ``copies.PinnedPages``' ``huge_pages``): seconds
     per GiB of the fault-in, the register and both (best of ``repeats``; both: worst too), the threads that faulted
     the pages in, and the D2H bandwidth into the last buffer pinned (best of 2 after a warm-up). ``device``: where the
     copy comes from (tests/test_gpu_session.py runs this on the CPU, pinning nothing)."""
     source = torch.ones(nbytes, dtype=torch.uint8, device=device)
     figures = {}
-    for name, prefault in (("prefault", True), ("no_prefault", False)):
+    for name, prefault, huge_pages in (("prefault", True, False), ("no_prefault", False, False),
+                                       ("prefault_huge", True, True)):
         fault, register = [], []
         for repeat in range(repeats):
-            pages = pin_pages(nbytes, prefault=prefault)
+            pages = pin_pages(nbytes, prefault=prefault, huge_pages=huge_pages)
             fault.append(pages.fault_s)
             register.append(pages.register_s)
             if repeat == repeats - 1:

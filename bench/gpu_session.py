@@ -652,9 +652,12 @@ def engine_pin_limits(engine_pin: dict | None) -> dict:
     and without its parallel fault-in, and the fault-in's threads."""
     if not engine_pin:
         return {}
+    huge = engine_pin.get("prefault_huge")  # measured since the huge-page mapping (2026-11-26, later)
     return {"engine_pin_s_per_GiB": engine_pin["prefault"]["best_s_per_GiB"],
             "engine_pin_fault_threads": engine_pin["prefault"]["fault_threads"],
-            "engine_pin_no_prefault_s_per_GiB": engine_pin["no_prefault"]["best_s_per_GiB"]}
+            "engine_pin_no_prefault_s_per_GiB": engine_pin["no_prefault"]["best_s_per_GiB"],
+            **({"engine_pin_huge_s_per_GiB": huge["best_s_per_GiB"], "engine_pin_huge_d2h_GBps": huge["d2h_GBps"],
+                "engine_pin_d2h_GBps": engine_pin["prefault"]["d2h_GBps"]} if huge else {})}
 
 
 def run_figures(runs: Path, probe: dict | None) -> list[dict]:
@@ -827,7 +830,11 @@ def limits_markdown(lim: dict) -> list[str]:
     engine_pin = [] if "engine_pin_s_per_GiB" not in lim else [
         f"- the lazy engine's pinning of fresh memory (copies.pin_pages): **{lim['engine_pin_s_per_GiB']:.2f} s/GiB** "
         f"with its fault-in on {lim['engine_pin_fault_threads']} threads, "
-        f"{lim['engine_pin_no_prefault_s_per_GiB']:.2f} s/GiB without"]
+        f"{lim['engine_pin_no_prefault_s_per_GiB']:.2f} s/GiB without" + (
+            "" if "engine_pin_huge_s_per_GiB" not in lim else
+            f"; private huge-page memory {lim['engine_pin_huge_s_per_GiB']:.2f} s/GiB with the fault-in (D2H into it "
+            f"{lim['engine_pin_huge_d2h_GBps']:.1f} GB/s, into the shared mapping "
+            f"{lim['engine_pin_d2h_GBps']:.1f} GB/s)")]
     return ["## Limits", "",
             f"- pinned device-to-host copy: **{lim['d2h_pinned_GBps']:.1f} GB/s** (bench/gpu_probe.py: one torch copy "
             f"of 4 GiB, best of 5), pinning host memory {lim['pin_s_per_GiB']:.2f} s/GiB (bench/gpu_probe.py)",

@@ -270,6 +270,29 @@ def test_a_pinned_buffers_pages_are_faulted_in_before_they_are_registered(monkey
     pages.unpin()
 
 
+def mapping_flags(address):
+    """The kernel's VmFlags of the mapping that starts at ``address`` (/proc/self/smaps): ``sh`` shared, ``hg``
+    advised for huge pages, ``dc`` not copied on fork."""
+    with open("/proc/self/smaps") as smaps:
+        lines = iter(smaps)
+        for line in lines:
+            if line.split("-", 1)[0] == f"{address:x}":
+                return set(next(field for field in lines if field.startswith("VmFlags:")).split()[1:])
+    raise AssertionError(f"no mapping starts at {address:#x}")
+
+
+@pytest.mark.parametrize("huge_pages", [False, True])
+def test_a_huge_page_buffer_is_private_advised_and_not_forked(monkeypatch, huge_pages):
+    """``huge_pages``: private memory advised for transparent huge pages and kept from forked children, faulted in
+    and zero like the shared mapping the engine uses by default."""
+    monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
+    pages = copies.pin_pages(10 * copies.PAGE + 5, huge_pages=huge_pages)
+    flags = mapping_flags(pages.address)
+    assert ({"hg", "dc"} <= flags and "sh" not in flags) if huge_pages else ("sh" in flags and "hg" not in flags)
+    assert mapped_rss(pages.address) == pages.length and not pages.tensor.any()
+    pages.unpin()
+
+
 def test_a_pageable_buffer_pins_nothing_and_is_released():
     buffer = copies.HostBuffer()
     tensor = buffer.get(10_000, pinned=False)

@@ -211,7 +211,13 @@ def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(
     copies_json = {"d2h_pinned": {"best_GBps": 50.0}, "pin": {"best_s_per_GiB": 0.05}}
     lim = gs.limits_of({"copies.json": {**copies_json, "engine_pin": engine_pin}})
     assert lim["engine_pin_s_per_GiB"] == engine_pin["prefault"]["best_s_per_GiB"]
-    assert "the lazy engine's pinning of fresh memory" in "\n".join(gs.limits_markdown(lim))
+    assert lim["engine_pin_huge_s_per_GiB"] == engine_pin["prefault_huge"]["best_s_per_GiB"]
+    assert engine_pin["prefault_huge"]["fault_threads"] == copies.fault_threads()
+    text = "\n".join(gs.limits_markdown(lim))
+    assert "the lazy engine's pinning of fresh memory" in text and "private huge-page memory" in text
+    without_huge = {k: v for k, v in engine_pin.items() if k != "prefault_huge"}  # a probe of the day's first visit
+    assert "huge" not in "\n".join(gs.limits_markdown(gs.limits_of({"copies.json": {**copies_json,
+                                                                                  "engine_pin": without_huge}})))
     older = gs.limits_of({"copies.json": copies_json})  # a probe from before engine_pin: its text is unchanged
     assert "engine_pin_s_per_GiB" not in older and "lazy engine" not in "\n".join(gs.limits_markdown(older))
 
