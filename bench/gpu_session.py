@@ -172,7 +172,8 @@ def probe_block(where: Where, free_bytes: int, checkpoint: int) -> Block:
         "checkpoint and 4 GiB kept free does not fit; free the disk")
     return Block("probe", 120, f"nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 repeats at 11-55 GB/s "
                  f"and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi calls), then the lazy "
-                 "engine's pinning of 4 GiB 3 times with its fault-in and 3 without (about 10 s: 0.39 s/GiB without); "
+                 "engine's pinning of 4 GiB 3 times with its fault-in, 3 without and 3 into huge pages (about 12 s: "
+                 "0.39 s/GiB without); "
                  f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s: "
                  "fio's methods or, on an image without fio (the H100's), dd's 8 (4 write, 4 read), 2 repeats each, "
                  "with the file written for the reads and the evictions: about 90 s", commands, needs=("setup",),
