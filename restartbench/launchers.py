@@ -124,6 +124,13 @@ def placement() -> dict[str, Any]:
             "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
 
 
+def cpu_share() -> int:
+    """CPUs for this rank's own threads: those it may run on, shared with the other ranks torchrun started on its node
+    (``LOCAL_WORLD_SIZE``; 1 outside torchrun), at least one: 8 ranks on a 112-core node get 14 each, not 112."""
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, len(os.sched_getaffinity(0)) // (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1))
+
+
 def choose_device(requested: str, param_count: float) -> str:
     """The ranks' device: ``requested`` unless it is auto; auto means cuda where a GPU is visible, and without one
     cpu for the CPU shapes (under 10^9 parameters) and cuda (render only) for the big ones."""

@@ -33,7 +33,6 @@ checkpoint's slices into full parameters (Universal Checkpointing, issue 19).
 from __future__ import annotations
 
 import math
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
@@ -48,6 +47,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
 from restartbench.data import stable_seed
+from restartbench.launchers import cpu_share
 from restartbench.layout import Layout
 from restartbench.presets import ModelPreset
 
@@ -162,11 +162,8 @@ def gather_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 def draw_threads() -> int:
-    """Threads that draw a weight's chunks: this process's share of the CPUs it may run on, the node's ranks
-    (torchrun's ``LOCAL_WORLD_SIZE``) sharing them, at least one: 8 ranks on a 112-core node draw on 14 threads each,
-    not 112."""
-    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    return max(1, len(os.sched_getaffinity(0)) // (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1))
+    """Threads that draw a weight's chunks: this rank's share of the node's CPUs (``launchers.cpu_share``)."""
+    return cpu_share()
 
 
 @cache

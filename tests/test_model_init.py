@@ -5,7 +5,8 @@ its slice of the tp 1 weight, also where a rank's rows begin or end inside a chu
 import pytest
 import torch
 
-from restartbench import model
+from restartbench import launchers, model
+from restartbench.engines.lazy import copies
 from restartbench.model import DecoderLayerPipe, EmbeddingPipe, LMHeadPipe, TensorParallel, _normal
 from restartbench.presets import PRESETS
 
@@ -69,10 +70,12 @@ def test_meta_build_draws_nothing():
 @pytest.mark.parametrize("cpus, local_world, threads", [(16, None, 16), (16, "8", 2), (2, "4", 1), (8, "bad", 8),
                                                         (8, "0", 8)])
 def test_ranks_on_one_node_share_its_cpus_for_drawing(monkeypatch, cpus, local_world, threads):
-    """Each of torchrun's LOCAL_WORLD_SIZE ranks draws on its share of the CPUs, at least one thread."""
-    monkeypatch.setattr(model.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    """Each of torchrun's LOCAL_WORLD_SIZE ranks draws on its share of the CPUs, at least one thread, and faults the
+    lazy engine's pinned buffer in on as many (at most copies.FAULT_THREADS)."""
+    monkeypatch.setattr(launchers.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     if local_world is None:
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
     assert model.draw_threads() == threads
+    assert copies.fault_threads() == min(threads, copies.FAULT_THREADS)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, TensorSpec, torch_dtype
+from restartbench.launchers import cpu_share
 
 
 class HostBuffer:
@@ -135,8 +136,9 @@ FAULT_SLICE_MIN = 64 * 2**20
 
 
 def fault_threads() -> int:
-    """Threads ``fault_in`` uses: the cores this process may run on, at most ``FAULT_THREADS``."""
-    return max(1, min(len(os.sched_getaffinity(0)), FAULT_THREADS))
+    """Threads ``fault_in`` uses: this rank's share of the node's CPUs (``launchers.cpu_share``: the ranks on a node
+    set up their engines at once), at most ``FAULT_THREADS``."""
+    return min(cpu_share(), FAULT_THREADS)
 
 
 def fault_in(address: int, length: int, threads: int | None = None) -> int:
