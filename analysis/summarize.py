@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if table.empty:
         console.print(f"no complete runs under {args.logs}")
         return 1
-    console.print(f"{table['run_id'].nunique()} complete run(s) read in {elapsed:.2f} s")
+    partial = sum(e.training_kept for e in collected.excluded)
+    console.print(f"{table['run_id'].nunique() - partial} complete run(s)"
+                  + (f" and {partial} whose training only is kept (their restart never finished)" if partial else "")
+                  + f" read in {elapsed:.2f} s")
     console.print(_checkpoint_table(table))
     console.print(_restart_table(table))
     limits = limit_summary(table)
@@ -162,6 +165,8 @@ def _print_excluded(console: Console, collected: analysis.Collected) -> None:
     for excluded in collected.excluded:
         style = "yellow" if excluded.status == "skipped" else "red"
         label = {"skipped": "skipped (run marked skipped)"}.get(excluded.status, f"skipped ({excluded.status} run)")
+        if excluded.training_kept:
+            label = f"restart left out ({excluded.status} run)"
         console.print(f"[{style}]{label}[/] {escape(str(excluded.run))}: {escape(excluded.reason)}", soft_wrap=True)
 
 

@@ -666,12 +666,16 @@ def run_figures(runs: Path, probe: dict | None) -> list[dict]:
     GPU memory peaks from the events, and with ``probe`` the ratios to its limits."""
     collected = collect(runs)
     table = collected.table()
+    left_out = {str(e.run): e for e in collected.excluded}
+    in_table = set(table["run"]) if not table.empty else set()
     rows = [{"run": str(e.run.relative_to(runs)), "status": e.status, "reason": e.reason}
-            for e in collected.excluded]
+            for run, e in left_out.items() if run not in in_table]
     for run, frame in (table.groupby("run") if not table.empty else ()):
         ckpts = frame[frame.kind == "checkpoint"].sort_values("step")
         restarts = frame[frame.kind == "restart"].sort_values("attempt")
-        figures = {"run": str(Path(run).relative_to(runs)), "engine": frame["engine"].iloc[0], "status": "complete",
+        status = {"status": left_out[run].status, "reason": left_out[run].reason} if run in left_out else {
+            "status": "complete"}  # else its restart never finished: its training's figures only
+        figures = {"run": str(Path(run).relative_to(runs)), "engine": frame["engine"].iloc[0], **status,
                    **gpu_peaks(Path(run))}
         if not ckpts.empty:
             figures.update(checkpoint_figures(ckpts.iloc[-1]))
@@ -849,17 +853,20 @@ def runs_markdown(runs: list[dict]) -> list[str]:
              "stall ÷ D2H floor | cost ÷ floor | durable ÷ disk write | restore ÷ disk read |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        if r.get("status") != "complete":
+        if "stall_s" not in r:  # no figures: failed, skipped or left out whole
             lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 13)
             continue
+        verdict = r.get("verdict") if r.get("status") == "complete" else f"restart left out ({r.get('status')})"
         lines.append(
             f"| {r['run']} | {r['engine']} | {_f(r.get('stall_s'), '.3f')} | {_f(r.get('slowdown_s'), '.3f')} | "
             f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))} ({r.get('cache')}) "
-            f"| {_f(r.get('restart_s'))} | {_f(r.get('restart_less_checks_s'))} | {r.get('verdict')} | "
+            f"| {_f(r.get('restart_s'))} | {_f(r.get('restart_less_checks_s'))} | {verdict} | "
             f"{_gb(r.get('train_peak_rss_bytes'))}/"
             f"{_gb(r.get('restore_peak_rss_bytes'))} | {_gb(r.get('train_gpu_peak_bytes'))}/"
             f"{_gb(r.get('restore_gpu_peak_bytes'))} | {_f(r.get('stall_over_floor'))} | "
             f"{_f(r.get('cost_over_floor'))} | {_f(r.get('durable_over_write'))} | {_f(r.get('restore_over_read'))} |")
+    partial = [r for r in runs if "stall_s" in r and r.get("status") != "complete"]
+    lines += ["", *(f"- {r['run']}: {r['status']}: {r['reason']}" for r in partial)] if partial else []
     parts = [r for r in runs if r.get("restart_parts_s")]
     if parts:
         lines += ["", "Restart parts, s (max over ranks; `imports` ... `dist_init` hold the CUDA context and NCCL's "
@@ -898,8 +905,8 @@ def engines_markdown(result: dict) -> str:
              "Each engine: one `config-n-run.py 1B tp1pp1 --device cuda --dtype bf16 --iters 2 --save-interval 1 "
              "--keep-checkpoints 1` run (two saves, a cold restore, proved exact), its own "
              "`gpu-engines-1B-<engine>` file.", ""]
-    lines += runs_markdown([{**r, "run": r["engine"], "status": "complete" if "cost_s" in r else r["status"],
-                             "reason": r.get("error") or "no figures"} for r in result["engines"]])
+    lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
+                            for r in result["engines"]])
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}
     if len(set(commits.values())) > 1:
         lines += ["The engines ran at different code (visits run the code of their day): "

@@ -15,6 +15,7 @@ import pytest
 from restartbench import analysis, goodput, report
 from restartbench.analysis import collect, collecting
 from restartbench.analysis.records import decode_column
+from restartbench.analysis.runs import TRAINING_KEPT
 from restartbench.events import Event, EventFileError, EventLog, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,13 @@ def mixed_logs(study_logs, tmp_path):
         copy = real.parent / name
         shutil.copytree(real, copy)
         _edit_meta(copy, status=status, error=error)
+    # failed in its training (rank 0 raised: no restore launched); killed during its restore (its training kept)
+    for path in (real.parent / "failed" / "events").glob("restore-*.jsonl"):
+        path.unlink()
+    _rewrite_events(real.parent / "failed", lambda e: {**e, "event": Event.PHASE_ERROR, "error": "boom"} if (
+        e["event"] == Event.PHASE_END and e["phase"] == "train" and e["rank"] == 0) else e)
+    _rewrite_events(real.parent / "killed", lambda e: None if e["phase"] == "restore" and e["event"] in (
+        Event.RESTORE_RESULT, Event.PHASE_END, Event.RANK_MEMORY) or e["phase"] == "restore" and e.get("step") else e)
     broken = real.parent / "broken"
     shutil.copytree(real, broken)
     (broken / "metadata.json").write_text("{not json")
@@ -130,6 +138,7 @@ def test_collect_skips_bad_runs_with_reasons(mixed_logs):
     by_name = {e.run.name: e for e in collected.excluded}
     assert by_name["failed"].status == "failed" and "boom" in by_name["failed"].reason
     assert by_name["killed"].status == "incomplete" and "never finished" in by_name["killed"].reason
+    assert by_name["killed"].reason.endswith(TRAINING_KEPT) and not by_name["failed"].reason.endswith(TRAINING_KEPT)
     assert by_name["skipped"].status == "skipped" and "datastates" in by_name["skipped"].reason
     assert by_name["broken"].status == "unreadable"
     assert "broken/metadata.json is not valid JSON" in by_name["broken"].reason
@@ -144,6 +153,8 @@ def test_collect_skips_bad_runs_with_reasons(mixed_logs):
     assert (restored["exact"] == True).all()  # noqa: E712
     excluded = collected.excluded_table()
     assert set(excluded["status"]) == {"failed", "incomplete", "skipped", "unreadable"}
+    killed = table[table["run"] == str(by_name["killed"].run)]  # its training kept, no restart row
+    assert list(killed["kind"]) == ["checkpoint", "checkpoint"] and list(killed["tag"]) == ["step2", "step4"]
 
 
 @multirank

@@ -4,6 +4,7 @@ written from a ledger and a real tiny run (--keep-checkpoints 1: the older check
 restored exactly)."""
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -342,6 +343,31 @@ def test_a_probe_without_storage_limits_still_gives_the_d2h_ratios_and_says_why_
     assert "50.0 GB/s" in probe_md and "disk: not measured: fio is not installed" in probe_md
     summary_md = (results / "2026-11-26-h100-gpu-engines-1B.md").read_text()
     assert "Python 3.12.3, torch 2.11.0+cu130, DeepSpeed 0.19.8" in summary_md
+
+
+def test_a_run_killed_in_its_restore_gives_its_trainings_figures_and_says_its_restart_is_left_out(tmp_path, tiny_run):
+    """The first H100 visit's lazy run: the visit's time ran out during its restore, after a whole training."""
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_run, runs)
+    [run] = [p.parent for p in runs.rglob("metadata.json")]
+    meta = json.loads((run / "metadata.json").read_text())
+    (run / "metadata.json").write_text(json.dumps({**meta, "status": "running"}))
+    for path in (run / "events").glob("restore-*.jsonl"):  # killed after the load: no result, no first iteration
+        kept = [line for line in path.read_text().splitlines()
+                if json.loads(line)["event"] not in ("restore.verify", "restore.result", "train.iteration",
+                                                     "phase.end", "rank.memory")]
+        path.write_text("\n".join(kept) + "\n")
+    results = tmp_path / "results"
+    gs.import_results(visit(tmp_path, runs), results)
+    [lazy] = json.loads((results / "2026-11-26-h100-gpu-engines-1B-lazy.json").read_text())["runs"]
+    assert lazy["status"] == "incomplete" and lazy["reason"].endswith("its restart is left out")
+    assert lazy["stall_s"] > 0 and lazy["stall_over_floor"] > 0 and lazy["durable_over_write"] > 0
+    assert lazy.get("restart_s") is None and lazy.get("verdict") is None
+    md = (results / "2026-11-26-h100-gpu-engines-1B-lazy.md").read_text()
+    assert "| restart left out (incomplete) |" in md and "incomplete: never finished" in md
+    head = json.loads((results / "2026-11-26-h100-gpu-engines-1B.json").read_text())["headline"]
+    assert head["judged"] and head["checks"]["cold_restore_at_least_90pct_of_fio_read"] is None
+    assert head["checks"]["cost_within_2x_floor"] is not None and head["met"] is None
 
 
 def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():

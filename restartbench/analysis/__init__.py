@@ -17,7 +17,9 @@ run folders are not searched inside), and returns a ``Collected`` with six table
   by the rank as it wrote it) on the same clock, each sample with the part it fell in (``MEMORY_COLUMNS``).
 - ``excluded_table()``: runs left out, each with a ``status`` and a reason:
   ``skipped`` (the run itself was skipped, e.g. an optional engine not installed: by design),
-  ``failed``, ``incomplete`` (never finished) or ``unreadable`` (a malformed file, named).
+  ``failed``, ``incomplete`` (never finished) or ``unreadable`` (a malformed file, named). A failed or incomplete
+  run whose training finished whole (every rank ended it, every checkpoint begun was committed, none failed) keeps
+  its checkpoint rows and files in the tables, and its reason says so: its restart is what is left out.
 
 Figures follow the aggregation rules of ``restartbench.results``: a checkpoint's stall is the
 max over ranks of the time ``save`` blocked training; durable is the max over ranks of save

@@ -134,13 +134,13 @@ class Columns:
             blocks.seal()
 
     def frame(self, order: dict[str, Any]) -> pd.DataFrame:
-        """The table, the columns of ``order`` first (in its order), then the others as they came."""
+        """The table with every column of ``order`` first (in its order; empty where no row has it, as in a study
+        whose runs all lack a restart), then the others as they came."""
         if self.kept is None:
             with collector_paused():
                 self.kept = self.made()
         frame = self.kept
-        ordered = [c for c in order if c in frame.columns] + [c for c in frame.columns if c not in order]
-        return frame.reindex(columns=ordered or list(order))
+        return frame.reindex(columns=[*order, *(c for c in frame.columns if c not in order)])
 
     def made(self) -> pd.DataFrame:
         """The table as the blocks make it (kept until more are added: a table may be asked for again). Its columns

@@ -36,7 +36,7 @@ from restartbench.rundir import RunFolderError
 RUNS_PER_WORKER = 32
 #: The most folders a worker reads before sending their records back: the collecting adds them as they come.
 RUNS_PER_CHUNK = 64
-EXCLUDED_COLUMNS = ("run_id", "run", "status", "reason", "preset", "layout", "engine")
+EXCLUDED_COLUMNS = ("run_id", "run", "status", "reason", "preset", "layout", "engine", "training_kept")
 FILE_COLUMNS = dict.fromkeys(("run_id", "run", "preset", "layout", "engine", "tag", "path", "bytes", "kind", "rank"))
 
 
@@ -49,6 +49,8 @@ class Excluded:
     preset: str | None = None
     layout: str | None = None
     engine: str | None = None
+    training_kept: bool = False
+    """Its restart is what is left out: its training finished whole and its checkpoint rows are in the tables."""
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Collected:
 
     def excluded_table(self) -> pd.DataFrame:
         rows = [{"run_id": run_id_of(e.run, self.root), "run": str(e.run), "status": e.status, "reason": e.reason,
-                 "preset": e.preset, "layout": e.layout, "engine": e.engine} for e in self.excluded]
+                 "preset": e.preset, "layout": e.layout, "engine": e.engine, "training_kept": e.training_kept}
+                for e in self.excluded]
         return pd.DataFrame(rows).reindex(columns=list(EXCLUDED_COLUMNS))
 
     @property
@@ -154,7 +157,7 @@ def read_folder(run_dir: Path, keep: bool) -> RunRecord:
     if not keep:
         return record
     own = own_baseline(run_dir)
-    based = isinstance(own, dict) and not record["excluded"]
+    based = isinstance(own, dict) and bool(record["tables"])
     if based:  # the folder's own, an input of the record like its events: the rows kept with its columns filled in
         tables = record["tables"]
         record = {**record, "tables": {**tables, "rows": [based_rows(*block, own) for block in tables["rows"]]}}
@@ -200,8 +203,9 @@ def baseline_path(run_dir: Path) -> str:
 
 def add_run(collected: Collected, run_dir: Path, record: RunRecord, baselines: BaselineFinder) -> None:
     """One run's record into the collected tables, with its id, path and storage baseline filled in."""
-    if record["excluded"]:
+    if record["excluded"]:  # with the tables of its training where that finished (runs.trained_run)
         collected.excluded.append(Excluded(run_dir, **record["excluded"]))
+    if not record["tables"]:
         return
     place = {"run_id": run_id_of(run_dir, collected.root), "run": str(run_dir)}
     baseline = None if record.get("based") else run_baseline(run_dir, record, baselines)

@@ -44,8 +44,10 @@ from restartbench.baseline import BASELINE_FILE
 from restartbench.events import EVENTS_FOLDER, decode_json
 
 RECORD_FILE = "analysis-record.json"
+# 6: a run whose restart never finished keeps its training (runs.trained_run); 5: rows with the folder's own
+# baseline filled in ("based"); 4: the restart rows' harness checks
 #: The record's own layout; a change of it changes ``code_version`` too.
-RECORD_FORMAT = 5  # 5: rows with the folder's own baseline filled in ("based"); 4: the restart rows' harness checks
+RECORD_FORMAT = 6
 #: The run folder's files the analysis reads, besides the events (the baseline: the folder's own, kept in the record).
 INPUT_FILES = (rundir.METADATA, rundir.CONFIG, rundir.PLAN, rundir.INVENTORY, BASELINE_FILE)
 #: An input modified this close to the record (ns, either side) makes the record unsafe to keep.

@@ -19,8 +19,8 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
     out (``relayout_summary``)."""
     keys = group_keys(table) if not table.empty else ["preset", "layout", "engine"]
     restarts = same_layout_restarts(table)
-    if restarts.empty:
-        return pd.DataFrame(columns=[*keys, "runs", "attempts", "restart_s"])
+    if table.empty:
+        return pd.DataFrame(columns=[*keys, "runs", "attempts", "ranks", "restart_s"])
     verdicts = restarts.groupby(keys, dropna=False).agg(attempts=("run_id", "size"),
                                                         verdicts=("verdict", verdict_counts)).reset_index()
     timed = restarts[restarts["restart_s"].notna()]

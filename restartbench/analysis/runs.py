@@ -28,7 +28,7 @@ from restartbench.analysis.restart_rows import (
     resume_spike,
     skipped_restarts,
 )
-from restartbench.events import EVENTS_FOLDER, read_events
+from restartbench.events import EVENTS_FOLDER, Event, read_events
 from restartbench.results import (
     checkpoints,
     clean_iteration_time,
@@ -46,14 +46,23 @@ TABLES = ("rows", "ranks", "files", "spans", "memory")
 PLACE_COLUMNS = ("run_id", "run")
 
 
+#: Added to the reason of a run whose restart never finished but whose training did (``trained_run``).
+TRAINING_KEPT = "; its training's checkpoints are kept, its restart is left out"
+
+
 def read_run(run_dir: Path) -> RunRecord:
-    """The record of one run folder; a run that is not complete is a record of its exclusion. Raises on a folder that
-    cannot be read (``RunFolderError``, ``EventFileError`` or any error of a malformed record)."""
+    """The record of one run folder; a run that is not complete is a record of its exclusion, with the tables of its
+    training where the training finished (``trained_run``). Raises on a folder that cannot be read
+    (``RunFolderError``, ``EventFileError`` or any error of a malformed record)."""
     meta = read_json(run_dir / rundir.METADATA, dict)
-    status = meta.get("status")
-    if status != "complete":
-        return {"excluded": exclusion(run_dir, meta), "tables": {}}
-    return {"excluded": None, "tables": complete_run(run_dir, meta)}
+    if meta.get("status") == "complete":
+        return {"excluded": None, "tables": complete_run(run_dir, meta)}
+    excluded = exclusion(run_dir, meta)
+    trained = trained_run(run_dir, meta) if excluded["status"] in ("failed", "incomplete") else None
+    if trained is None:
+        return {"excluded": excluded, "tables": {}}
+    return {"excluded": {**excluded, "reason": excluded["reason"] + TRAINING_KEPT, "training_kept": True},
+            "tables": trained}
 
 
 def exclusion(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -74,11 +83,39 @@ def complete_run(run_dir: Path, meta: dict[str, Any]) -> dict[str, list[list[Any
     if not events:
         raise RunFolderError(f"{run_dir / EVENTS_FOLDER}: no events recorded, although metadata.json says complete")
     common = common_columns(run_dir, meta, events)
-    ident = {key: common[key] for key in ("run_id", "run", "preset", "layout", "engine")}
     rows, ranks = checkpoint_rows(events, common)
     restarts, restart_ranks, spans, memory = restart_rows(events, meta, common)
-    return {"rows": to_blocks(rows + restarts), "ranks": to_blocks(ranks + restart_ranks), "spans": spans,
-            "memory": memory, "files": to_blocks([{**ident, **entry} for entry in run_files(run_dir, events)])}
+    return run_tables(run_dir, events, common, rows + restarts, ranks + restart_ranks, spans, memory)
+
+
+def run_tables(run_dir: Path, events: list[dict[str, Any]], common: dict[str, Any], rows: list[dict],
+               ranks: list[dict], spans: list, memory: list) -> dict[str, list[list[Any]]]:
+    """The record's tables (``TABLES``) from the run's rows, with its checkpoint files."""
+    ident = {key: common[key] for key in ("run_id", "run", "preset", "layout", "engine")}
+    return {"rows": to_blocks(rows), "ranks": to_blocks(ranks), "spans": spans, "memory": memory,
+            "files": to_blocks([{**ident, **entry} for entry in run_files(run_dir, events)])}
+
+
+def trained_run(run_dir: Path, meta: dict[str, Any]) -> dict[str, list[list[Any]]] | None:
+    """The checkpoint tables of a run that failed or was killed after its training: every rank ended the training
+    phase, no checkpoint failed, and every checkpoint begun was committed, so its checkpoint figures are whole (a
+    restore killed by a timeout loses none of them). No restart rows: the restart is what did not finish. None where
+    the training did not finish or its files cannot be read: the run is then left out whole, with the reason it
+    failed (not one of its files)."""
+    if meta.get("failed_checkpoints"):
+        return None
+    try:
+        events = read_events(run_dir)
+        ended = {e["rank"] for e in events if e["phase"] == "train" and e["event"] == Event.PHASE_END}
+        saved = checkpoints(events)
+        if ended != set(range(meta.get("world_size") or 0)) or not saved or any(
+                row["committed_s"] is None for row in saved):
+            return None
+        common = common_columns(run_dir, meta, events)
+        rows, ranks = checkpoint_rows(events, common)
+        return run_tables(run_dir, events, common, rows, ranks, [], [])
+    except (RunFolderError, LookupError, TypeError, ValueError):  # EventFileError is a ValueError
+        return None
 
 
 def common_columns(run_dir: Path, meta: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:

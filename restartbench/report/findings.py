@@ -123,7 +123,7 @@ def _limit_findings(table: pd.DataFrame, ckpt: pd.DataFrame, rest: pd.DataFrame,
                                         (rest, "restored", "read_pct_of_storage", "read_limit")):
         if flag not in summary:
             continue
-        for _, row in summary[summary[flag].fillna("").str.startswith(LIMIT_UNDERESTIMATED)].iterrows():
+        for _, row in summary[summary[flag].fillna("").astype(str).str.startswith(LIMIT_UNDERESTIMATED)].iterrows():
             where = " · ".join(str(row[k]) for k in keys) + f" · {row['engine']}"
             out.append(f"Limit underestimated: {where} {side} at {fmt_share(row[column])} of the storage's measured "
                        f"bandwidth (median; {row[flag].removeprefix(LIMIT_UNDERESTIMATED).strip(' ()')} "
