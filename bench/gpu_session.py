@@ -293,12 +293,14 @@ def _code_files(root: Path) -> list[Path]:
     return found
 
 
-def held_results(results: Path, machine: str, block: str) -> list[tuple[Path, dict]]:
-    """Every results file that holds ``block``'s result (ok or failed) for this machine, oldest first, with its meta."""
+def held_results(results: Path, machine: str, block: str, statuses: tuple[str, ...] = DONE
+                 ) -> list[tuple[Path, dict]]:
+    """Every results file that holds ``block``'s result (ok or failed; any of ``statuses``) for this machine, oldest
+    first, with its meta."""
     held = []
     for path in sorted(results.glob(f"*-{machine}-gpu-{block}.json")):
         meta = json.loads(path.read_text()).get("meta", {})
-        if meta.get("status") in DONE:
+        if meta.get("status") in statuses:
             held.append((path, meta))
     return sorted(held, key=lambda pair: (pair[1].get("date", ""), pair[0].name))
 
@@ -746,8 +748,8 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
     each with the commit it ran (visits run other code), with the headline for lazy judged; None when there is none."""
     session = ledger["session"]
     rows, dates = [], []
-    for engine in ENGINES_FIRST + ENGINES_THEN:
-        held = held_results(results, session["machine"], f"engines-1B-{engine}")
+    for engine in ENGINES_FIRST + ENGINES_THEN:  # a block that timed out may hold its training's figures
+        held = held_results(results, session["machine"], f"engines-1B-{engine}", (*DONE, "timed out"))
         if not held:
             continue
         path, meta = held[-1]
@@ -857,9 +859,10 @@ def runs_markdown(runs: list[dict]) -> list[str]:
             lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 13)
             continue
         verdict = r.get("verdict") if r.get("status") == "complete" else f"restart left out ({r.get('status')})"
+        cache = f" ({r['cache']})" if r.get("cache") else ""
         lines.append(
             f"| {r['run']} | {r['engine']} | {_f(r.get('stall_s'), '.3f')} | {_f(r.get('slowdown_s'), '.3f')} | "
-            f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))} ({r.get('cache')}) "
+            f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))}{cache} "
             f"| {_f(r.get('restart_s'))} | {_f(r.get('restart_less_checks_s'))} | {verdict} | "
             f"{_gb(r.get('train_peak_rss_bytes'))}/"
             f"{_gb(r.get('restore_peak_rss_bytes'))} | {_gb(r.get('train_gpu_peak_bytes'))}/"
