@@ -18,7 +18,7 @@ def relayout_summary(table: pd.DataFrame) -> pd.DataFrame:
     comparison): attempts, verdicts (skipped ones with their reason) and the medians of ``RELAYOUT_COLUMNS``: a
     conversion plus load set against a restart on the same layout, or a direct reshard at load."""
     keys = [*(group_keys(table) if not table.empty else ["preset", "layout", "engine"]), "restore_layout"]
-    if table.empty or table["restore_layout"].isna().all():  # no restart on another layout
+    if table.empty or table["restore_layout"].isna().all():  # no restart row (every restart row names one)
         return pd.DataFrame(columns=[*keys, "attempts", "verdicts", *RELAYOUT_COLUMNS])
     restarts = table[table["kind"] == "restart"]
     if "skip_reason" not in restarts:  # no attempt was skipped
