@@ -237,7 +237,7 @@ def test_bench_limits_json_on_a_tiny_folder(tmp_path, monkeypatch):
     limits = data["limits"]
     assert [m["name"] for m in limits["methods"]] == [m.name for m in FULL]
     assert limits["write_MBps"] > 0 and limits["read_MBps"] > 0 and data["sweep"] == []
-    for side in ("write", "read"):  # what bench/gpu_session.py reads
+    for side in ("write", "read"):  # what bench/gpu_results.py reads
         assert data[side]["best_MBps"] == limits[f"{side}_MBps"] and data[side]["method"] == limits[f"{side}_best"]
     assert all("does not divide" in m["skipped"] for m in limits["methods"] if m["block_size"] in ("4M", "8M"))
     evicted = next(m for m in limits["methods"] if m["name"] == "read-buffered-evicted-psync-1M")

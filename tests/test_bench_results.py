@@ -24,7 +24,7 @@ RESULT_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-[^-]+-(?P<benchmark>.+)\.json$")
 
 def bench_module(benchmark: str):
     """bench/<benchmark>.py (dashes as underscores), imported as a module."""
-    benchmark = "gpu-session" if benchmark.startswith("gpu-") else benchmark  # gpu_session.py writes every gpu-<block>
+    benchmark = "gpu-results" if benchmark.startswith("gpu-") else benchmark  # gpu_results.py writes every gpu-<block>
     path = ROOT / "bench" / f"{benchmark.replace('-', '_')}.py"
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)

@@ -1,7 +1,7 @@
-"""bench/gpu_session.py on the CPU: the budget and the ledger driven by a clock of the test's own (real commands,
-fake seconds), every real block's command lines checked against the programs that take them, and the results
-written from a ledger and a real tiny run (--keep-checkpoints 1: the older checkpoint removed, the kept one
-restored exactly)."""
+"""bench/gpu_session.py and bench/gpu_results.py on the CPU: the budget and the ledger driven by a clock of the
+test's own (real commands, fake seconds), every real block's command lines checked against the programs that take
+them, and the results written from a ledger and a real tiny run (--keep-checkpoints 1: the older checkpoint removed,
+the kept one restored exactly)."""
 
 import json
 import shutil
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_probe  # noqa: E402
+import gpu_results as gr  # noqa: E402
 import gpu_session as gs  # noqa: E402
 
 PY = sys.executable
@@ -66,8 +67,8 @@ def test_blocks_that_do_not_fit_are_not_started_and_a_failure_does_not_stop_the_
     bad = ledger["blocks"]["bad"]
     assert bad["exit"] == 3 and "exited with 3" in bad["error"] and "boom" in bad["log_tail"]
     assert ledger["blocks"]["d"]["seconds"] == 25
-    assert json.loads((tmp_path / "out" / gs.LEDGER).read_text()) == json.loads(json.dumps(ledger, default=str))
-    with tarfile.open(tmp_path / "out" / gs.LOGS_TAR) as tar:
+    assert json.loads((tmp_path / "out" / gr.LEDGER).read_text()) == json.loads(json.dumps(ledger, default=str))
+    with tarfile.open(tmp_path / "out" / gr.LOGS_TAR) as tar:
         assert {"a.log", "bad.log", "d.log"} <= set(tar.getnames())
 
 
@@ -145,10 +146,10 @@ def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_thei
     held(results, "engines-1B-lazy", "bbbb", 90, date="2026-11-27", status="failed")
     held(results, "engines-1B-torch", "cccc", 80, date="2026-11-25")
     ledger = {"session": {"machine": "cpu2", "code": {"tree": "dddd", "commit": "dddd", "files": 1, "paths": []}}}
-    summary = gs.engines_summary(results, ledger)
+    summary = gr.engines_summary(results, ledger)
     assert [(r["engine"], r["commit"], r["status"]) for r in summary["engines"]] == [
         ("torch", "cccc", "ok"), ("lazy", "bbbb", "failed")]
-    assert "torch at cccc, lazy at bbbb" in gs.engines_markdown(summary)
+    assert "torch at cccc, lazy at bbbb" in gr.engines_markdown(summary)
 
 
 def test_a_block_whose_need_failed_is_blocked(tmp_path):
@@ -200,7 +201,7 @@ def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
 
 
 def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(monkeypatch):
-    """On the CPU, nothing registered: what the probe writes has the keys gpu_session.limits_of reads."""
+    """On the CPU, nothing registered: what the probe writes has the keys gpu_results.limits_of reads."""
     from restartbench.engines.lazy import copies
     monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
     monkeypatch.setattr(gpu_probe.torch.cuda, "synchronize", lambda: None)
@@ -210,17 +211,17 @@ def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(
     assert engine_pin["no_prefault"]["fault_threads"] == 0
     assert all(len(figures["register_s"]) == 2 and figures["d2h_GBps"] > 0 for figures in engine_pin.values())
     copies_json = {"d2h_pinned": {"best_GBps": 50.0}, "pin": {"best_s_per_GiB": 0.05}}
-    lim = gs.limits_of({"copies.json": {**copies_json, "engine_pin": engine_pin}})
+    lim = gr.limits_of({"copies.json": {**copies_json, "engine_pin": engine_pin}})
     assert lim["engine_pin_s_per_GiB"] == engine_pin["prefault"]["best_s_per_GiB"]
     assert lim["engine_pin_huge_s_per_GiB"] == engine_pin["prefault_huge"]["best_s_per_GiB"]
     assert engine_pin["prefault_huge"]["fault_threads"] == copies.fault_threads()
-    text = "\n".join(gs.limits_markdown(lim))
+    text = "\n".join(gr.limits_markdown(lim))
     assert "the lazy engine's pinning of fresh memory" in text and "private huge-page memory" in text
     without_huge = {k: v for k, v in engine_pin.items() if k != "prefault_huge"}  # a probe of the day's first visit
-    assert "huge" not in "\n".join(gs.limits_markdown(gs.limits_of({"copies.json": {**copies_json,
+    assert "huge" not in "\n".join(gr.limits_markdown(gr.limits_of({"copies.json": {**copies_json,
                                                                                   "engine_pin": without_huge}})))
-    older = gs.limits_of({"copies.json": copies_json})  # a probe from before engine_pin: its text is unchanged
-    assert "engine_pin_s_per_GiB" not in older and "lazy engine" not in "\n".join(gs.limits_markdown(older))
+    older = gr.limits_of({"copies.json": copies_json})  # a probe from before engine_pin: its text is unchanged
+    assert "engine_pin_s_per_GiB" not in older and "lazy engine" not in "\n".join(gr.limits_markdown(older))
 
 
 def test_every_blocks_command_lines_parse(tmp_path):
@@ -295,15 +296,15 @@ def visit(tmp_path, runs: Path, storage: dict | None = None) -> Path:
                          "probe": {**entry, "status": probe_status, "seconds": 100.0, "files": probe_files},
                          "engines-1B-lazy": {**entry, "status": "ok", "seconds": 280.0, "files": {}},
                          "tests": {**entry, "status": "not started", "error": "does not fit"}}}
-    (out / gs.LEDGER).write_text(json.dumps(ledger))
-    with tarfile.open(out / gs.LOGS_TAR, "w:gz") as tar:
+    (out / gr.LEDGER).write_text(json.dumps(ledger))
+    with tarfile.open(out / gr.LOGS_TAR, "w:gz") as tar:
         tar.add(runs, arcname="engines-1B-lazy/runs")
     return out
 
 
 def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_probe(tmp_path, tiny_run):
     results = tmp_path / "results"
-    written = gs.import_results(visit(tmp_path, tiny_run), results)
+    written = gr.import_results(visit(tmp_path, tiny_run), results)
     names = sorted(p.name for p in written)
     assert names == ["2026-11-26-h100-gpu-engines-1B-lazy.md", "2026-11-26-h100-gpu-engines-1B.md",
                      "2026-11-26-h100-gpu-probe.md"]
@@ -324,9 +325,9 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
     assert json.loads((results / "2026-11-26-h100-gpu-probe.json").read_text())["limits"]["write_MBps"] == 1000.0
     summary = json.loads((results / "2026-11-26-h100-gpu-engines-1B.json").read_text())
     assert summary["headline"]["checks"]["cost_ahead_of_every_other_engine"] is None  # no other engine yet
-    assert gs.held_result(results, "h100", "c0de", "engines-1B-lazy") is not None
+    assert gr.held_result(results, "h100", "c0de", "engines-1B-lazy") is not None
     for path in written:  # as tests/test_bench_results.py reads every result: the .md is markdown() of the .json
-        assert path.read_text() == gs.markdown(json.loads(path.with_suffix(".json").read_text()))
+        assert path.read_text() == gr.markdown(json.loads(path.with_suffix(".json").read_text()))
 
 
 def test_a_probe_without_storage_limits_still_gives_the_d2h_ratios_and_says_why_the_disk_ones_are_missing(
@@ -335,7 +336,7 @@ def test_a_probe_without_storage_limits_still_gives_the_d2h_ratios_and_says_why_
     copies; the stall's ratio to the D2H floor needs only the copies."""
     results = tmp_path / "results"
     no_fio = {"fio": None, "error": "fio is not installed on this machine"}
-    gs.import_results(visit(tmp_path, tiny_run, storage=no_fio), results)
+    gr.import_results(visit(tmp_path, tiny_run, storage=no_fio), results)
     [run] = json.loads((results / "2026-11-26-h100-gpu-engines-1B-lazy.json").read_text())["runs"]
     assert run["stall_over_floor"] == pytest.approx(run["stall_s"] / (run["bytes_per_rank_max"] / 50e9))
     assert run["durable_over_write"] is None and run["restore_over_read"] is None
@@ -358,7 +359,7 @@ def test_a_run_killed_in_its_restore_gives_its_trainings_figures_and_says_its_re
                                                      "phase.end", "rank.memory")]
         path.write_text("\n".join(kept) + "\n")
     results = tmp_path / "results"
-    gs.import_results(visit(tmp_path, runs), results)
+    gr.import_results(visit(tmp_path, runs), results)
     [lazy] = json.loads((results / "2026-11-26-h100-gpu-engines-1B-lazy.json").read_text())["runs"]
     assert lazy["status"] == "incomplete" and lazy["reason"].endswith("its restart is left out")
     assert lazy["stall_s"] > 0 and lazy["stall_over_floor"] > 0 and lazy["durable_over_write"] > 0
@@ -374,18 +375,18 @@ def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
     lazy = {"engine": "lazy", "cost_s": 0.4, "durable_s": 20.0, "restore_s": 10.0, "cost_over_floor": 1.5,
             "durable_over_write": 0.95, "restore_over_read": 0.8}
     torch_ = {"engine": "torch", "cost_s": 30.0, "durable_s": 40.0, "restore_s": 9.0}
-    head = gs.headline([lazy, torch_])
+    head = gr.headline([lazy, torch_])
     assert head["checks"] == {"cost_within_2x_floor": True, "durable_at_least_90pct_of_fio_write": True,
                               "cold_restore_at_least_90pct_of_fio_read": False,
                               "cost_ahead_of_every_other_engine": True, "durable_ahead_of_every_other_engine": True,
                               "restore_ahead_of_every_other_engine": False}
     assert head["met"] is False and head["others"] == ["torch"]
-    assert gs.headline([torch_]) == {"judged": False, "reason": "no lazy run with figures yet"}
+    assert gr.headline([torch_]) == {"judged": False, "reason": "no lazy run with figures yet"}
 
 
 def test_import_results_refuses_a_folder_without_a_ledger(tmp_path):
-    with pytest.raises(gs.SessionError, match="holds no ledger.json"):
-        gs.import_results(tmp_path, tmp_path / "results")
+    with pytest.raises(gr.ResultsError, match="holds no ledger.json"):
+        gr.import_results(tmp_path, tmp_path / "results")
 
 
 def test_the_code_identity_follows_the_code_and_not_the_results(tmp_path):

@@ -48,7 +48,7 @@ def run_limits(tmp_path, *args: str) -> tuple[int, dict | None]:
 
 def test_dd_limits_json_has_the_fio_paths_shape(tmp_path, only_dd):
     """2 jobs x 8 MiB, 2 repeats: every dd method measured twice on all the bytes, each side's limit the highest
-    median, the keys bench/gpu_session.py reads, the tool and its version named, the lower bound said."""
+    median, the keys bench/gpu_results.py reads, the tool and its version named, the lower bound said."""
     code, data = run_limits(tmp_path, "--jobs", "2", "--mib-per-job", "8", "--repeats", "2")
     assert code == 0
     limits = data["limits"]
@@ -73,12 +73,12 @@ def test_dd_limits_json_has_the_fio_paths_shape(tmp_path, only_dd):
 
 
 def test_gpu_session_reads_the_dd_result(tmp_path, only_dd):
-    """bench/gpu_session.py's probe reader takes dd's JSON unchanged."""
+    """bench/gpu_results.py's probe reader takes dd's JSON unchanged."""
     code, data = run_limits(tmp_path, "--jobs", "1", "--mib-per-job", "1", "--repeats", "1")
     assert code == 0
-    gpu_session = importlib.import_module("gpu_session")  # bench/ is on sys.path (_load)
+    gpu_results = importlib.import_module("gpu_results")  # bench/ is on sys.path (_load)
     copies = {"d2h_pinned": {"best_GBps": 20.0}, "pin": {"best_s_per_GiB": 0.1}}
-    read = gpu_session.limits_of({"copies.json": copies, "limits.json": data})
+    read = gpu_results.limits_of({"copies.json": copies, "limits.json": data})
     assert (read["write_MBps"], read["read_MBps"]) == (data["write"]["best_MBps"], data["read"]["best_MBps"])
 
 
