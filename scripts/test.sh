@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need (into .venv, from scratch on a fresh machine) and run the suite.
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not multirank"; -n 0 runs it in one process.
-# Two workers by default (RESTARTBENCH_TEST_WORKERS): tests/conftest.py puts tests sharing a run or a service in one
-# group, which runs on one worker.
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not multirank".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup-env.sh" --test
 cd "$ROOT"
-exec "${RESTARTBENCH_VENV:-$ROOT/.venv}/bin/python" -m pytest -ra -n "${RESTARTBENCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "${RESTARTBENCH_VENV:-$ROOT/.venv}/bin/python" -m pytest -ra "$@"

@@ -75,29 +75,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests marked deepspeed_ops run last: by then the background build of their ops is over. Each test joins
-    its worker group (xdist_group_of)."""
+    """The tests marked deepspeed_ops run last: by then the background build of their ops is over."""
     items.sort(key=lambda item: item.get_closest_marker(DS_OPS) is not None)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
-
-
-# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup): most of a multi-rank test is its
-# processes starting (imports, rendezvous), which leaves a core idle. A group runs whole on one worker: the tests
-# that read one of the session's shared runs (made once, by that worker), the tests of one host-wide service (Slurm's
-# slurmctld, slurmd and munge: one set per host), and the rest by file (a module's server is started once).
-SHARED_FIXTURE_GROUPS = {"study_runs": "study-runs", "study_logs": "study-runs", "engine_runs": "engine-runs",
-                         "tiny_dp2_run": "tiny-dp2-run", "slurm": "slurm"}
-
-
-def xdist_group_of(item) -> str:
-    """The worker group of a test: its shared fixture's group, else its file."""
-    shared = {SHARED_FIXTURE_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in
-              SHARED_FIXTURE_GROUPS}
-    if len(shared) > 1:  # two workers would each make the runs of one of them
-        raise pytest.UsageError(f"{item.nodeid} uses fixtures of two worker groups ({sorted(shared)}): merge the "
-                                "groups in SHARED_FIXTURE_GROUPS")
-    return shared.pop() if shared else item.nodeid.split("::")[0]
 
 
 def pytest_collection_finish(session):

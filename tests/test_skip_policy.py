@@ -38,8 +38,7 @@ def test_never_collected():
 '''
 
 
-def run_scratch_suite(tmp_path: Path, *extra_modules: str, allow_skips: bool = False,
-                      workers: tuple[str, ...] = ("-n", "0")) -> subprocess.CompletedProcess:
+def run_scratch_suite(tmp_path: Path, *extra_modules: str, allow_skips: bool = False) -> subprocess.CompletedProcess:
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_scratch.py").write_text(SCRATCH_TESTS)
     for index, text in enumerate(extra_modules):
@@ -47,7 +46,7 @@ def run_scratch_suite(tmp_path: Path, *extra_modules: str, allow_skips: bool = F
     env = {key: value for key, value in os.environ.items() if key != "RESTARTBENCH_ALLOW_SKIPS"}
     if allow_skips:
         env["RESTARTBENCH_ALLOW_SKIPS"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(tmp_path)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -56,11 +55,9 @@ def test_gpu_skips_are_allowed(tmp_path):
     assert proc.returncode == 0, proc.stdout
 
 
-@pytest.mark.parametrize("workers", [("-n", "0"), ("-n", "2", "--dist", "loadgroup")], ids=["one-process", "xdist"])
 @pytest.mark.parametrize("module", [SKIPPING_TEST, MISSING_EXTRA], ids=["skip-in-test", "extra-not-installed"])
-def test_any_other_skip_fails_the_run_and_is_named(tmp_path, module, workers):
-    """As scripts/test.sh runs it (two workers, whose reports reach the controller) and in one process."""
-    proc = run_scratch_suite(tmp_path, module, workers=workers)
+def test_any_other_skip_fails_the_run_and_is_named(tmp_path, module):
+    proc = run_scratch_suite(tmp_path, module)
     assert proc.returncode == 1, proc.stdout
     assert "1 non-GPU skips: the run FAILS" in proc.stdout and "test_extra0.py" in proc.stdout
 
