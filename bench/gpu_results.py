@@ -166,15 +166,13 @@ def run_figures(runs: Path, probe: dict | None) -> list[dict]:
     GPU memory peaks from the events, and with ``probe`` the ratios to its limits."""
     collected = collect(runs)
     table = collected.table()
-    left_out = {str(e.run): e for e in collected.excluded}
-    in_table = set(table["run"]) if not table.empty else set()
+    kept = {str(e.run): e for e in collected.excluded if e.training_kept}  # its restart never finished
     rows = [{"run": str(e.run.relative_to(runs)), "status": e.status, "reason": e.reason}
-            for run, e in left_out.items() if run not in in_table]
+            for e in collected.excluded if not e.training_kept]
     for run, frame in (table.groupby("run") if not table.empty else ()):
         ckpts = frame[frame.kind == "checkpoint"].sort_values("step")
         restarts = frame[frame.kind == "restart"].sort_values("attempt")
-        status = {"status": left_out[run].status, "reason": left_out[run].reason} if run in left_out else {
-            "status": "complete"}  # else its restart never finished: its training's figures only
+        status = {"status": kept[run].status, "reason": kept[run].reason} if run in kept else {"status": "complete"}
         figures = {"run": str(Path(run).relative_to(runs)), "engine": frame["engine"].iloc[0], **status,
                    **gpu_peaks(Path(run))}
         if not ckpts.empty:
