@@ -36,7 +36,6 @@ What is real and what is emulated (also written into the run's ``metadata.json``
 from __future__ import annotations
 
 import os
-import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from restartbench import harness, rundir  # noqa: E402
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only modules: imports are a measured phase)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError  # noqa: E402
-from restartbench.launchers import die_with_launcher, placement  # noqa: E402
+from restartbench.launchers import die_with_launcher, end_process, placement  # noqa: E402
 from restartbench.memwatch import MemoryWatch  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
@@ -238,4 +237,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

@@ -9,14 +9,16 @@ which launches the phases one after the other (the restart is a genuinely separa
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 LAUNCHER_PID_VARIABLE = "RB_LAUNCHER_PID"
 """Set by launch.sh to its own pid, which ``exec`` hands to torchrun: the parent every rank must have."""
@@ -109,6 +111,22 @@ def die_with_launcher(signal_number: int = signal.SIGKILL) -> bool:
     if launcher.isdigit() and os.getppid() != int(launcher):
         os.kill(os.getpid(), signal_number)
     return True
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with ``code``, without the interpreter's teardown where nothing is left that it would wait for.
+
+    Python's finalization of the modules a rank has imported (torch, DeepSpeed, and the inductor DeepSpeed imports)
+    takes about 2 s of CPU per process, measured on the 2-core machine: 4-5 s of wall at the end of every 4-rank
+    phase, after the rank's (or emulating process's) records are closed, that measure nothing. A process whose
+    engine left a child process or a non-daemon thread alive (normal exit would join them) exits normally."""
+    if multiprocessing.active_children() or any(
+            thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+            if thread is not threading.main_thread()):
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def placement() -> dict[str, Any]:

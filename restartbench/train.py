@@ -16,12 +16,9 @@ DeepSpeed is one of the restart phases measured here.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
-import threading
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 PROCESS_START = time.time()
 
@@ -29,7 +26,7 @@ from restartbench import harness, rundir  # noqa: E402  (stdlib-only modules)
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError, read_events  # noqa: E402
-from restartbench.launchers import die_with_launcher, placement  # noqa: E402
+from restartbench.launchers import die_with_launcher, end_process, placement  # noqa: E402
 from restartbench.memwatch import MemoryWatch  # noqa: E402
 from restartbench.progress import say  # noqa: E402
 from restartbench.rank_args import RankArgs, parse_rank_args  # noqa: E402
@@ -426,22 +423,6 @@ def _step_of(tag: str) -> int:
     from restartbench.integrity import tag_step
 
     return tag_step(tag)
-
-
-def end_process(code: int) -> NoReturn:
-    """Exit with ``code``, without the interpreter's teardown where nothing is left that it would wait for.
-
-    Python's finalization of the modules a rank has imported (torch, DeepSpeed, and the inductor DeepSpeed imports)
-    takes about 2 s of CPU per process, measured on the 2-core machine: 4-5 s of wall at the end of every 4-rank
-    phase, after the rank's records are closed, that measure nothing. A rank whose engine left a child process or a
-    non-daemon thread alive (normal exit would join them) exits normally."""
-    if multiprocessing.active_children() or any(
-            thread.is_alive() and not thread.daemon for thread in threading.enumerate()
-            if thread is not threading.main_thread()):
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A rank's exit (restartbench.train.end_process): it skips the interpreter's teardown only where nothing is left
+"""A rank's exit (restartbench.launchers.end_process): it skips the interpreter's teardown only where nothing is left
 that normal exit would wait for, and loses no output."""
 
 import os
@@ -10,7 +10,7 @@ import pytest
 SCRIPT = """
 import sys, threading, time
 from pathlib import Path
-from restartbench.train import end_process
+from restartbench.launchers import end_process
 
 print("said before the exit", end="")  # no newline, no flush: end_process must flush it
 sys.stderr.write("and on stderr")
