@@ -114,7 +114,7 @@ def test_templates_refuse_undefined_variables():
 def test_config_n_run_dry_run_prints_json_and_script():
     out = subprocess.run([sys.executable, str(ROOT / "config-n-run.py"), "13B", "tp2pp4", "--dry-run"],
                          capture_output=True, text=True, check=True).stdout
-    assert "# --- ds_config.json ---" in out and "torch.distributed.run" in out and "8 ranks" in out
+    assert "# --- ds_config.json ---" in out and "restartbench.torchrun" in out and "8 ranks" in out
 
 
 def test_dry_run_creates_nothing(tmp_path):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 
 def processes_running(logs: Path, module: str) -> list[psutil.Process]:
     """The live processes running ``python -m MODULE ...`` for a run folder under ``logs`` (ranks, or torchrun).
-    torchrun's command line names the ranks' module too, after its own ``-m torch.distributed.run``."""
+    torchrun's command line names the ranks' module too, after its own ``-m restartbench.torchrun``."""
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
@@ -66,7 +66,7 @@ def test_ranks_die_when_torchrun_is_killed_mid_training(tmp_path):
     try:
         wait_for_training(logs, ranks=2)
         ranks = processes_running(logs, "restartbench.train")
-        [torchrun] = processes_running(logs, "torch.distributed.run")
+        [torchrun] = processes_running(logs, "restartbench.torchrun")
         assert len(ranks) == 2 and all(rank.ppid() == torchrun.pid for rank in ranks)
         torchrun.kill()
         left = survivors(ranks, timeout_s=5)
@@ -75,7 +75,7 @@ def test_ranks_die_when_torchrun_is_killed_mid_training(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
-        for process in processes_running(logs, "restartbench.train") + processes_running(logs, "torch.distributed.run"):
+        for process in processes_running(logs, "restartbench.train") + processes_running(logs, "restartbench.torchrun"):
             process.kill()
 
 
