@@ -88,23 +88,15 @@ def test_full_disk_is_refused_up_front_by_default(tmp_path, small_tmpfs):
     assert "GiB free, but 2 checkpoint(s)" in proc.stdout
 
 
-@pytest.fixture(scope="module")
-def clean_run(tmp_path_factory):
-    """One complete run for the module; each test that damages it gets its own copy (complete_run)."""
-    proc, run_dir = run_study(tmp_path_factory.mktemp("clean") / "logs with spaces", *QUICK)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
-    return run_dir
-
-
 @pytest.fixture
-def complete_run(clean_run, tmp_path):
-    """This test's own copy of clean_run."""
-    return copy_run(clean_run, tmp_path / "logs with spaces")
+def complete_run(tiny_dp2_run, tmp_path):
+    """This test's own copy of the session's complete run (checkpoints step1 and step2)."""
+    return copy_run(tiny_dp2_run, tmp_path / "logs with spaces")
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(complete_run, damage):
-    victim = complete_run / "checkpoints" / "step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    victim = complete_run / "checkpoints" / "step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     data = bytearray(victim.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0xFF
@@ -126,12 +118,12 @@ def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(
     again = relaunch(complete_run, "--on-corrupt", "fallback")
     assert again.returncode == 0, again.stdout + again.stderr[-2000:]
     events, result = last_restore(complete_run)
-    assert result["tag"] == "step2" and result["exact"] is True
+    assert result["tag"] == "step1" and result["exact"] is True
     fallback = [e for e in events if e["event"] == "restore.fallback"][-1]
-    assert (fallback["wanted"], fallback["restored"]) == ("step4", "step2")
+    assert (fallback["wanted"], fallback["restored"]) == ("step2", "step1")
     entry = metadata(complete_run)["restarts"][-1]
     assert (entry["attempt"], entry["on_corrupt"], entry["tag"], entry["fell_back_from"], entry["verdict"]) == \
-        (3, "fallback", "step2", "step4", "exact")
+        (3, "fallback", "step1", "step2", "exact")
 
 
 def test_a_checkpoint_that_passes_its_manifest_but_holds_another_state_fails_the_restore(tmp_path):

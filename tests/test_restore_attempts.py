@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, copy_run, relaunch, run_study
+from conftest import ROOT, copy_run, relaunch
 
 from restartbench import analysis
 
@@ -80,16 +80,17 @@ def file_hashes(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
 
 
-def test_a_copied_run_folder_relaunches_and_summarizes_where_it_is_and_leaves_the_original_alone(tmp_path):
+def test_a_copied_run_folder_relaunches_and_summarizes_where_it_is_and_leaves_the_original_alone(tiny_dp2_run,
+                                                                                                  tmp_path):
     """cp -r RUN ARCHIVE/RUN; ./submit-job.sh --restore ARCHIVE/RUN: the copy restores from its own checkpoints and
     records the attempt in itself; the original is byte for byte as it was. A copy without its checkpoints, and a
     run folder from before run folders could move that has moved, are refused before anything is written."""
+    written = (tiny_dp2_run / "launch.sh").read_text() + (tiny_dp2_run / "config.json").read_text()
+    assert str(tiny_dp2_run) not in written, "a run folder names no place of its own"
     logs = tmp_path / "logs"
-    proc, run_dir = run_study(logs, "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "2", "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    run_dir = copy_run(tiny_dp2_run, logs)  # the original of this test, the session's run left as it is
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["run_dir"], plan["checkpoint_dir"], plan["checkpoint_external"]) == (".", "checkpoints", False)
-    assert str(run_dir) not in (run_dir / "launch.sh").read_text() + (run_dir / "config.json").read_text()
     copy = tmp_path / "archive" / run_dir.relative_to(logs)
     shutil.copytree(run_dir, copy, symlinks=True)
     original = file_hashes(run_dir)

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 import pytest
-from conftest import last_attempt_events, relaunch, run_study
+from conftest import copy_run, last_attempt_events, relaunch, run_study
 
 from restartbench.events import read_events
 from restartbench.presets import PRESETS
@@ -89,33 +89,30 @@ def test_parallel_run_computes_the_single_process_loss(study_runs, layout):
     assert measured and all(loss == pytest.approx(sum(losses) / len(losses), abs=1e-5) for loss in measured)
 
 
-def test_restore_with_no_complete_checkpoint_fails_clearly(tmp_path):
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "1",
-                              "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+def test_restore_with_no_complete_checkpoint_fails_clearly(tiny_dp2_run, tmp_path):
+    run_dir = copy_run(tiny_dp2_run, tmp_path / "logs")
     (run_dir / "checkpoints" / "latest").unlink()
-    (run_dir / "checkpoints" / "step1" / "manifest.json").unlink()
+    for tag in ("step1", "step2"):
+        (run_dir / "checkpoints" / tag / "manifest.json").unlink()
     records = sorted(p.name for p in (run_dir / "events").iterdir())
     result = relaunch(run_dir)
     assert result.returncode == 2 and "holds no committed checkpoint" in result.stdout, result.stdout
     assert sorted(p.name for p in (run_dir / "events").iterdir()) == records, "nothing launched, nothing written"
 
 
-def test_latest_is_a_pointer_not_the_only_truth(tmp_path):
+def test_latest_is_a_pointer_not_the_only_truth(tiny_dp2_run, tmp_path):
     """Without 'latest', the restore names the committed checkpoints it found, and restores the newest under
     --on-corrupt fallback."""
-    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4",
-                              "--save-interval", "2", "--baseline-mib", "0")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    run_dir = copy_run(tiny_dp2_run, tmp_path / "logs")
     (run_dir / "checkpoints" / "latest").unlink()
 
     assert relaunch(run_dir).returncode != 0
     errors = [e for e in last_attempt_events(run_dir) if e["event"] == "phase.error"]
-    assert errors and "the committed checkpoints here are step4, step2" in errors[0]["error"]
+    assert errors and "the committed checkpoints here are step2, step1" in errors[0]["error"]
     result = relaunch(run_dir, "--on-corrupt", "fallback")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     restored = [e for e in last_attempt_events(run_dir) if e["event"] == "restore.result"]
-    assert [(e["tag"], e["exact"], e["attempt"]) for e in restored] == [("step4", True, 3), ("step4", True, 3)]
+    assert [(e["tag"], e["exact"], e["attempt"]) for e in restored] == [("step2", True, 3), ("step2", True, 3)]
 
 
 def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_path):
