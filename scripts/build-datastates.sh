@@ -15,7 +15,8 @@
 #   - Their setup.py's find_packages() finds no package (datastates/ has no __init__.py), so pip installs the compiled
 #     extension (datastates/ckpt/src*.so) alone: their Python modules (ckpt, llm, utils) are copied beside it as they
 #     are. The adapter, restartbench/engines/deepspeed/datastates_adapter.py, says why and what it does.
-#   PYTHON (default python3) is the Python that builds and runs it.
+#   PYTHON (default python3) is the Python that builds and runs it. CUDA_HOME, unset, is the folder nvcc runs from
+#   (torch's own guess, the folder above the nvcc on PATH, is wrong where that nvcc is a wrapper script).
 set -euo pipefail
 
 PY="${PYTHON:-python3}"
@@ -51,6 +52,17 @@ TORCH_CUDA="$("$PY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/nu
 NVCC="${CUDA_HOME:+$CUDA_HOME/bin/}nvcc"
 command -v "$NVCC" >/dev/null || NVCC="$(command -v nvcc || true)"
 [ -n "$NVCC" ] || cuda_only "no nvcc (set CUDA_HOME or put nvcc on PATH)"
+# torch's extension build takes CUDA's headers and libraries from CUDA_HOME (or CUDA_PATH), else from the folder above
+# the nvcc on PATH: wrong where that nvcc is a wrapper script. On the 2-core CPU machine /usr/local/bin/nvcc execs
+# /usr/local/cuda-13.0/bin/nvcc, torch took /usr/local, and g++ stopped at the first '#include <cuda_runtime.h>'.
+# Unset, CUDA_HOME is where nvcc itself runs from (its --dryrun names it _HERE_).
+CUDA_HOME="${CUDA_HOME:-${CUDA_PATH:-}}"
+[ -n "$CUDA_HOME" ] || CUDA_HOME="$("$NVCC" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 \
+    | sed -n 's|^#\$ _HERE_=\(.*\)/bin/*$|\1|p' | head -n 1 || true)"
+[ -n "$CUDA_HOME" ] \
+    || cuda_only "$(command -v "$NVCC") does not say where CUDA lies (no _HERE_ in its --dryrun): set CUDA_HOME"
+[ -f "$CUDA_HOME/include/cuda_runtime.h" ] || cuda_only "no cuda_runtime.h in $CUDA_HOME/include (set CUDA_HOME)"
+export CUDA_HOME
 
 if built "$TARGET"; then
     echo "build-datastates.sh: $TARGET already holds a build of this source and torch (stamp $(stamp | cut -c1-12)):" \
@@ -64,7 +76,7 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 cp -r "$SRC" "$WORK/datastates-llm"
 echo "build-datastates.sh: building $SRC (commit $(awk '/^- Commit:/{gsub("`","");print $3}' "$SRC/VENDORED.md")) into $TARGET" \
-     "with torch CUDA $TORCH_CUDA, $("$NVCC" --version | tail -1), MAX_JOBS=${MAX_JOBS:-16}," \
+     "with torch CUDA $TORCH_CUDA, $("$NVCC" --version | tail -1), CUDA_HOME=$CUDA_HOME, MAX_JOBS=${MAX_JOBS:-16}," \
      "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}"
 mkdir -p "$TARGET"
 start=$SECONDS
