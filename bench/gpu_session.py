@@ -209,9 +209,11 @@ def datastates_build_block(where: Where) -> Block:
         return Block("datastates-build", 15, "built earlier on this machine from this source and torch (its stamp "
                      f"in {where.site}/datastates/BUILT): the script checks it and imports it", command,
                      needs=("setup",))
-    return Block("datastates-build", 240, "nvcc and g++ on 5 translation units of a torch CUDAExtension (about 60 s "
-                 "each, MAX_JOBS=16 in parallel), pip's install around it", command, needs=("setup",),
-                 env={"MAX_JOBS": "16"})
+    return Block("datastates-build", 180, "g++ on the 5 .cpp files of a torch CUDAExtension against CUDA's headers "
+                 "(nvcc is asked only its version), in parallel: engine.cpp and py_datastates_llm.cpp took 113 and "
+                 "103 s on the 2-core CPU machine, the others seconds, the whole script 212 s there at MAX_JOBS=2 "
+                 "(bench/results/2026-11-27-cpu2-datastates-build); pip's install and the import check around it",
+                 command, needs=("setup",), env={"MAX_JOBS": "16"})
 
 
 def datastates_built(where: Where) -> bool:
