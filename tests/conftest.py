@@ -160,11 +160,17 @@ def last_attempt_events(run_dir: Path) -> list[dict]:
     return read_events(run_dir, record)
 
 
+STUDY_SECRETS = {"AWS_ACCESS_KEY_ID": "AKIARESTARTBENCHTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t/RESTARTBENCH+value"}
+"""Credentials in the environment of every study run: tests/test_faults.py proves none reaches a run folder."""
+
+
 @pytest.fixture(scope="session")
 def study_runs(tmp_path_factory):
-    """{layout: (process, run folder)} for STUDY_CASES, all under one logs root."""
+    """{layout: (process, run folder)} for STUDY_CASES, all under one logs root, each with its storage baseline and
+    STUDY_SECRETS in its environment."""
     logs = tmp_path_factory.mktemp("study") / "logs"
-    return {layout: run_study(logs, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2", *extra)
+    return {layout: run_study(logs, "tiny", layout, "--dtype", dtype, "--iters", "4", "--save-interval", "2", *extra,
+                              env=STUDY_SECRETS)
             for layout, dtype, extra in STUDY_CASES}
 
 

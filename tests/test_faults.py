@@ -6,15 +6,14 @@ import subprocess
 import time
 
 import pytest
-from conftest import copy_run, last_attempt_events, relaunch, run_study
+from conftest import STUDY_CASES, STUDY_SECRETS, copy_run, last_attempt_events, relaunch, run_study
 
 from restartbench.events import read_events
 from restartbench.results import restart
 
 pytestmark = pytest.mark.multirank
-BASE = ("tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4", "--save-interval", "2")
-QUICK = (*BASE, "--baseline-mib", "0")
-"""BASE without the storage baseline (fio, seconds a run), which only the credentials test reads (baseline.json)."""
+QUICK = ("tiny", "tp1pp1dp2", "--dtype", "fp32", "--iters", "4", "--save-interval", "2", "--baseline-mib", "0")
+"""A short tiny run without the storage baseline (fio, seconds a run), which no test here reads."""
 FLIPPED_KEY = "module.0.weight"
 """The first tensor of tiny's module (the embedding), where flip-in-save flips a bit."""
 DEATH_TO_END_S = 10
@@ -191,13 +190,16 @@ def test_distributed_init_timeout_fails_in_bounded_time(tmp_path):
     assert restart(read_events(run_dir)) is None
 
 
-def test_credentials_in_the_environment_never_reach_the_run_folder(tmp_path):
-    secrets = {"AWS_ACCESS_KEY_ID": "AKIARESTARTBENCHTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t/RESTARTBENCH+value"}
-    proc, run_dir = run_study(tmp_path / "logs", *BASE, "--iters", "2", env=secrets)
+@pytest.mark.parametrize("layout", [layout for layout, _, _ in STUDY_CASES])
+def test_credentials_in_the_environment_never_reach_the_run_folder(study_runs, layout):
+    """The session's study runs had STUDY_SECRETS in their environment (and a storage baseline, whose
+    baseline.json records its tools): no file of the run folder, nor what the run printed, holds one."""
+    proc, run_dir = study_runs[layout]
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert (run_dir / "baseline.json").is_file()
     for path in run_dir.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
-            for value in secrets.values():
+            for value in STUDY_SECRETS.values():
                 assert value.encode() not in data, f"{value} found in {path}"
-    assert not any(value in proc.stdout + proc.stderr for value in secrets.values())
+    assert not any(value in proc.stdout + proc.stderr for value in STUDY_SECRETS.values())
