@@ -12,6 +12,7 @@ The Markdown of each result is made from its JSON (``markdown``), so tests/test_
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import tarfile
@@ -34,6 +35,10 @@ DONE = ("ok", "failed")
 HEADLINE = {"cost_over_floor_max": 2.0, "durable_share_min": 0.9, "restore_share_min": 0.9}
 """The project's goal for lazy on one GPU (issue 25): whole cost <= 2x the D2H floor, durable throughput >= 90 % of
 fio's write, cold restore throughput >= 90 % of fio's read, and ahead of every other engine."""
+
+
+ERROR_LINE = re.compile(r"\berror:|^\w+(Error|Exception)\b.*:|^FAILED ")
+"""A line that says what went wrong (``error_lines``)."""
 
 
 class ResultsError(RuntimeError):
@@ -100,9 +105,27 @@ def block_meta(ledger: dict, name: str, entry: dict) -> dict:
                                                              "seconds", "started", "ended", "commands")}}
 
 
+def error_lines(log: Path, limit: int = 6) -> list[str]:
+    """The first lines of a block's log that say what went wrong: a compiler's ``error:``, pytest's ``E`` lines, a
+    Python exception's last line. A failure's tail is often a traceback of the build tool around it (the
+    2026-11-27 DataStates build's last 40 lines were setuptools' frames, its ``uint64_t`` error far above)."""
+    if not log.is_file():
+        return []
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        text = line.strip()
+        if (ERROR_LINE.search(text) or text.startswith("E  ")) and text not in found:
+            found.append(text)
+            if len(found) == limit:
+                break
+    return found
+
+
 def block_result(ledger: dict, name: str, entry: dict, logs: Path, probe: dict | None) -> dict:
     result = {"meta": block_meta(ledger, name, entry), "log_tail": entry.get("log_tail", []),
               "files": entry.get("files", {})}
+    if entry.get("status") != "ok":
+        result["error_lines"] = error_lines(logs / f"{name}.log")
     runs = logs / name / "runs"
     if runs.is_dir():
         result["runs"] = run_figures(runs, probe if name.startswith("engines-1B-") else None)
@@ -316,8 +339,10 @@ def markdown(result: dict) -> str:
              f"`python bench/gpu_session.py {shlex.join(meta['session_argv'])}`: **{meta['status']}** after "
              f"{_f(meta['seconds'], '.0f')} s (expected {meta['expected_s']:.0f} s: {meta['basis']}).", ""]
     if meta.get("error"):
-        lines += [f"Error: {meta['error']} (exit {meta.get('exit')}). Last lines of its log:", "", "```",
-                  *result["log_tail"][-20:], "```", ""]
+        lines += [f"Error: {meta['error']} (exit {meta.get('exit')})."]
+        if result.get("error_lines"):
+            lines += ["", "First error lines of its log:", "", "```", *result["error_lines"], "```"]
+        lines += ["", "Last lines of its log:", "", "```", *result["log_tail"][-20:], "```", ""]
     lines += ["Commands:", "", *[f"- `{c}`" for c in meta["commands"]], ""]
     if result.get("limits"):
         lines += limits_markdown(result["limits"])

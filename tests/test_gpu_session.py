@@ -4,11 +4,13 @@ them, and the results written from a ledger and a real tiny run (--keep-checkpoi
 the kept one restored exactly)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -191,6 +193,38 @@ def test_setup_unpacks_the_debs_there_are_and_refuses_without_wheels(tmp_path):
     (where.wheels / "libaio1t64_0.3_amd64.deb").write_bytes(b"")
     assert [c[:2] for c in gs.setup_block(where).commands if c[0] in ("dpkg", "ldconfig")] == [("dpkg", "-x"),
                                                                                               ("ldconfig",)]
+
+
+def make_wheel(folder: Path, module: str, source: str) -> Path:
+    """A pure-Python wheel holding one module, written by hand (no build backend, no network)."""
+    name = f"{module}-0.1"
+    path = folder / f"{name}-py3-none-any.whl"
+    files = {f"{module}.py": source,
+             f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n",
+             f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{file},,\n" for file in [*files, f"{name}.dist-info/RECORD"])
+    with zipfile.ZipFile(path, "w") as wheel:
+        for file, text in {**files, f"{name}.dist-info/RECORD": record}.items():
+            wheel.writestr(file, text)
+    return path
+
+
+def test_the_wrapper_installs_the_wheels_before_the_session_imports_anything(tmp_path):
+    """bench/gpu-session.sh installs the carried wheels into the site before python starts: gpu_session.py's own
+    imports need one of them (orjson, through restartbench's events), and the GPU image lacks it. The 2026-11-27
+    visit's first call stopped at that import, when the setup block was still the one to install them."""
+    wheels, site = tmp_path / "whl", tmp_path / "site"
+    wheels.mkdir()
+    make_wheel(wheels, "rb_wrapper_marker", "MARK = 1\n")
+    env = {**os.environ, "PYTHON": PY, "RESTARTBENCH_WHEELS": str(wheels), "RESTARTBENCH_SITE": str(site)}
+    done = subprocess.run(["bash", str(ROOT / "bench/gpu-session.sh"), "--budget", "100", "--dry-run", "--work",
+                           str(tmp_path / "w"), "--only", "setup"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (site / "rb_wrapper_marker.py").is_file() and "1 wheels from" in done.stderr
+    assert "[setup]" in done.stdout and "pip" not in done.stdout
+    imported = subprocess.run(["bash", "-c", f"cd {ROOT} && PYTHONPATH={site} {PY} -c 'import rb_wrapper_marker'"])
+    assert imported.returncode == 0
 
 
 def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
@@ -382,6 +416,21 @@ def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
                               "restore_ahead_of_every_other_engine": False}
     assert head["met"] is False and head["others"] == ["torch"]
     assert gr.headline([torch_]) == {"judged": False, "reason": "no lazy run with figures yet"}
+
+
+def test_a_failures_first_error_lines_are_found_above_its_build_tools_traceback(tmp_path):
+    """The 2026-11-27 DataStates build: g++'s error 130 lines above the end, under setuptools' frames."""
+    log = tmp_path / "datastates-build.log"
+    log.write_text("\n".join(["Building wheel", "  error: subprocess-exited-with-error",
+                              "      src/mem_region.hpp:11:11: error: 'uint64_t' does not name a type",
+                              *[f'        File "setuptools/x.py", line {n}, in run' for n in range(60)],
+                              "      RuntimeError: Error compiling objects for extension",
+                              "E       assert 1 == 2", "FAILED tests/test_x.py::test_y", "ok line"]))
+    found = gr.error_lines(log)
+    assert found[1] == "src/mem_region.hpp:11:11: error: 'uint64_t' does not name a type"
+    assert found[2:] == ["RuntimeError: Error compiling objects for extension", "E       assert 1 == 2",
+                         "FAILED tests/test_x.py::test_y"]
+    assert gr.error_lines(log, limit=2) == found[:2] and gr.error_lines(tmp_path / "absent.log") == []
 
 
 def test_import_results_refuses_a_folder_without_a_ledger(tmp_path):
