@@ -9,8 +9,21 @@
 #       after 30 s idle), --only the blocks the first did not reach and S = what is left - 30
 # and, back here: python bench/gpu_session.py --import-results FILES_AT (the reply's files_at); commit the
 # bench/results files it writes. The next visit skips the blocks bench/results holds and does the rest.
-# Its first block, setup, installs .whl/*.whl into /tmp/site (--no-index) and unpacks .whl/*.deb, if any.
+# This wrapper installs .whl/*.whl into /tmp/site (--no-index) before python starts: bench/gpu_session.py's own
+# imports need some of them (restartbench's events need orjson, which the image lacks; the 2026-11-27 visit's first
+# call stopped there). Its first block, setup, then unpacks .whl/*.deb, if any, and records the versions.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec python3 bench/gpu_session.py "$@"
+PYTHON="${PYTHON:-python3}"
+WHEELS="${RESTARTBENCH_WHEELS:-$PWD/.whl}"
+SITE="${RESTARTBENCH_SITE:-/tmp/site}"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+shopt -s nullglob
+wheels=("$WHEELS"/*.whl)
+if [[ " $* " != *" --import-results "* && ${#wheels[@]} -gt 0 ]]; then
+    start=$SECONDS
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "${wheels[@]}"
+    echo "[gpu-session.sh] ${#wheels[@]} wheels from $WHEELS installed into $SITE in $((SECONDS - start)) s" >&2
+fi
+exec "$PYTHON" bench/gpu_session.py "$@"

@@ -116,8 +116,10 @@ class Where:
 
     root: Path = ROOT
     work: Path = Path("/tmp/gpu-session")
-    site: Path = Path("/tmp/site")
-    wheels: Path = ROOT / ".whl"
+    site: Path = Path(os.environ.get("RESTARTBENCH_SITE", "/tmp/site"))
+    """Where bench/gpu-session.sh installed the wheels (its RESTARTBENCH_SITE)."""
+    wheels: Path = Path(os.environ.get("RESTARTBENCH_WHEELS", ROOT / ".whl"))
+    """What the CPU machine's scripts/device-wheels.sh made and the visit carried (RESTARTBENCH_WHEELS)."""
 
     def block_dir(self, name: str) -> Path:
         return self.work / name
@@ -133,17 +135,19 @@ def runtime_command(path: Path) -> tuple[str, ...]:
 
 
 def setup_block(where: Where) -> Block:
-    wheels = sorted(str(p) for p in where.wheels.glob("*.whl"))
+    """The machine's preparation past the wheels, which bench/gpu-session.sh installs into ``where.site`` before
+    this script starts (its imports need them): the libaio .debs, and the versions, one import of torch and
+    DeepSpeed from that site."""
+    wheels = sorted(where.wheels.glob("*.whl"))
     debs = sorted(str(p) for p in where.wheels.glob("*.deb"))  # none: fastpersist's op build will say libaio is missing
-    commands = [(sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                 "--no-cache-dir", "--upgrade", "--target", str(where.site), *wheels)]
-    commands += [("dpkg", "-x", deb, "/") for deb in debs] + ([("ldconfig",)] if debs else [])
+    commands = [("dpkg", "-x", deb, "/") for deb in debs] + ([("ldconfig",)] if debs else [])
     commands.append(runtime_command(where.block_dir("setup") / "runtime.json"))
     problem = None if wheels else (f"no wheels in {where.wheels}: run scripts/device-wheels.sh on the CPU machine "
                                    "first and carry ['.whl'] to the GPU machine")
-    return Block("setup", 15, "pip installs about 20 local wheels without compiling (DeepSpeed's is pure Python, its "
-                 "ops JIT-build later), dpkg -x of the libaio .debs, one import of torch and DeepSpeed for the "
-                 "versions: 8 s on the first H100 visit", tuple(commands), every_visit=True, problem=problem)
+    return Block("setup", 10, "dpkg -x of the libaio .debs and one import of torch and DeepSpeed for the versions "
+                 "(the 2026-11-27 visit's setup blocks took 10 and 7 s with the wheels' install, which "
+                 "bench/gpu-session.sh now does before this script)", tuple(commands), every_visit=True,
+                 problem=problem)
 
 
 def probe_mib(free_bytes: int, checkpoint: int, reserve: int = 4 * GiB, cap_mib: int = 4096) -> int:

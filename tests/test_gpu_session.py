@@ -201,7 +201,8 @@ def make_wheel(folder: Path, module: str, source: str) -> Path:
     path = folder / f"{name}-py3-none-any.whl"
     files = {f"{module}.py": source,
              f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n",
-             f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+             f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        "Tag: py3-none-any\n"}
     record = "".join(f"{file},,\n" for file in [*files, f"{name}.dist-info/RECORD"])
     with zipfile.ZipFile(path, "w") as wheel:
         for file, text in {**files, f"{name}.dist-info/RECORD": record}.items():
