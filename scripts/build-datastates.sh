@@ -11,7 +11,8 @@
 # CUDA only. Then: export PYTHONPATH=TARGET:$PWD (the adapter lives in restartbench) and run --engine datastates.
 #
 #   - pip install --no-build-isolation --no-deps from a copy of the source (the vendored folder gets no build outputs);
-#     MAX_JOBS (default 16) and TORCH_CUDA_ARCH_LIST (default 9.0: H100/H200) are passed to torch's extension build.
+#     MAX_JOBS (default 16) and TORCH_CUDA_ARCH_LIST (default 9.0: H100/H200) are passed to torch's extension build,
+#     and CPPFLAGS with -include cstdint (DATASTATES_CPPFLAGS below says why).
 #   - Their setup.py's find_packages() finds no package (datastates/ has no __init__.py), so pip installs the compiled
 #     extension (datastates/ckpt/src*.so) alone: their Python modules (ckpt, llm, utils) are copied beside it as they
 #     are. The adapter, restartbench/engines/deepspeed/datastates_adapter.py, says why and what it does.
@@ -22,10 +23,16 @@ set -euo pipefail
 PY="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SRC="$ROOT/third_party/datastates-llm"
+# Their common/mem_region.hpp uses uint64_t without including <cstdint>. Older libstdc++ headers (GCC 12's, which
+# compiled it on the CPU machine) include it on the way; newer ones do not, and the H100 image's g++ (/opt/gcc)
+# stopped on 2026-11-27 at "'uint64_t' does not name a type". The source stays as upstream wrote it: the compiler is
+# told to include <cstdint> first in every file (setuptools adds CPPFLAGS to torch's extension compiles).
+DATASTATES_CPPFLAGS="-include cstdint"
 
 stamp() {  # sha256 of every vendored file (path and content, in name order) and of this Python's torch version
     { (cd "$SRC" && find . -type f -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
-      "$PY" -c 'import torch; print("torch", torch.__version__)'; } | sha256sum | cut -d' ' -f1
+      "$PY" -c 'import torch; print("torch", torch.__version__)'; echo "CPPFLAGS $DATASTATES_CPPFLAGS"; } \
+        | sha256sum | cut -d' ' -f1
 }
 
 built() {  # TARGET ($1) holds a build of this stamp
@@ -77,11 +84,12 @@ trap 'rm -rf "$WORK"' EXIT
 cp -r "$SRC" "$WORK/datastates-llm"
 echo "build-datastates.sh: building $SRC (commit $(awk '/^- Commit:/{gsub("`","");print $3}' "$SRC/VENDORED.md")) into $TARGET" \
      "with torch CUDA $TORCH_CUDA, $("$NVCC" --version | tail -1), CUDA_HOME=$CUDA_HOME, MAX_JOBS=${MAX_JOBS:-16}," \
-     "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}"
+     "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}, CPPFLAGS=$DATASTATES_CPPFLAGS${CPPFLAGS:+ $CPPFLAGS}"
 mkdir -p "$TARGET"
 start=$SECONDS
 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
-    "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --upgrade --target "$TARGET" \
+    CPPFLAGS="$DATASTATES_CPPFLAGS${CPPFLAGS:+ $CPPFLAGS}" "$PY" -m pip install --no-build-isolation --no-deps --no-index \
+    --no-cache-dir --upgrade --target "$TARGET" \
     "$WORK/datastates-llm"
 echo "build-datastates.sh: pip install took $((SECONDS - start)) s"
 

@@ -69,6 +69,40 @@ def test_the_build_script_refuses_a_machine_without_cuda(tmp_path):
     assert not (tmp_path / "site").exists()
 
 
+FAKE_PYTHON = """#!/bin/bash
+# A CUDA torch and a pip as the build script sees them: pip compiles what GCC 15's libstdc++ no longer gives
+# DataStates' mem_region.hpp (uint64_t before any header), with the CPPFLAGS the script gave it.
+case "$1" in
+    -c) case "$2" in *torch.version.cuda*) echo 13.0 ;; *) echo "torch 2.11.0+cu130" ;; esac ;;
+    -m) printf '%s' "$CPPFLAGS" > "$RECORD"
+        echo 'const uint64_t id = 1;' | g++ $CPPFLAGS -fsyntax-only -x c++ - ;;
+    -) cat > /dev/null ;;
+esac
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_build_compiles_their_uint64_t_without_cstdint_and_leaves_their_source_unchanged(tmp_path):
+    """The H100 image's g++ stopped at DataStates' "'uint64_t' does not name a type" (2026-11-27): the script has
+    every file include <cstdint> first, through CPPFLAGS (kept from the caller), and changes no file of theirs."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "cuda_runtime.h").write_text("")
+    (cuda / "bin").mkdir()
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Build cuda_13.0 (fake)'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    record, site = tmp_path / "cppflags", tmp_path / "site"
+    env = {**os.environ, "PYTHON": str(fake), "CUDA_HOME": str(cuda), "RECORD": str(record), "CPPFLAGS": "-DKEPT"}
+    proc = subprocess.run(["bash", str(BUILD), str(site)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert record.read_text() == "-include cstdint -DKEPT" and "CPPFLAGS=-include cstdint -DKEPT" in proc.stdout
+    assert (site / "datastates" / "BUILT").is_file() and (site / "datastates" / "llm").is_dir()
+    test_the_vendored_source_is_upstreams_commit_unchanged_with_its_licence()
+
+
 def test_without_a_gpu_the_engine_is_skipped_as_cuda_only(monkeypatch):
     monkeypatch.setattr(ds_folder, "gpu_count", lambda: 0)
     [reason] = engines.missing_requirements("datastates")
