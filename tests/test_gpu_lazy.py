@@ -35,10 +35,13 @@ def test_pinned_buffer_is_its_pages_and_goes_back_to_the_system():
     tensor[:256 * MiB].view(torch.int32).copy_(source, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(tensor[:256 * MiB].view(torch.int32), source.cpu())
+    in_use = resident_bytes()  # the copy's and the comparison's own pages (CUDA's lazily loaded kernels among them)
     del tensor
     buffer.release()
     after = resident_bytes()
-    assert held - before >= 250 * MiB and held - after >= 250 * MiB and buffer.pinned_bytes == 0
+    # measured from in_use, not from held: on the H100 (2026-11-27) held - after was 248 MiB, the kernels' pages
+    # loaded in between staying
+    assert held - before >= 250 * MiB and in_use - after >= 250 * MiB and buffer.pinned_bytes == 0
 
 
 def _copies_of(source: torch.Tensor) -> tuple[copies.CopyProgress, torch.Tensor]:
