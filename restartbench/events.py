@@ -52,6 +52,9 @@ class Event:
     CHECKPOINT_DURABLE = "checkpoint.durable"  # this rank's files are stable; files, bytes, n_files; when, in s:
     # since_save_start_s from the rank's own save start, since_checkpoint_start_s from the first rank's (one clock)
     CHECKPOINT_CHECKSUM = "checkpoint.checksum"  # hashing this rank's files for the manifest (span)
+    PROOF_DIGEST = "proof.digest"  # the exactness proof's digest of the state saved (kind "state") or of the weights
+    # after iteration K+1 (kind "module") (span); tag, kind, digest_tensor_bytes, digest_chunks, digest_threads,
+    # digest_copy_s, digest_hash_s (verify.DigestCost); the harness's own time, outside every measured figure
     CHECKPOINT_COMMIT = "checkpoint.commit"  # rank 0 wrote the manifest and latest; since_save_start_s (rank 0's
     # save start), since_checkpoint_start_s (the first rank's: never before any rank's durable time on that clock)
     CHECKPOINT_REMOVED = "checkpoint.removed"  # --keep-checkpoints: rank 0 removed this older committed checkpoint

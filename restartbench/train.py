@@ -209,9 +209,12 @@ class RankRun:
     def _digest_saved_state(self, tag: str) -> None:
         """This rank's digest of ``tag``'s state and, with ``--consolidated-digest``, the consolidated one (a
         collective; rank 0 writes it): the proofs of a restore on this layout and on another."""
-        from restartbench.verify import training_state_digest, write_digest
+        from restartbench.verify import DigestCost, training_state_digest, write_digest
 
-        write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine))
+        with self.log.span(Event.PROOF_DIGEST, tag=tag, kind="state") as span:
+            cost = DigestCost()
+            write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine, cost))
+            span.update(cost.fields())
         if self.cfg.launch.consolidated_digest:
             from restartbench.consolidated import consolidated_digest, write_consolidated
 
@@ -242,9 +245,13 @@ class RankRun:
         loss = self._iteration(step, reference=True)
         self._say(f"train: iteration {step} (reference for the restore) loss {loss:.6f}")
         if self.cfg.launch.verify:
-            from restartbench.verify import module_digest, write_digest
+            from restartbench.verify import DigestCost, module_digest, write_digest
 
-            write_digest(self.run_dir, f"after-step{step}", self.rank, module_digest(self.engine))
+            name = f"after-step{step}"
+            with self.log.span(Event.PROOF_DIGEST, tag=name, kind="module") as span:
+                cost = DigestCost()
+                write_digest(self.run_dir, name, self.rank, module_digest(self.engine, cost))
+                span.update(cost.fields())
 
     # -- phase 2 -------------------------------------------------------------------------
 
@@ -334,10 +341,13 @@ class RankRun:
         self._say("restore: relaunched without a checkpoint (engine none): start-up cost only")
 
     def _verify_restored(self, tag: str) -> list[str]:
-        from restartbench.verify import compare, read_digest, training_state_digest
+        from restartbench.verify import DigestCost, compare, read_digest, training_state_digest
 
-        with self.log.span(Event.RESTORE_VERIFY, tag=tag):
-            return compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine))
+        with self.log.span(Event.RESTORE_VERIFY, tag=tag) as span:
+            cost = DigestCost()
+            problems = compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine, cost))
+            span.update(cost.fields())
+            return problems
 
     def _verify_resumed(self, step: int, loss: float) -> list[str]:
         """The resumed iteration against the uninterrupted run: its loss always, and the weights it leaves

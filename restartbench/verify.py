@@ -12,7 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +48,60 @@ def _chunks(nbytes: int) -> list[tuple[int, int]]:
     return [(start, min(start + CHUNK_BYTES, nbytes)) for start in range(0, nbytes, CHUNK_BYTES)]
 
 
-def _chunk_hash(raw: torch.Tensor, start: int, stop: int) -> bytes:
-    """SHA-256 of raw[start:stop]: a CUDA tensor's chunk is copied to the host here, on the thread that hashes it,
-    so copies and hashing overlap across threads and no full-size host copy is made."""
-    part = raw[start:stop]
+@dataclass
+class DigestCost:
+    """What a digest's tensors cost, recorded with the proof's spans (``proof.digest``, ``restore.verify``): the
+    harness's own time, never a measured figure, but the first GPU visits spent 16 s a digest on a 1B state (21 GB,
+    1.3 GB/s), a third of each engine block, and where it goes decides what to make faster."""
+
+    tensor_bytes: int = 0
+    chunks: int = 0
+    threads: int = 1
+    copy_s: float = 0.0
+    """CUDA chunks' device-to-host copies, summed over the threads (0 for host tensors, hashed where they lie)."""
+    hash_s: float = 0.0
+    """SHA-256 of the chunks, summed over the threads."""
+
+    def fields(self) -> dict[str, Any]:
+        return {f"digest_{key}": value for key, value in asdict(self).items()}
+
+
+class _Staging:
+    """One host buffer of CHUNK_BYTES per hashing thread, reused for every CUDA chunk it copies (a fresh ``.cpu()``
+    per chunk faulted in 64 MiB of new pages each time), and gone when the digest ends: it adds nothing to the
+    rank's memory outside the digest."""
+
+    def __init__(self, count: int):
+        self._free: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+        for _ in range(count):
+            self._free.put(torch.empty(CHUNK_BYTES, dtype=torch.uint8))
+
+    def copy(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the buffer taken, ``part``'s bytes in it); give the buffer back with ``done``."""
+        buffer = self._free.get()
+        return buffer, buffer[:part.numel()].copy_(part)
+
+    def done(self, buffer: torch.Tensor) -> None:
+        self._free.put(buffer)
+
+
+def _chunk_hash(raw: torch.Tensor, start: int, stop: int, staging: _Staging | None,
+                cost: DigestCost, lock: threading.Lock) -> bytes:
+    """SHA-256 of raw[start:stop]: a CUDA tensor's chunk is copied to the host here, into a staging buffer of the
+    thread that hashes it, so copies and hashing overlap across threads and no full-size host copy is made."""
+    part, buffer, began = raw[start:stop], None, time.perf_counter()
     if part.device.type != "cpu":
-        part = part.cpu()
-    return hashlib.sha256(memoryview(part.numpy())).digest()
+        assert staging is not None, "a CUDA tensor's digest needs its staging buffers"
+        buffer, part = staging.copy(part)
+    copied = began if buffer is None else time.perf_counter()
+    digest = hashlib.sha256(memoryview(part.numpy())).digest()
+    hashed = time.perf_counter()
+    if buffer is not None:
+        staging.done(buffer)
+    with lock:
+        cost.copy_s += copied - began
+        cost.hash_s += hashed - copied
+    return digest
 
 
 def _header(tensor: torch.Tensor, count: int) -> bytes:
@@ -66,20 +117,33 @@ def _combine(tensor: torch.Tensor, chunk_hashes: list[bytes]) -> str:
     return whole.hexdigest()[:2 * HASH_BYTES]
 
 
-def hash_tensors(tensors: list[torch.Tensor], threads: int | None = None) -> list[str]:
+def hash_tensors(tensors: list[torch.Tensor], threads: int | None = None,
+                 cost: DigestCost | None = None) -> list[str]:
     """Each tensor's hash, its chunks spread over ``threads`` threads (default: HASH_THREADS above PARALLEL_BYTES
-    in all, else one). The result depends only on the tensors' dtypes, shapes and bytes."""
+    in all, else one). The result depends only on the tensors' dtypes, shapes and bytes; ``cost``, if given, gets
+    what the hashing cost."""
+    cost = DigestCost() if cost is None else cost
     raws = [_bytes_of(tensor) for tensor in tensors]
     work = [(index, start, stop) for index, raw in enumerate(raws) for start, stop in _chunks(raw.numel())]
     if threads is None:
         threads = HASH_THREADS if sum(raw.numel() for raw in raws) > PARALLEL_BYTES else 1
-    for device in {raw.device for raw in raws if raw.device.type == "cuda"}:
+    threads = max(1, min(threads, len(work)))
+    cuda = {raw.device for raw in raws if raw.device.type == "cuda"}
+    for device in cuda:
         torch.cuda.synchronize(device)  # the workers' copies run on their threads' (default) streams, not this one's
-    if threads > 1 and len(work) > 1:
+    staging, lock = (_Staging(threads) if cuda else None), threading.Lock()
+    cost.tensor_bytes += sum(raw.numel() for raw in raws)
+    cost.chunks += len(work)
+    cost.threads = threads
+
+    def chunk_hash(item: tuple[int, int, int]) -> bytes:
+        return _chunk_hash(raws[item[0]], item[1], item[2], staging, cost, lock)
+
+    if threads > 1:
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            hashes = list(pool.map(lambda item: _chunk_hash(raws[item[0]], item[1], item[2]), work))
+            hashes = list(pool.map(chunk_hash, work))
     else:
-        hashes = [_chunk_hash(raws[index], start, stop) for index, start, stop in work]
+        hashes = [chunk_hash(item) for item in work]
     per_tensor: list[list[bytes]] = [[] for _ in tensors]
     for (index, _, _), chunk in zip(work, hashes):
         per_tensor[index].append(chunk)
@@ -92,13 +156,13 @@ def tensor_hash(tensor: torch.Tensor, threads: int | None = None) -> str:
     return hash_tensors([tensor], threads)[0]
 
 
-def digest(obj: Any, prefix: str = "", threads: int | None = None) -> dict[str, str]:
+def digest(obj: Any, prefix: str = "", threads: int | None = None, cost: DigestCost | None = None) -> dict[str, str]:
     """Flatten a nested state into {'path.to.entry': hash-or-value}. A key that is not a string carries its type
     (``0:int``), so a restore that turns the optimizer's integer parameter ids into strings is caught. The tensors'
     chunks are hashed together on the threads (``hash_tensors``): a few huge tensors use every thread."""
     entries = flatten(obj, prefix)
     tensors = [key for key, value in entries.items() if isinstance(value, torch.Tensor)]
-    hashes = dict(zip(tensors, hash_tensors([entries[key] for key in tensors], threads)))
+    hashes = dict(zip(tensors, hash_tensors([entries[key] for key in tensors], threads, cost)))
     return {key: hashes.get(key, value) for key, value in entries.items()}
 
 
@@ -123,7 +187,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {}
 
 
-def training_state_digest(ds_engine: Any) -> dict[str, str]:
+def training_state_digest(ds_engine: Any, cost: DigestCost | None = None) -> dict[str, str]:
     """Model, optimizer and scheduler state this rank holds, plus the step counter."""
     state = {
         "module": ds_engine.module.state_dict(),
@@ -131,11 +195,11 @@ def training_state_digest(ds_engine: Any) -> dict[str, str]:
         "lr_scheduler": ds_engine.lr_scheduler.state_dict() if ds_engine.lr_scheduler is not None else {},
         "global_steps": ds_engine.global_steps,
     }
-    return digest(state)
+    return digest(state, cost=cost)
 
 
-def module_digest(ds_engine: Any) -> dict[str, str]:
-    return digest({"module": ds_engine.module.state_dict()})
+def module_digest(ds_engine: Any, cost: DigestCost | None = None) -> dict[str, str]:
+    return digest({"module": ds_engine.module.state_dict()}, cost=cost)
 
 
 def compare(saved: dict[str, str], restored: dict[str, str], limit: int = 10) -> list[str]:

@@ -102,6 +102,21 @@ def test_at_the_real_chunk_size_the_tail_and_the_threads_are_covered():
         tensor.view(torch.uint8)[byte] ^= 1
 
 
+@pytest.mark.usefixtures("small_chunks")
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_digest_says_what_it_hashed_and_what_that_cost(threads):
+    """The proof's spans carry it: every tensor byte, every chunk, the threads, the hashing time; host tensors are
+    hashed where they lie, so no copy time."""
+    state = _state()
+    cost = verify.DigestCost()
+    assert digest(state, threads=threads, cost=cost) == digest(state, threads=1)
+    tensors = [state["fp32"], *state["moments"], state["bytes"], state["small"]]
+    assert cost.tensor_bytes == sum(t.numel() * t.element_size() for t in tensors)
+    assert cost.chunks == sum(-(-t.numel() * t.element_size() // SMALL_CHUNK) for t in tensors)
+    assert cost.threads == threads and cost.hash_s > 0 and cost.copy_s == 0
+    assert cost.fields()["digest_tensor_bytes"] == cost.tensor_bytes
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.usefixtures("small_chunks")
