@@ -196,10 +196,10 @@ def engine_block(where: Where, engine: str) -> Block:
             "datastates": " (its package built by datastates-build)"}.get(engine, "")
     return Block(name, 360 if engine == "fastpersist" else 240,
                  "1B bf16, 21 GB per checkpoint. The first H100 visit (b87956b): torch's block 344 s, of which about "
-                 "120 s the harness's checks (three state digests of about 30 s, two commit checksums and a restore "
-                 "check of about 20 s); lazy's run reached its cold load in 250 s. Since then the digests hash 64 MiB "
-                 "chunks on every core and the checksums hash a rank's files at once (the 18 GB optimizer file, about "
-                 "14 s, sets each): about 240 s" + slow, (command,),
+                 "120 s the harness's checks; the second (6cd9271): lazy's 275 s and dcp-async's 315 s, of which "
+                 "about 110 s the checks (digests of 16-17 s, commit checksums of 19-20 s and a restore check of 19 "
+                 "s, the 18 GB optimizer file hashed on one thread). Since then the files are hashed in 64 MiB chunks "
+                 "on every core and each digest copies into reused buffers: about 240 s" + slow, (command,),
                  needs=("setup", "datastates-build") if engine == "datastates" else ("setup",),
                  cleanup=(("rm", "-rf", str(ckpt)),))
 

@@ -91,7 +91,7 @@ class Share:
     written: list[dict[str, Any]] = field(default_factory=list)
     """The rank's files as the engine reported them (path relative to the store, bytes, seconds)."""
     hashed: list[dict[str, Any]] = field(default_factory=list)
-    """``written`` with rank and sha256: the rank's manifest entries."""
+    """``written`` with rank and hash (``filehash.FORMAT``): the rank's manifest entries."""
 
 
 def failed_share(rank: int, started: SaveStart, error: str) -> Share:
@@ -106,7 +106,7 @@ def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, s
     the engine said of its background work as the wait began), then hash them for the manifest
     (``checkpoint.checksum``). What fails is the share's error: every rank must learn of it."""
     from restartbench.engines.base import records_as_dicts
-    from restartbench.integrity import sha256_each
+    from restartbench.integrity import hash_each
 
     share = Share(rank, started)
     try:
@@ -114,8 +114,8 @@ def durable_share(log: EventLog, store: Store, rank: int, step: int, tag: str, s
             share.durable_at = wait_until_durable()
         share.written = records_as_dicts(written(), store.location)
         with log.span(Event.CHECKPOINT_CHECKSUM, step=step, tag=tag):
-            hashes = sha256_each([f["path"] for f in share.written], store.sha256)  # the rank's files at once
-            share.hashed = [{**f, "rank": rank, "sha256": sha256} for f, sha256 in zip(share.written, hashes)]
+            hashes = hash_each([f["path"] for f in share.written], store.file_hash)  # the rank's files at once
+            share.hashed = [{**f, "rank": rank, "hash": digest} for f, digest in zip(share.written, hashes)]
     except Exception as failure:  # noqa: BLE001
         share.error = f"{type(failure).__name__}: {failure}"
     return share

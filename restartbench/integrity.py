@@ -1,7 +1,8 @@
 """Checkpoint integrity: a manifest per committed checkpoint, checked before a restore.
 
 At commit, rank 0 writes ``<tag>/manifest.json`` — every file of every rank with its size and
-SHA-256 — and only then points ``latest`` at the tag. A tag folder without a manifest was never
+hash (SHA-256 in chunks: ``restartbench.storage.filehash``) — and only then points ``latest`` at
+the tag. A tag folder without a manifest was never
 committed. Before a restore the ranks share the manifest's files between them, check size and
 hash, and agree on the result; a corrupt or truncated file is named, and the restore refuses or
 falls back to the newest earlier checkpoint that checks out (``--on-corrupt``).
@@ -11,7 +12,6 @@ falls back to the newest earlier checkpoint that checks out (``--on-corrupt``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -19,30 +19,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from restartbench.storage import LocalStore, ObjectStore, open_store
+from restartbench.storage import LocalStore, ObjectStore, filehash, open_store
 
 MANIFEST = "manifest.json"
 
 
-def sha256_of(path: str | Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 FILE_THREADS = min(8, os.cpu_count() or 1)
-"""Files hashed at once by ``sha256_each``: hashlib and file reads release the GIL, and one thread hashed a 1B
-model's rank (a 3 GB and an 18 GB file) at about 1 GB/s, one file after the other. Each file's hash is still the
-SHA-256 of the whole file (what ``sha256sum`` prints), so one file is hashed on one thread: the largest bounds it."""
+"""Files hashed at once by ``hash_each``: a rank's files (a 1B model's rank: a 3 GB and an 18 GB file) are hashed
+together, and each file's chunks on threads of its own (``filehash``), so the largest file no longer bounds it."""
 
 
-def sha256_each(paths: list[str], sha256: Callable[[str], str] = sha256_of, threads: int | None = None) -> list[str]:
-    """``sha256(path)`` of every path, in their order, up to ``threads`` (default FILE_THREADS) files at once. A
-    store's own (``store.sha256``) hashes paths relative to it. The first failure is raised, as one thread's would."""
+def hash_each(paths: list[str], file_hash: Callable[[str], str], threads: int | None = None) -> list[str]:
+    """``file_hash(path)`` of every path (a store's own, ``store.file_hash``: paths relative to it), in their order,
+    up to ``threads`` (default FILE_THREADS) files at once. The first failure is raised, as one thread's would."""
     threads = min(threads or FILE_THREADS, len(paths))
     if threads <= 1:
-        return [sha256(path) for path in paths]
+        return [file_hash(path) for path in paths]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(sha256, paths))
+        return list(pool.map(file_hash, paths))
 
 
 Store = LocalStore | ObjectStore
@@ -53,16 +47,23 @@ def _store(ckpt_dir: str | Path | Store) -> Store:
 
 
 def write_manifest(ckpt_dir: str | Path | Store, tag: str, files: list[dict[str, Any]]) -> None:
-    """Atomically and durably write the manifest of ``tag`` (files: path relative to ckpt_dir, bytes, sha256, rank)."""
-    text = json.dumps({"tag": tag, "files": sorted(files, key=lambda f: f["path"])}, indent=1)
+    """Atomically and durably write the manifest of ``tag`` (files: path relative to ckpt_dir, bytes, hash, rank;
+    the hash of ``filehash.FORMAT``, which the manifest names)."""
+    text = json.dumps({"tag": tag, "hash_format": filehash.FORMAT, "files": sorted(files, key=lambda f: f["path"])},
+                      indent=1)
     _store(ckpt_dir).write_durably(f"{tag}/{MANIFEST}", text)
 
 
 def read_manifest(ckpt_dir: str | Path | Store, tag: str) -> list[dict[str, Any]]:
+    """The manifest's files, each with its ``hash`` and the ``hash_format`` it is in (a manifest from before the
+    chunked format recorded each file's whole SHA-256 as ``sha256``)."""
     store = _store(ckpt_dir)
     if not store.exists(f"{tag}/{MANIFEST}"):
         raise FileNotFoundError(f"checkpoint {tag} in {store.location} has no {MANIFEST}: it was never committed")
-    return json.loads(store.read_text(f"{tag}/{MANIFEST}"))["files"]
+    manifest = json.loads(store.read_text(f"{tag}/{MANIFEST}"))
+    fmt = manifest.get("hash_format", filehash.WHOLE)
+    return [{**entry, "hash": entry.get("hash", entry.get(filehash.WHOLE)), "hash_format": fmt}
+            for entry in manifest["files"]]
 
 
 def committed_tags(ckpt_dir: str | Path | Store) -> list[str]:
@@ -80,7 +81,7 @@ def tag_step(tag: str) -> int:
 def check_share(ckpt_dir: str | Path | Store, tag: str, rank: int, world_size: int,
                 threads: int | None = None) -> list[str]:
     """Check this rank's share of the manifest (every world_size-th file); a line per problem, naming the file. The
-    files whose size is right are hashed ``sha256_each`` (several at once)."""
+    files whose size is right are hashed (``hash_each``: several at once, each in the manifest's format)."""
     store = _store(ckpt_dir)
     problems: dict[int, str] = {}
     to_hash = []
@@ -93,8 +94,10 @@ def check_share(ckpt_dir: str | Path | Store, tag: str, rank: int, world_size: i
             problems[index] = f"{path}: {size} bytes, manifest says {entry['bytes']} (truncated or overwritten)"
         else:
             to_hash.append(index)
-    hashes = sha256_each([share[index]["path"] for index in to_hash], store.sha256, threads)
+    fmt = share[0]["hash_format"] if share else filehash.FORMAT
+    hashes = hash_each([share[index]["path"] for index in to_hash], lambda path: store.file_hash(path, fmt), threads)
     for index, digest in zip(to_hash, hashes):
-        if digest != share[index]["sha256"]:
-            problems[index] = f"{store.url_of(share[index]['path'])}: SHA-256 differs from the manifest (corrupt)"
+        if digest != share[index]["hash"]:
+            problems[index] = f"{store.url_of(share[index]['path'])}: its {fmt} hash differs from the manifest " \
+                              "(corrupt)"
     return [problems[index] for index in sorted(problems)]

@@ -10,12 +10,20 @@ from restartbench import integrity
 from restartbench.integrity import (
     check_share,
     committed_tags,
+    hash_each,
     read_manifest,
-    sha256_each,
-    sha256_of,
     write_manifest,
 )
-from restartbench.storage import LocalStore
+from restartbench.storage import LocalStore, filehash
+
+CORRUPT = f"its {filehash.FORMAT} hash differs from the manifest (corrupt)"
+
+
+def chunked(data: bytes) -> str:
+    """The manifest's hash of ``data``, written here from hashlib alone (tests/test_filehash.py checks the format)."""
+    chunk = filehash.CHUNK_BYTES
+    digests = b"".join(hashlib.sha256(data[i:i + chunk]).digest() for i in range(0, len(data), chunk))
+    return hashlib.sha256(f"{filehash.FORMAT} {chunk} {len(data)}\n".encode() + digests).hexdigest()
 
 
 def _commit(root, tag, contents):
@@ -25,8 +33,7 @@ def _commit(root, tag, contents):
     entries = []
     for rank, (name, data) in enumerate(contents.items()):
         (root / tag / name).write_bytes(data)
-        entries.append({"path": f"{tag}/{name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                        "rank": rank})
+        entries.append({"path": f"{tag}/{name}", "bytes": len(data), "hash": chunked(data), "rank": rank})
     write_manifest(root, tag, entries[::-1])
     return [root / tag / name for name in contents]
 
@@ -46,7 +53,7 @@ def test_a_flipped_byte_of_the_same_size_is_named_as_corrupt(tmp_path):
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
     assert check_share(tmp_path, "step4", rank=0, world_size=1) == [
-        f"{victim}: SHA-256 differs from the manifest (corrupt)"]
+        f"{victim}: {CORRUPT}"]
 
 
 def test_a_truncated_file_reports_both_byte_counts(tmp_path):
@@ -89,21 +96,28 @@ def test_a_committed_folder_without_a_step_in_its_name_sorts_after_every_step(tm
     assert committed_tags(tmp_path) == ["step3", "step0", "final"]
 
 
-def test_the_manifest_names_its_tag_and_lists_every_file_sorted_by_path(tmp_path):
-    """The file itself, for every reader and not only ``read_manifest``: ``tag`` and ``files``, each with its path
-    relative to the checkpoint folder, size, SHA-256 and the rank that wrote it."""
+def test_the_manifest_names_its_tag_its_hash_format_and_lists_every_file_sorted_by_path(tmp_path):
+    """The file itself, for every reader and not only ``read_manifest``: ``tag``, ``hash_format`` and ``files``, each
+    with its path relative to the checkpoint folder, size, hash and the rank that wrote it."""
     shards = _shards(count=2)
     _commit(tmp_path, "step4", shards)
-    expected = [{"path": f"step4/{name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rank": rank}
+    expected = [{"path": f"step4/{name}", "bytes": len(data), "hash": chunked(data), "rank": rank}
                 for rank, (name, data) in enumerate(shards.items())]
-    assert json.loads((tmp_path / "step4" / "manifest.json").read_text()) == {"tag": "step4", "files": expected}
+    assert json.loads((tmp_path / "step4" / "manifest.json").read_text()) == {
+        "tag": "step4", "hash_format": "sha256-chunked-v1", "files": expected}
 
 
-def test_a_files_recorded_hash_is_its_sha256(tmp_path):
-    """What a commit records for a file (``sha256_of``), over the whole file, past any read buffer."""
-    data = os.urandom(3 * 2**20 + 5)
-    (tmp_path / "shard.pt").write_bytes(data)
-    assert sha256_of(tmp_path / "shard.pt") == sha256_of(str(tmp_path / "shard.pt")) == hashlib.sha256(data).hexdigest()
+def test_a_manifest_from_before_the_chunked_hash_is_checked_with_the_whole_files_sha256(tmp_path):
+    """Written with each file's whole SHA-256 as ``sha256`` and no format: still restored, and a damage still named."""
+    paths = _commit(tmp_path, "step4", _shards(count=2))
+    old = {"tag": "step4", "files": [{"path": f"step4/{p.name}", "bytes": p.stat().st_size,
+                                      "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "rank": 0}
+                                     for p in paths]}
+    (tmp_path / "step4" / "manifest.json").write_text(json.dumps(old))
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == []
+    paths[1].write_bytes(b"x" * paths[1].stat().st_size)
+    assert check_share(tmp_path, "step4", rank=0, world_size=1) == [
+        f"{paths[1]}: its sha256 hash differs from the manifest (corrupt)"]
 
 
 def test_reading_the_manifest_of_an_uncommitted_tag_says_never_committed(tmp_path):
@@ -113,25 +127,26 @@ def test_reading_the_manifest_of_an_uncommitted_tag_says_never_committed(tmp_pat
 
 
 @pytest.mark.parametrize("threads", [None, 1, 2, 5])
-def test_files_hashed_several_at_once_have_hashlibs_whole_file_sha256_in_their_order(tmp_path, threads):
-    """What a commit records (``sha256_each``: a rank's files on threads), by path or through the store, each
-    file's SHA-256 as sha256sum prints it, in the order asked, whichever file finishes first."""
+def test_files_hashed_several_at_once_come_back_in_their_order(tmp_path, threads):
+    """What a commit records (``hash_each``: a rank's files on threads, through the store), each file's hash in the
+    order asked, whichever file finishes first."""
     sizes = [5 * 2**20 + 3, 0, 1, 2**20, 77]
     data = [os.urandom(size) for size in sizes]
     names = [f"step4/file{index}.pt" for index in range(len(sizes))]
     (tmp_path / "step4").mkdir()
     for name, content in zip(names, data):
         (tmp_path / name).write_bytes(content)
-    expected = [hashlib.sha256(content).hexdigest() for content in data]
-    assert sha256_each([tmp_path / name for name in names], threads=threads) == expected
-    assert sha256_each(names, LocalStore(tmp_path).sha256, threads=threads) == expected
-    assert sha256_each([], threads=threads) == []
+    store = LocalStore(tmp_path)
+    assert hash_each(names, store.file_hash, threads=threads) == [chunked(content) for content in data]
+    assert hash_each(names, lambda name: store.file_hash(name, filehash.WHOLE), threads=threads) == [
+        hashlib.sha256(content).hexdigest() for content in data]
+    assert hash_each([], store.file_hash, threads=threads) == []
 
 
 def test_a_file_that_cannot_be_hashed_fails_the_whole_share(tmp_path):
     (tmp_path / "a.pt").write_bytes(b"a")
     with pytest.raises(FileNotFoundError):
-        sha256_each([tmp_path / "a.pt", tmp_path / "gone.pt"], threads=2)
+        hash_each(["a.pt", "gone.pt"], LocalStore(tmp_path).file_hash, threads=2)
 
 
 @pytest.mark.parametrize("threads", [1, 3, 8])
@@ -146,8 +161,8 @@ def test_a_share_checked_on_threads_names_each_damaged_file_in_the_manifests_ord
     paths[3].write_bytes(paths[3].read_bytes()[:10])
     paths[5].unlink()
     assert check_share(tmp_path, "step4", rank=0, world_size=1, threads=threads) == [
-        f"{paths[1]}: SHA-256 differs from the manifest (corrupt)",
+        f"{paths[1]}: {CORRUPT}",
         f"{paths[3]}: 10 bytes, manifest says 4096 (truncated or overwritten)",
-        f"{paths[4]}: SHA-256 differs from the manifest (corrupt)",
+        f"{paths[4]}: {CORRUPT}",
         f"{paths[5]}: missing",
-        f"{paths[6]}: SHA-256 differs from the manifest (corrupt)"]
+        f"{paths[6]}: {CORRUPT}"]

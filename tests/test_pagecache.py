@@ -8,7 +8,6 @@ Only what a single process cannot produce is stood in for: a failing mincore, an
 
 import ctypes
 import errno
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from restartbench import pagecache
 from restartbench.integrity import write_manifest
+from restartbench.storage import filehash
 
 SIZE = 4 * 2**20
 
@@ -73,7 +73,7 @@ def _checkpoint(root, tag="step4", n_files=3):
     for index in range(n_files):
         path = _written(root / tag / f"zero_pp_rank_{index}_mp_rank_00_optim_states.pt")
         data = path.read_bytes()
-        entries.append({"path": f"{tag}/{path.name}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        entries.append({"path": f"{tag}/{path.name}", "bytes": len(data), "hash": filehash.hash_file(path),
                         "rank": index})
     write_manifest(root, tag, entries)
     return [root / entry["path"] for entry in entries]

@@ -18,6 +18,7 @@ from restartbench import engines, storage, study
 from restartbench.config import config_from_args
 from restartbench.engines.deepspeed.engine import ObjectFileEngine, object_paths_from_listing
 from restartbench.events import read_events
+from restartbench.storage import filehash
 
 TINY = ("tiny", "tp1pp1dp2", "--dtype", "fp32")
 CLIENTS = storage.S3_CLIENTS
@@ -159,6 +160,13 @@ def test_s3_options_without_an_s3_target_are_refused(tmp_path):
         study.plan_run(cfg)
 
 
+def chunked(data: bytes) -> str:
+    """The manifest's hash of ``data`` met in one piece (tests/test_filehash.py: the same from a file or a stream)."""
+    hasher = filehash.ChunkedHash()
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_store_keeps_manifest_and_latest(s3_env, client):
     store = s3_store(f"s3://ckpt/store-{client}", client)
@@ -170,7 +178,8 @@ def test_store_keeps_manifest_and_latest(s3_env, client):
     store.write_durably("latest", "step2")
     assert store.read_text("latest") == "step2" and store.size("step2/a.pt") == 7
     assert store.glob("*/manifest.json") == ["step2/manifest.json"]
-    assert store.sha256("step2/a.pt") == hashlib.sha256(b"payload").hexdigest()
+    assert store.file_hash("step2/a.pt", filehash.WHOLE) == hashlib.sha256(b"payload").hexdigest()
+    assert store.file_hash("step2/a.pt") == chunked(b"payload")
     store.remove_tree("step2")
     assert store.files() == {"latest": 5}
 
@@ -195,7 +204,8 @@ def test_object_above_the_multipart_threshold_round_trips_exactly(s3_env, client
     loaded = files.load(url)
     assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
     body = s3_env.client().get_object(Bucket="ckpt", Key="multipart/step1/big.pt")["Body"].read()
-    assert store.sha256("step1/big.pt") == hashlib.sha256(body).hexdigest()
+    assert store.file_hash("step1/big.pt", filehash.WHOLE) == hashlib.sha256(body).hexdigest()
+    assert store.file_hash("step1/big.pt") == chunked(body)
     assert torch.equal(torch.load(io.BytesIO(body))["w"], state["w"])
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import hashlib
 import importlib
 import importlib.metadata
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.durability import fsync_dir
+from restartbench.storage import filehash
 from restartbench.storage.explain import explain_error
 from restartbench.storage.locations import (
     FSSPEC_FILESYSTEMS,
@@ -89,9 +89,9 @@ class LocalStore:
         path = self.root / relative
         return path.stat().st_size if path.is_file() else None
 
-    def sha256(self, relative: str) -> str:
-        with open(self.root / relative, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+    def file_hash(self, relative: str, fmt: str = filehash.FORMAT) -> str:
+        """The manifest's hash of one file (``filehash``): its chunks read and hashed on several threads."""
+        return filehash.hash_file(self.root / relative, fmt)
 
     def glob(self, pattern: str) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.glob(pattern) if p.is_file())
@@ -138,9 +138,9 @@ class ObjectStore:
         depth = pattern.count("/")
         return sorted(k for k in self.files() if k.count("/") == depth and fnmatch.fnmatchcase(k, pattern))
 
-    def sha256(self, relative: str) -> str:
-        """SHA-256 of the object as the service returns it now (a full read)."""
-        digest, buffer = hashlib.sha256(), bytearray(PART_SIZE)
+    def file_hash(self, relative: str, fmt: str = filehash.FORMAT) -> str:
+        """The manifest's hash (``filehash``) of the object as the service returns it now: a full read, in order."""
+        digest, buffer = filehash.new_hasher(fmt), bytearray(PART_SIZE)
         try:
             with self.reader(self.url_of(relative)) as reader:
                 while count := reader.readinto(buffer):
