@@ -59,7 +59,7 @@ class Event:
     # save start), since_checkpoint_start_s (the first rank's: never before any rank's durable time on that clock)
     CHECKPOINT_REMOVED = "checkpoint.removed"  # --keep-checkpoints: rank 0 removed this older committed checkpoint
     # (manifest first, then its files) once a newer one committed; tag (the removed one), step, bytes, n_files,
-    # committed (the newer tag), keep
+    # committed (the newer tag), keep (span: the removal's time)
     CHECKPOINT_FAILED = "checkpoint.failed"  # a save failed on some rank; errors, target, free_bytes, needed_bytes_...
     RANK_RESOURCES = "rank.resources"  # after each checkpoint; open_fds, rss_bytes, threads, children
     RANK_MEMORY = "rank.memory"  # at the end of a phase: the process's RSS over time; process_start, timeline

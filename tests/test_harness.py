@@ -156,6 +156,7 @@ def test_keep_checkpoints_removes_the_older_committed_ones_once_a_newer_commits(
     [removed] = [e for e in read_events(tmp_path / "run") if e["event"] == "checkpoint.removed"]
     assert (removed["tag"], removed["step"], removed["committed"], removed["keep"]) == ("step2", 2, "step6", 2)
     assert (removed["rank"], removed["bytes"], removed["n_files"]) == (0, 201, 2)
+    assert removed["duration_s"] > 0 and removed["start"] <= removed["time"]  # a span: the removal's time
 
 
 def test_the_process_read_counter_counts_a_files_bytes(tmp_path):
