@@ -2,8 +2,10 @@
 torch model and optimizer in one process, and real 2- and 4-rank DeepSpeed runs that restore exactly,
 including a rank killed in the middle of the flush."""
 
+import errno
 import json
 import math
+import os
 import time
 import types
 
@@ -11,9 +13,9 @@ import pytest
 import torch
 from conftest import relaunch, run_study
 
-from restartbench import results
+from restartbench import pagecache, results
 from restartbench.config import EngineConfig
-from restartbench.engines.lazy import copies, restore
+from restartbench.engines.lazy import copies, flush, restore
 from restartbench.engines.lazy import format as fmt
 from restartbench.engines.lazy.engine import LazyEngine
 from restartbench.events import read_events
@@ -122,10 +124,10 @@ def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
 # -- one process, a real model and optimizer -----------------------------------------------------------------
 
 
-def fake_engine(seed=0):
+def fake_engine(seed=0, hidden=16):
     """A real torch model (with a buffer), AdamW and a scheduler, with the attributes the engine reads."""
     torch.manual_seed(seed)
-    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))
+    module = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.BatchNorm1d(hidden), torch.nn.Linear(hidden, 4))
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     return types.SimpleNamespace(module=module, optimizer=optimizer, lr_scheduler=scheduler, global_steps=0,
@@ -165,6 +167,42 @@ def test_save_reuses_plan_and_buffer_and_restores_exactly_into_a_fresh_process_s
     loader.load(fresh, str(tmp_path), "step4")
     assert training_state_digest(fresh) == digests[4]
     train_step(fresh, 5)  # and it trains on
+
+
+def test_direct_io_writes_the_same_files_past_the_page_cache_and_they_restore_exactly(tmp_path):
+    """--lazy-direct-io: the data regions go to the device with O_DIRECT from a page-aligned buffer. The files are
+    byte for byte the buffered writer's, they restore exactly, and the page cache holds almost none of them (the
+    buffered writer's stay resident): O_DIRECT was used, not silently dropped."""
+    source = fake_engine(hidden=2**16)  # 12 MB of files: their data regions, not their headers, decide residency
+    train_step(source, 1)
+    folders = {}
+    for direct in (False, True):
+        saver = LazyEngine(options(lazy_direct_io=direct))
+        saver.save(source, str(tmp_path / str(direct)), "step1")
+        saver.wait_until_durable()
+        assert saver.buffer.tensor.data_ptr() % 4096 == 0 or not direct
+        folders[direct] = sorted((tmp_path / str(direct) / "step1").iterdir())
+    resident = {direct: pagecache.measure(paths).resident_fraction for direct, paths in folders.items()}
+    assert resident[False] > 0.9 and resident[True] < 0.1, resident
+    assert [p.read_bytes() for p in folders[True]] == [p.read_bytes() for p in folders[False]]
+    fresh = fake_engine(seed=1, hidden=2**16)
+    LazyEngine(options(lazy_direct_io=True)).load(fresh, str(tmp_path / "True"), "step1")
+    assert training_state_digest(fresh) == training_state_digest(source)
+
+
+def test_direct_io_on_a_file_system_without_it_says_what_to_do(tmp_path, monkeypatch):
+    def refuse(path, flags, *mode):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *mode)
+
+    real_open = os.open
+    monkeypatch.setattr(flush.os, "open", refuse)
+    source, saver = fake_engine(), LazyEngine(options(lazy_direct_io=True))
+    train_step(source, 1)
+    saver.save(source, str(tmp_path), "step1")
+    with pytest.raises(OSError, match="refuses O_DIRECT .* run without --lazy-direct-io"):
+        saver.wait_until_durable()
 
 
 @pytest.mark.parametrize("amsgrad", [False, True])

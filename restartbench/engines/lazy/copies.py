@@ -33,10 +33,13 @@ class HostBuffer:
     its cache rather than giving it back, so a buffer that grows would keep both. Here exactly the request's pages
     are pinned, ``pinned_bytes`` says how many, and ``release`` unpins them and frees the memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, page_aligned: bool = False) -> None:
         self.tensor: torch.Tensor | None = None
         self.pinned = False
         self.allocations = 0
+        self.page_aligned = page_aligned
+        """A pageable buffer is an anonymous mapping (page-aligned, as O_DIRECT needs) rather than ``torch.empty``'s
+        64-byte-aligned block; a pinned one always is."""
         self._pinned: PinnedPages | None = None
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
@@ -49,6 +52,9 @@ class HostBuffer:
             if pinned:
                 self._pinned = pin_pages(max(nbytes, 1))
                 self.tensor = self._pinned.tensor
+            elif self.page_aligned:
+                block = mmap.mmap(-1, pinned_length(max(nbytes, 1)), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                self.tensor = torch.frombuffer(block, dtype=torch.uint8, count=max(nbytes, 1))
             else:
                 self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8)
             self.pinned = pinned

@@ -83,7 +83,7 @@ class LazyEngine(CheckpointEngine):
         self.options = options
         self.chunk = max(1, options.lazy_chunk_mb) * 2**20
         self.io_threads = max(1, options.lazy_io_threads)
-        self.buffer = HostBuffer()
+        self.buffer = HostBuffer(page_aligned=options.lazy_direct_io)
         self.plan: SavePlan | None = None
         self.plans_made = 0
         self._padded_for: SavePlan | None = None
@@ -143,7 +143,7 @@ class LazyEngine(CheckpointEngine):
         if plan.sync_bytes:
             self._copies.wait(plan.sync_bytes)
         self._flush = Flush(plan, heads, buffer, self._copies, folder, self.chunk, self.io_threads,
-                            save_fault(_global_rank(), tag))
+                            save_fault(_global_rank(), tag), direct=self.options.lazy_direct_io)
 
     def _plan_for(self, state: Capture) -> SavePlan:
         if self.plan is None or self.plan.signature != plan_signature(state.groups):

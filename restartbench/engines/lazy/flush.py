@@ -26,9 +26,10 @@ class Flush:
     writes in flight; fsync of every file and of the folders; ``durable_at`` when all is on disk."""
 
     def __init__(self, plan: SavePlan, heads: dict[str, tuple[bytes, int]], buffer: torch.Tensor,
-                 progress: CopyProgress, folder: Path, chunk: int, io_threads: int, fault: str | None):
+                 progress: CopyProgress, folder: Path, chunk: int, io_threads: int, fault: str | None,
+                 direct: bool = False):
         self.plan, self.heads, self.progress, self.folder = plan, heads, progress, folder
-        self.chunk, self.io_threads, self.fault = chunk, io_threads, fault
+        self.chunk, self.io_threads, self.fault, self.direct = chunk, io_threads, fault, direct
         self.memory = buffer.numpy()
         self.records: list[FileRecord] = []
         self.error: BaseException | None = None
@@ -52,21 +53,24 @@ class Flush:
         path = self.folder / file.name
         head, data_offset = self.heads[file.name]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        pending = []
+        data_fd, pending = fd, []
         try:
             _pwrite_all(fd, memoryview(head), 0)
             if self.fault:
                 self._die_or_fail(fd, file, data_offset, path)
+            data_fd = open_direct(path) if self.direct else fd
             for lo, hi in pieces(file.data_bytes, self.chunk):
                 self.progress.wait(file.buffer_offset + hi)
                 view = memoryview(self.memory[file.buffer_offset + lo:file.buffer_offset + hi])
-                pending.append(pool.submit(_pwrite_all, fd, view, data_offset + lo))
+                pending.append(pool.submit(_pwrite_all, data_fd, view, data_offset + lo))
             for write in pending:
                 write.result()
             os.fsync(fd)
         finally:
             for write in pending:  # whatever happened, no write may be left running on a closed descriptor
                 write.exception()
+            if data_fd != fd:
+                os.close(data_fd)
             os.close(fd)
         return FileRecord(str(path), data_offset + file.data_bytes, time.perf_counter() - start)
 
@@ -88,6 +92,19 @@ class Flush:
     def done(self) -> bool:
         """The writes (and the copies they wait for) have ended, well or not: ``join`` would not wait."""
         return not self._thread.is_alive()
+
+
+def open_direct(path: Path) -> int:
+    """A second descriptor of ``path`` for its data region's writes, with O_DIRECT: each write goes from the host
+    buffer to the device, without a copy into the page cache. The buffer, the offsets and the lengths are all
+    multiples of FILE_ALIGN (4096) by the format, as O_DIRECT needs; the fsync that follows still makes them
+    durable (the device's cache, the file's size)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError as error:
+        raise OSError(error.errno, f"{path}: the file system refuses O_DIRECT ({error.strerror}): run without "
+                      "--lazy-direct-io, or put the checkpoints on a file system that takes it (tmpfs does not)",
+                      str(path)) from None
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

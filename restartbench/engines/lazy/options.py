@@ -16,3 +16,8 @@ class LazyOptions:
     lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.", allowed=AT_LEAST_1)
     lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
                                allowed=AT_LEAST_1)
+    lazy_direct_io: bool = opt(
+        False, "lazy: write each file's data region with O_DIRECT, from the host buffer to the device without the "
+        "page cache (the header stays buffered; reads stay buffered). The file system must take O_DIRECT (tmpfs "
+        "does not).",
+    )
