@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+from results_io import ROOT, add_output_arguments, heading, run_meta, write_results
 
 SCRIPT = ROOT / "scripts" / "build-datastates.sh"
 TOOLCHAIN = """import json, shutil, subprocess, torch
@@ -72,8 +72,7 @@ def extension(target: Path) -> dict | None:
 
 def markdown(result: dict) -> str:
     meta, tools = result["meta"], result["toolchain"]
-    lines = [f"# DataStates-LLM's build, timed — {meta['machine']}, {meta['date']}", "", f"`{meta['command']}`", "",
-             machine_line(meta), "",
+    lines = [*heading("DataStates-LLM's build, timed", meta),
              f"Built with {result['python']}: torch {tools['torch']} (CUDA {tools['torch_cuda']}; a GPU visible: "
              f"{tools['cuda_available']}), nvcc {tools['nvcc']} ({tools.get('nvcc_release')}), {tools['cxx']}; "
              f"MAX_JOBS={result['jobs']}, TORCH_CUDA_ARCH_LIST={result['arch']}, the script under nice "

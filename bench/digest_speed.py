@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_json_or_results
+from results_io import (
+    ROOT,
+    add_output_arguments,
+    heading,
+    run_meta,
+    speed_figures,
+    speed_table,
+    write_json_or_results,
+)
 
 sys.path.insert(0, str(ROOT))
 
@@ -102,9 +109,7 @@ def measure(gib: float, threads: int, repeats: int) -> dict:
     names = list(named)
     if digests[names[0]] != digests[names[1]] or digests[names[2]] != digests[names[3]]:
         raise RuntimeError("a method's digest depends on its thread count")
-    figures = [{"method": name, "seconds": times, "median_s": statistics.median(times),
-                "GBps": nbytes / 1e9 / statistics.median(times), "min_GBps": nbytes / 1e9 / max(times),
-                "max_GBps": nbytes / 1e9 / min(times)} for name, times in seconds.items()]
+    figures = speed_figures(seconds, nbytes)
     baseline = figures[0]["median_s"]
     for figure in figures:
         figure["speedup_vs_blake2b_1_thread"] = baseline / figure["median_s"]
@@ -118,14 +123,11 @@ def measure(gib: float, threads: int, repeats: int) -> dict:
 
 def markdown(result: dict) -> str:
     meta, figures = result["meta"], result["methods"]
-    lines = [f"# Digest speed — {meta['machine']}, {meta['date']}", "", f"`{meta['command']}`", "",
-             machine_line(meta), "",
+    lines = [*heading("Digest speed", meta),
              f"A CPU state of {result['bytes'] / 1e9:.2f} GB in {result['tensors']} tensors (largest "
              f"{result['largest_tensor_bytes'] / 1e9:.2f} GB), {result['repeats']} repeats; chunks of "
              f"{result['chunk_bytes'] / 2**20:.0f} MiB ({result['hash_name']}). GB = 10^9 bytes.", "",
-             "| method | median s | GB/s (median) | min–max GB/s | vs blake2b, 1 thread |", "|---|---|---|---|---|"]
-    lines += [f"| {f['method']} | {f['median_s']:.2f} | {f['GBps']:.2f} | {f['min_GBps']:.2f}–{f['max_GBps']:.2f} | "
-              f"{f['speedup_vs_blake2b_1_thread']:.2f}× |" for f in figures]
+             *speed_table(figures, "vs blake2b, 1 thread", "speedup_vs_blake2b_1_thread")]
     lines += ["", f"The new digest against the old one as a run used it ({figures[1]['method']}): "
               f"**{result['ratio_new_vs_old']:.2f}×**; against single-thread blake2b: "
               f"**{result['ratio_new_vs_single_thread_blake2b']:.2f}×**.", ""]

@@ -23,13 +23,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_json_or_results
+from results_io import (
+    ROOT,
+    add_output_arguments,
+    heading,
+    run_meta,
+    speed_figures,
+    speed_table,
+    write_json_or_results,
+)
 
 sys.path.insert(0, str(ROOT))
 
@@ -80,9 +87,7 @@ def measure(folder: Path, gib: float, threads: int, repeats: int) -> dict:
     chunked = list(methods)[1:]
     if hashes[chunked[0]] != hashes[chunked[1]]:
         raise RuntimeError("the chunked hash depends on its thread count")
-    figures = [{"method": name, "seconds": times, "median_s": statistics.median(times),
-                "GBps": nbytes / 1e9 / statistics.median(times), "min_GBps": nbytes / 1e9 / max(times),
-                "max_GBps": nbytes / 1e9 / min(times)} for name, times in seconds.items()]
+    figures = speed_figures(seconds, nbytes)
     for figure in figures:
         figure["speedup_vs_whole"] = figures[0]["median_s"] / figure["median_s"]
     return {"bytes": nbytes, "files": len(names), "largest_file_bytes": max((folder / n).stat().st_size
@@ -94,15 +99,12 @@ def measure(folder: Path, gib: float, threads: int, repeats: int) -> dict:
 
 def markdown(result: dict) -> str:
     meta, figures = result["meta"], result["methods"]
-    lines = [f"# Manifest file hash speed — {meta['machine']}, {meta['date']}", "", f"`{meta['command']}`", "",
-             machine_line(meta), "",
+    lines = [*heading("Manifest file hash speed", meta),
              f"{result['files']} files of {result['bytes'] / 1e9:.2f} GB together (largest "
              f"{result['largest_file_bytes'] / 1e9:.2f} GB), in the page cache as at a commit, {result['repeats']} "
              f"repeats, {result['cpus']} CPUs; chunks of {result['chunk_bytes'] / 2**20:.0f} MiB "
              f"({result['format']}). GB = 10^9 bytes.", "",
-             "| method | median s | GB/s (median) | min–max GB/s | vs whole files |", "|---|---|---|---|---|"]
-    lines += [f"| {f['method']} | {f['median_s']:.2f} | {f['GBps']:.2f} | {f['min_GBps']:.2f}–{f['max_GBps']:.2f} | "
-              f"{f['speedup_vs_whole']:.2f}× |" for f in figures]
+             *speed_table(figures, "vs whole files", "speedup_vs_whole")]
     lines += ["", f"The chunked hash on {result['threads']} threads against the whole files' (a thread per file): "
               f"**{result['ratio_chunked_vs_whole']:.2f}×** here. It scales with the cores until memory bandwidth or "
               "the disk sets the pace: the H100 machine has 16.", ""]

@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -78,6 +79,25 @@ def machine_line(meta: dict) -> str:
             f"{meta['memory_bytes'] / GiB:.1f} GiB, device {meta['device']}; Python {meta['python']}, "
             f"torch {meta['torch']}, DeepSpeed {meta['deepspeed']}; {code}; "
             f"load average {meta['load_average_at_start']:.2f} at the start.")
+
+
+def heading(title: str, meta: dict) -> list[str]:
+    """A result's Markdown opening: the title with the machine and date, the command, ``machine_line``."""
+    return [f"# {title} — {meta['machine']}, {meta['date']}", "", f"`{meta['command']}`", "", machine_line(meta), ""]
+
+
+def speed_figures(seconds: dict[str, list[float]], nbytes: int) -> list[dict]:
+    """Each method's timed repeats of ``nbytes``: the median and GB/s at the median, the slowest and the fastest."""
+    return [{"method": name, "seconds": times, "median_s": statistics.median(times),
+             "GBps": nbytes / 1e9 / statistics.median(times), "min_GBps": nbytes / 1e9 / max(times),
+             "max_GBps": nbytes / 1e9 / min(times)} for name, times in seconds.items()]
+
+
+def speed_table(figures: list[dict], against: str, key: str) -> list[str]:
+    """``speed_figures``' Markdown table, each method's ``key`` (a speed-up) in the column named ``against``."""
+    return [f"| method | median s | GB/s (median) | min–max GB/s | {against} |", "|---|---|---|---|---|",
+            *[f"| {f['method']} | {f['median_s']:.2f} | {f['GBps']:.2f} | {f['min_GBps']:.2f}–{f['max_GBps']:.2f} | "
+              f"{f[key]:.2f}× |" for f in figures]]
 
 
 def write_results(out: Path, result: dict, markdown: Callable[[dict], str]) -> Path:
