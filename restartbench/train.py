@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 PROCESS_START = time.time()
@@ -206,15 +208,24 @@ class RankRun:
         if not self.ckpt_engine.asynchronous or error is not None:
             self._commit_pending()
 
+    @contextmanager
+    def _digest_span(self, event: str, **fields: Any) -> Iterator[Any]:
+        """A span of the exactness proof's digest (``event``), with what the digest computed in its body cost
+        (``verify.DigestCost``, given to the body) added to the span's record."""
+        from restartbench.verify import DigestCost
+
+        with self.log.span(event, **fields) as span:
+            cost = DigestCost()
+            yield cost
+            span.update(cost.fields())
+
     def _digest_saved_state(self, tag: str) -> None:
         """This rank's digest of ``tag``'s state and, with ``--consolidated-digest``, the consolidated one (a
         collective; rank 0 writes it): the proofs of a restore on this layout and on another."""
-        from restartbench.verify import DigestCost, training_state_digest, write_digest
+        from restartbench.verify import training_state_digest, write_digest
 
-        with self.log.span(Event.PROOF_DIGEST, tag=tag, kind="state") as span:
-            cost = DigestCost()
+        with self._digest_span(Event.PROOF_DIGEST, tag=tag, kind="state") as cost:
             write_digest(self.run_dir, tag, self.rank, training_state_digest(self.engine, cost))
-            span.update(cost.fields())
         if self.cfg.launch.consolidated_digest:
             from restartbench.consolidated import consolidated_digest, write_consolidated
 
@@ -245,13 +256,11 @@ class RankRun:
         loss = self._iteration(step, reference=True)
         self._say(f"train: iteration {step} (reference for the restore) loss {loss:.6f}")
         if self.cfg.launch.verify:
-            from restartbench.verify import DigestCost, module_digest, write_digest
+            from restartbench.verify import module_digest, write_digest
 
             name = f"after-step{step}"
-            with self.log.span(Event.PROOF_DIGEST, tag=name, kind="module") as span:
-                cost = DigestCost()
+            with self._digest_span(Event.PROOF_DIGEST, tag=name, kind="module") as cost:
                 write_digest(self.run_dir, name, self.rank, module_digest(self.engine, cost))
-                span.update(cost.fields())
 
     # -- phase 2 -------------------------------------------------------------------------
 
@@ -341,13 +350,10 @@ class RankRun:
         self._say("restore: relaunched without a checkpoint (engine none): start-up cost only")
 
     def _verify_restored(self, tag: str) -> list[str]:
-        from restartbench.verify import DigestCost, compare, read_digest, training_state_digest
+        from restartbench.verify import compare, read_digest, training_state_digest
 
-        with self.log.span(Event.RESTORE_VERIFY, tag=tag) as span:
-            cost = DigestCost()
-            problems = compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine, cost))
-            span.update(cost.fields())
-            return problems
+        with self._digest_span(Event.RESTORE_VERIFY, tag=tag) as cost:
+            return compare(read_digest(self.run_dir, tag, self.rank), training_state_digest(self.engine, cost))
 
     def _verify_resumed(self, step: int, loss: float) -> list[str]:
         """The resumed iteration against the uninterrupted run: its loss always, and the weights it leaves
