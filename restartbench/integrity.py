@@ -1,11 +1,10 @@
 """Checkpoint integrity: a manifest per committed checkpoint, checked before a restore.
 
-At commit, rank 0 writes ``<tag>/manifest.json`` — every file of every rank with its size and
-hash (SHA-256 in chunks: ``restartbench.storage.filehash``) — and only then points ``latest`` at
-the tag. A tag folder without a manifest was never
-committed. Before a restore the ranks share the manifest's files between them, check size and
-hash, and agree on the result; a corrupt or truncated file is named, and the restore refuses or
-falls back to the newest earlier checkpoint that checks out (``--on-corrupt``).
+At commit, rank 0 writes ``<tag>/manifest.json`` — every file of every rank with its size and hash (SHA-256 in
+chunks: ``restartbench.storage.filehash``) — and only then points ``latest`` at the tag. A tag folder without a
+manifest was never committed. Before a restore the ranks share the manifest's files between them, check size and
+hash, and agree on the result; a corrupt or truncated file is named, and the restore refuses or falls back to the
+newest earlier checkpoint that checks out (``--on-corrupt``).
 
 ``ckpt_dir`` is a folder, or a ``restartbench.storage`` store (a folder or an S3 prefix) as the ranks hold it.
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +30,7 @@ together, and each file's chunks on threads of its own (``filehash``), so the la
 def hash_each(paths: list[str], file_hash: Callable[[str], str], threads: int | None = None) -> list[str]:
     """``file_hash(path)`` of every path (a store's own, ``store.file_hash``: paths relative to it), in their order,
     up to ``threads`` (default FILE_THREADS) files at once. The first failure is raised, as one thread's would."""
-    threads = min(threads or FILE_THREADS, len(paths))
-    if threads <= 1:
-        return [file_hash(path) for path in paths]
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(file_hash, paths))
+    return filehash.map_on_threads(file_hash, paths, threads or FILE_THREADS)
 
 
 Store = LocalStore | ObjectStore
