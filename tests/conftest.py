@@ -128,6 +128,15 @@ STUDY_CASES = [("tp2pp2", "fp32", ()), ("pp2dp2", "bf16", ()),
                ("tp1pp1dp2", "fp32", ("--activation-checkpoint-interval", "1"))]
 
 
+def chunked_sha256(data: bytes, chunk: int = 64 * 2**20) -> str:
+    """The manifests' file hash (restartbench.storage.filehash, sha256-chunked-v1) written from hashlib alone, as its
+    docstring states the format: the header, then each chunk's SHA-256 digest in order."""
+    import hashlib
+
+    digests = b"".join(hashlib.sha256(data[i:i + chunk]).digest() for i in range(0, len(data), chunk))
+    return hashlib.sha256(f"sha256-chunked-v1 {chunk} {len(data)}\n".encode() + digests).hexdigest()
+
+
 def run_study(logs: Path, *argv: str, timeout: int = 600, env: dict | None = None
               ) -> tuple[subprocess.CompletedProcess, Path | None]:
     """Run config-n-run.py with a fresh logs root; return the process and the run folder it made."""

@@ -8,16 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import chunked_sha256
 
 from restartbench.storage import filehash
 
 SMALL = 4096
-
-
-def reference(data: bytes, chunk: int) -> str:
-    """The format as its docstring states it: the header, then each chunk's SHA-256 digest in order."""
-    digests = b"".join(hashlib.sha256(data[i:i + chunk]).digest() for i in range(0, len(data), chunk))
-    return hashlib.sha256(f"sha256-chunked-v1 {chunk} {len(data)}\n".encode() + digests).hexdigest()
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ SIZES = [0, 1, SMALL - 1, SMALL, SMALL + 1, 7 * SMALL, 9 * SMALL + 123]
 def test_a_files_hash_is_the_formats_whatever_the_threads(tmp_path, size, threads):
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)
-    assert filehash.hash_file(tmp_path / "f", threads=threads) == reference(data, SMALL)
+    assert filehash.hash_file(tmp_path / "f", threads=threads) == chunked_sha256(data, SMALL)
 
 
 @pytest.mark.usefixtures("small_chunks")
@@ -47,14 +42,14 @@ def test_a_stream_in_pieces_of_any_size_hashes_as_the_file(size):
         step = pieces.randint(1, 3 * SMALL)
         hasher.update(memoryview(data)[at:at + step])
         at += step
-    assert hasher.hexdigest() == reference(data, SMALL)
+    assert hasher.hexdigest() == chunked_sha256(data, SMALL)
 
 
 def test_at_the_real_chunk_size_a_byte_in_any_chunk_changes_the_hash(tmp_path):
     data = bytearray(os.urandom(2 * filehash.CHUNK_BYTES + 5))
     (tmp_path / "f").write_bytes(data)
     whole = filehash.hash_file(tmp_path / "f")
-    assert whole == reference(bytes(data), 64 * 2**20)
+    assert whole == chunked_sha256(bytes(data), 64 * 2**20)
     for byte in (0, filehash.CHUNK_BYTES, len(data) - 1):
         data[byte] ^= 1
         (tmp_path / "f").write_bytes(data)
@@ -77,4 +72,4 @@ def test_the_command_prints_what_a_manifest_records(tmp_path):
     (tmp_path / "a").write_bytes(b"abc")
     done = subprocess.run([sys.executable, "-m", "restartbench.storage.filehash", str(tmp_path / "a")],
                           capture_output=True, text=True, check=True)
-    assert done.stdout == f"{reference(b'abc', filehash.CHUNK_BYTES)}  {tmp_path / 'a'}\n"
+    assert done.stdout == f"{chunked_sha256(b'abc', filehash.CHUNK_BYTES)}  {tmp_path / 'a'}\n"

@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from conftest import chunked_sha256
 
 from restartbench import integrity
 from restartbench.integrity import (
@@ -19,13 +20,6 @@ from restartbench.storage import LocalStore, filehash
 CORRUPT = f"its {filehash.FORMAT} hash differs from the manifest (corrupt)"
 
 
-def chunked(data: bytes) -> str:
-    """The manifest's hash of ``data``, written here from hashlib alone (tests/test_filehash.py checks the format)."""
-    chunk = filehash.CHUNK_BYTES
-    digests = b"".join(hashlib.sha256(data[i:i + chunk]).digest() for i in range(0, len(data), chunk))
-    return hashlib.sha256(f"{filehash.FORMAT} {chunk} {len(data)}\n".encode() + digests).hexdigest()
-
-
 def _commit(root, tag, contents):
     """Write ``contents`` ({file name: bytes}) under ``root/tag`` and its manifest, hashed here independently.
     The entries are handed over in reverse order: the manifest sorts them, so every rank splits the same list."""
@@ -33,7 +27,7 @@ def _commit(root, tag, contents):
     entries = []
     for rank, (name, data) in enumerate(contents.items()):
         (root / tag / name).write_bytes(data)
-        entries.append({"path": f"{tag}/{name}", "bytes": len(data), "hash": chunked(data), "rank": rank})
+        entries.append({"path": f"{tag}/{name}", "bytes": len(data), "hash": chunked_sha256(data), "rank": rank})
     write_manifest(root, tag, entries[::-1])
     return [root / tag / name for name in contents]
 
@@ -101,7 +95,7 @@ def test_the_manifest_names_its_tag_its_hash_format_and_lists_every_file_sorted_
     with its path relative to the checkpoint folder, size, hash and the rank that wrote it."""
     shards = _shards(count=2)
     _commit(tmp_path, "step4", shards)
-    expected = [{"path": f"step4/{name}", "bytes": len(data), "hash": chunked(data), "rank": rank}
+    expected = [{"path": f"step4/{name}", "bytes": len(data), "hash": chunked_sha256(data), "rank": rank}
                 for rank, (name, data) in enumerate(shards.items())]
     assert json.loads((tmp_path / "step4" / "manifest.json").read_text()) == {
         "tag": "step4", "hash_format": "sha256-chunked-v1", "files": expected}
@@ -137,7 +131,7 @@ def test_files_hashed_several_at_once_come_back_in_their_order(tmp_path, threads
     for name, content in zip(names, data):
         (tmp_path / name).write_bytes(content)
     store = LocalStore(tmp_path)
-    assert hash_each(names, store.file_hash, threads=threads) == [chunked(content) for content in data]
+    assert hash_each(names, store.file_hash, threads=threads) == [chunked_sha256(content) for content in data]
     assert hash_each(names, lambda name: store.file_hash(name, filehash.WHOLE), threads=threads) == [
         hashlib.sha256(content).hexdigest() for content in data]
     assert hash_each([], store.file_hash, threads=threads) == []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import s3torchconnector  # noqa: F401  (the test extra; a missing one is an error, not a skip)
-from conftest import run_study
+from conftest import chunked_sha256, run_study
 from s3server import SeaweedS3, SeaweedUnavailable, free_ports
 
 from restartbench import engines, storage, study
@@ -160,13 +160,6 @@ def test_s3_options_without_an_s3_target_are_refused(tmp_path):
         study.plan_run(cfg)
 
 
-def chunked(data: bytes) -> str:
-    """The manifest's hash of ``data`` met in one piece (tests/test_filehash.py: the same from a file or a stream)."""
-    hasher = filehash.ChunkedHash()
-    hasher.update(data)
-    return hasher.hexdigest()
-
-
 @pytest.mark.parametrize("client", CLIENTS)
 def test_store_keeps_manifest_and_latest(s3_env, client):
     store = s3_store(f"s3://ckpt/store-{client}", client)
@@ -179,7 +172,7 @@ def test_store_keeps_manifest_and_latest(s3_env, client):
     assert store.read_text("latest") == "step2" and store.size("step2/a.pt") == 7
     assert store.glob("*/manifest.json") == ["step2/manifest.json"]
     assert store.file_hash("step2/a.pt", filehash.WHOLE) == hashlib.sha256(b"payload").hexdigest()
-    assert store.file_hash("step2/a.pt") == chunked(b"payload")
+    assert store.file_hash("step2/a.pt") == chunked_sha256(b"payload")
     store.remove_tree("step2")
     assert store.files() == {"latest": 5}
 
@@ -205,7 +198,7 @@ def test_object_above_the_multipart_threshold_round_trips_exactly(s3_env, client
     assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
     body = s3_env.client().get_object(Bucket="ckpt", Key="multipart/step1/big.pt")["Body"].read()
     assert store.file_hash("step1/big.pt", filehash.WHOLE) == hashlib.sha256(body).hexdigest()
-    assert store.file_hash("step1/big.pt") == chunked(body)
+    assert store.file_hash("step1/big.pt") == chunked_sha256(body)
     assert torch.equal(torch.load(io.BytesIO(body))["w"], state["w"])
 
 
