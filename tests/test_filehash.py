@@ -70,6 +70,14 @@ def test_the_whole_file_format_is_sha256sums_and_an_unknown_one_is_refused(tmp_p
 
 def test_the_command_prints_what_a_manifest_records(tmp_path):
     (tmp_path / "a").write_bytes(b"abc")
-    done = subprocess.run([sys.executable, "-m", "restartbench.storage.filehash", str(tmp_path / "a")],
+    done = subprocess.run([sys.executable, "-m", "restartbench.storage.hashsum", str(tmp_path / "a")],
                           capture_output=True, text=True, check=True)
-    assert done.stdout == f"{chunked_sha256(b'abc', filehash.CHUNK_BYTES)}  {tmp_path / 'a'}\n"
+    assert done.stdout == f"{chunked_sha256(b'abc', filehash.CHUNK_BYTES)}  {tmp_path / 'a'}\n" and not done.stderr
+
+
+def test_the_command_names_a_file_it_cannot_read_and_hashes_the_others(tmp_path):
+    (tmp_path / "a").write_bytes(b"abc")
+    done = subprocess.run([sys.executable, "-m", "restartbench.storage.hashsum", str(tmp_path / "gone"),
+                           str(tmp_path / "a")], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == f"hashsum: {tmp_path / 'gone'}: No such file or directory\n"
+    assert done.stdout == f"{chunked_sha256(b'abc')}  {tmp_path / 'a'}\n"

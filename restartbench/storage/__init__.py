@@ -17,6 +17,7 @@ package knows no engine.
 Its modules, each importing only those before it:
 
 - ``filehash``: the hash a manifest records for each file (SHA-256 in chunks, hashed on several threads)
+- ``hashsum``: ``python -m restartbench.storage.hashsum FILE...`` prints it (imported by nothing)
 - ``locations``: object-store locations, the settings that reach them (recorded in plan.json), the client check
 - ``explain``: object-store errors said in words, secrets redacted
 - ``stores``: ``LocalStore``, ``S3Store``, ``FsspecStore``, ``open_store`` and the preflight ``probe``

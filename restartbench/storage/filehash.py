@@ -10,7 +10,7 @@ the header (format, chunk size, file size) and the chunks' digests in order:
 
 It is the same whether the chunks are read at once from a local file (``hash_file``, on threads) or met in order
 in a stream (``ChunkedHash``, for an object store's reader). ``sha256sum`` does not print it;
-``python -m restartbench.storage.filehash FILE...`` does. A manifest names its format, so one written with the
+``python -m restartbench.storage.hashsum FILE...`` does. A manifest names its format, so one written with the
 whole file's SHA-256 (``WHOLE``, before this format) is still checked as it was written.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -141,14 +140,3 @@ def _chunk_digest(fd: int, buffer: memoryview, start: int, stop: int, path: str 
         digest.update(buffer[:count])
         offset += count
     return digest.digest()
-
-
-def main(argv: list[str]) -> int:
-    """Print each file's FORMAT hash as ``sha256sum`` prints its own: the value a manifest records."""
-    for name in argv:
-        print(f"{hash_file(name)}  {name}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
