@@ -11,7 +11,8 @@
 # bench/results files it writes. The next visit skips the blocks bench/results holds and does the rest.
 # This wrapper installs .whl/*.whl into /tmp/site (--no-index) before python starts: bench/gpu_session.py's own
 # imports need some of them (restartbench's events need orjson, which the image lacks; the 2026-11-27 visit's first
-# call stopped there). Its first block, setup, then unpacks .whl/*.deb, if any, and records the versions.
+# call stopped there), and puts .whl/fio (scripts/build-fio.sh) on the PATH. Its first block, setup, then unpacks
+# .whl/*.deb, if any, and records the versions.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
@@ -25,5 +26,9 @@ if [[ " $* " != *" --import-results "* && ${#wheels[@]} -gt 0 ]]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "${wheels[@]}"
     echo "[gpu-session.sh] ${#wheels[@]} wheels from $WHEELS installed into $SITE in $((SECONDS - start)) s" >&2
+fi
+if [[ -f "$WHEELS/fio" ]]; then  # scripts/build-fio.sh's static fio, for bench/limits.py: the image has none
+    install -D -m 755 "$WHEELS/fio" "$SITE/bin/fio"
+    export PATH="$SITE/bin:$PATH"
 fi
 exec "$PYTHON" bench/gpu_session.py "$@"

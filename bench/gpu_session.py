@@ -68,6 +68,7 @@ from results_io import ROOT, GiB, machine_name
 
 sys.path.insert(0, str(ROOT))
 
+from restartbench.baseline import DD_FULL, FULL  # noqa: E402
 from restartbench.estimate import OPTIMIZER_BYTES_PER_PARAM, weight_bytes  # noqa: E402
 from restartbench.presets import get_preset  # noqa: E402
 from restartbench.storage import LocalStore  # noqa: E402
@@ -172,13 +173,19 @@ def probe_block(where: Where, free_bytes: int, checkpoint: int) -> Block:
         f"{free_bytes / GiB:.1f} GiB free on the disk: a probe file of at least 1 GiB beside a "
         f"{checkpoint / 1e9:.1f} GB "
         "checkpoint and 4 GiB kept free does not fit; free the disk")
-    return Block("probe", 120, f"nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 repeats at 11-55 GB/s "
-                 f"and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi calls), then the lazy "
-                 "engine's pinning of 4 GiB 3 times with its fault-in, 3 without and 3 into huge pages (about 12 s: "
-                 "0.39 s/GiB without); "
-                 f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s: "
-                 "fio's methods or, on an image without fio (the H100's), dd's 8 (4 write, 4 read), 2 repeats each, "
-                 "with the file written for the reads and the evictions: about 90 s", commands, needs=("setup",),
+    fio = shutil.which("fio")
+    disk = (f"fio ({fio}, bench/gpu-session.sh puts scripts/build-fio.sh's on the PATH): its {len(FULL)} methods "
+            f"({sum(m.rw == 'write' for m in FULL)} write, {sum(m.rw == 'read' for m in FULL)} read, O_DIRECT with "
+            "queues among them), 2 repeats each, with the file written for the reads and the evictions: about 100 s"
+            if fio else f"no fio on the PATH (carry scripts/device-wheels.sh's .whl/fio): dd's {len(DD_FULL)} methods "
+            "(4 write, 4 read, queue depth 1: lower bounds), 2 repeats each, with the file written for the reads and "
+            "the evictions: about 90 s")
+    return Block("probe", 140 if fio else 120, "nvidia-smi (2 s); 4 GiB copies each way, pinned and pageable, 5 "
+                 "repeats at 11-55 GB/s and 3 pinnings (measured on the H100, 2026-11-26: 23 s with the nvidia-smi "
+                 "calls), then the lazy engine's pinning of 4 GiB 3 times with its fault-in, 3 without and 3 into "
+                 "huge pages (about 12 s: 0.39 s/GiB without); "
+                 f"bench/limits.py, 1 job x {mib} MiB, write ending in fsync at 1.4 GB/s and cold read at 2.0 GB/s, "
+                 f"with {disk}", commands, needs=("setup",),
                  cleanup=(("rm", "-rf", str(where.work / "fio")),), problem=problem)
 
 
@@ -578,7 +585,7 @@ def dry_run(session: Session, blocks: list[Block], only: list[str] | None) -> No
         decision = wanted.get(block.name, "not asked for") + (" (held at other code: after the others)"
                                                                if block.name in stale else "")
         print(f"\n[{block.name}] expected {block.expected_s:.0f} s — {decision}" +
-              (f"\n  cannot run: {block.problem}" if block.problem else ""))
+              (f"\n  cannot run: {block.problem}" if block.problem else "") + f"\n  basis: {block.basis}")
         env = " ".join(f"{k}={v}" for k, v in block.env.items())
         for command in block.commands + block.cleanup:
             print(f"  {env + ' ' if env else ''}{shlex.join(command)}")

@@ -4,7 +4,8 @@
 # at the versions this checkout's .venv has, for that machine's Python (3.12 by default), into .whl/.
 #   scripts/device-wheels.sh [DIR]        then, there: python3 -m pip install --no-index --no-deps --target
 #                                         /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site   (bench/gpu-session.sh)
-# Also fetches Debian's libaio .debs (DeepSpeed's async_io op for fastpersist), unpacked there with dpkg -x.
+# Also fetches Debian's libaio .debs (DeepSpeed's async_io op for fastpersist), unpacked there with dpkg -x, and
+# builds a static fio (scripts/build-fio.sh), which bench/gpu-session.sh puts on the PATH there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/.whl}"
@@ -40,6 +41,8 @@ if command -v apt-get >/dev/null; then
     (cd "$OUT" && apt-get download -q libaio-dev 'libaio1t64' >/dev/null 2>&1 || apt-get download -q libaio-dev libaio1 >/dev/null 2>&1) \
         || echo "[device-wheels] note: libaio .debs not fetched: fastpersist will not build there" >&2
 fi
+# fio, which the image lacks: without it the probe's disk limits are dd's lower bounds (queue depth 1).
+"$ROOT/scripts/build-fio.sh" "$OUT" || echo "[device-wheels] note: no fio built: the probe will measure with dd" >&2
 du -sh "$OUT" >&2
 echo "[device-wheels] from the image: ${IMAGE[*]}; declared but never imported, not shipped: ${NOT_IMPORTED[*]}" >&2
 ls "$OUT"

@@ -223,9 +223,28 @@ def test_the_wrapper_installs_the_wheels_before_the_session_imports_anything(tmp
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (site / "rb_wrapper_marker.py").is_file() and "1 wheels from" in done.stderr
-    assert "[setup]" in done.stdout and "pip" not in done.stdout
+    command_lines = [line for line in done.stdout.splitlines() if line.startswith("  ") and "basis:" not in line]
+    assert "[setup]" in done.stdout and command_lines and not [line for line in command_lines if "pip" in line]
     imported = subprocess.run(["bash", "-c", f"cd {ROOT} && PYTHONPATH={site} {PY} -c 'import rb_wrapper_marker'"])
     assert imported.returncode == 0
+
+
+def test_the_wrapper_puts_the_carried_fio_first_on_the_path_for_the_probe(tmp_path):
+    """bench/gpu-session.sh installs scripts/build-fio.sh's fio from the wheels folder into the site's bin and puts it
+    first on the PATH: the GPU image has no fio, and without one the probe's disk limits are dd's lower bounds. The
+    probe block names the fio it will run (this CPU machine's own /usr/bin/fio comes after it)."""
+    wheels, site = tmp_path / "whl", tmp_path / "site"
+    wheels.mkdir()
+    make_wheel(wheels, "rb_wrapper_marker", "MARK = 1\n")
+    (wheels / "fio").write_text("#!/bin/sh\necho fio-3.33\n")  # carried without its x bit: the wrapper sets it
+    env = {**os.environ, "PYTHON": PY, "RESTARTBENCH_WHEELS": str(wheels), "RESTARTBENCH_SITE": str(site)}
+    done = subprocess.run(["bash", str(ROOT / "bench/gpu-session.sh"), "--budget", "300", "--dry-run", "--work",
+                           str(tmp_path / "w"), "--only", "setup", "probe"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = done.stdout.split("[probe]")[1].split("\n[")[0]
+    assert f"fio ({site / 'bin' / 'fio'}" in probe and "expected 140 s" in probe
+    assert os.access(site / "bin" / "fio", os.X_OK)
 
 
 def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
