@@ -28,8 +28,20 @@ from restartbench.events import read_events  # noqa: E402
 
 LEDGER = "ledger.json"
 LOGS_TAR = "logs.tar.gz"
-ENGINES_FIRST = ("torch", "lazy", "dcp-async", "fastpersist", "datastates")
+ENGINES_FIRST = ("torch", "lazy", "lazy-direct", "dcp-async", "fastpersist", "datastates")
 ENGINES_THEN = ("dcp", "torchsnapshot", "decoupled")
+VARIANTS = {"lazy-direct": ("lazy", ("--lazy-direct-io",))}
+"""Engine blocks that run an engine with options: the block's label -> (the engine, config-n-run.py's options)."""
+
+
+def engine_of(label: str) -> str:
+    """The engine an engine block's label runs (``VARIANTS``; else the label is the engine)."""
+    return VARIANTS.get(label, (label, ()))[0]
+
+
+def options_of(label: str) -> tuple[str, ...]:
+    return VARIANTS.get(label, (label, ()))[1]
+
 DONE = ("ok", "failed")
 """Outcomes that count as a block's result: a failure (as shipped) is a result; a time-out or a skip is not."""
 HEADLINE = {"cost_over_floor_max": 2.0, "durable_share_min": 0.9, "restore_share_min": 0.9}
@@ -272,24 +284,28 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
         if not held:
             continue
         path, meta = held[-1]
-        run = next((r for r in json.loads(path.read_text()).get("runs", []) if r.get("engine") == engine), {})
-        rows.append({"engine": engine, "status": meta["status"], "error": meta.get("error"), "file": path.name,
-                     "commit": meta.get("code", {}).get("commit"), **run})
+        run = next((r for r in json.loads(path.read_text()).get("runs", []) if r.get("engine") == engine_of(engine)),
+                   {})
+        rows.append({"status": meta["status"], "error": meta.get("error"), "file": path.name,
+                     "commit": meta.get("code", {}).get("commit"), **run, "engine": engine})  # the block's label
         dates.append(meta["date"])
     if not rows:
         return None
     meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
             "gpu": session.get("gpu"), "code": session["code"],
             "runtime": ledger.get("blocks", {}).get("setup", {}).get("files", {}).get("runtime.json", {})}
-    return {"meta": meta, "engines": rows, "headline": headline(rows)}
+    has_direct = any(r["engine"] == "lazy-direct" for r in rows)
+    direct = {"headline_direct": headline(rows, "lazy-direct")} if has_direct else {}
+    return {"meta": meta, "engines": rows, "headline": headline(rows), **direct}
 
 
-def headline(rows: list[dict]) -> dict:
-    """The goal for lazy (``HEADLINE``), each criterion met or not, or unjudged where a figure is missing."""
-    lazy = next((r for r in rows if r["engine"] == "lazy" and r.get("cost_s") is not None), None)
+def headline(rows: list[dict], subject: str = "lazy") -> dict:
+    """The goal for lazy (``HEADLINE``), or for its variant ``subject`` (lazy-direct), each criterion met or not, or
+    unjudged where a figure is missing; against every other engine (lazy's variants are not others)."""
+    lazy = next((r for r in rows if r["engine"] == subject and r.get("cost_s") is not None), None)
     if lazy is None:
-        return {"judged": False, "reason": "no lazy run with figures yet"}
-    others = [r for r in rows if r["engine"] != "lazy" and r.get("cost_s") is not None]
+        return {"judged": False, "reason": f"no {subject} run with figures yet"}
+    others = [r for r in rows if engine_of(r["engine"]) != "lazy" and r.get("cost_s") is not None]
     checks = {
         "cost_within_2x_floor": _at_most(lazy.get("cost_over_floor"), HEADLINE["cost_over_floor_max"]),
         "durable_at_least_90pct_of_fio_write": _at_least(lazy.get("durable_over_write"),
@@ -428,24 +444,31 @@ def engines_markdown(result: dict) -> str:
     lines = [f"# Engines at 1B bf16 on one GPU — {meta['machine']}, {meta['date']}", "", *_meta_lines(meta), "",
              "Each engine: one `config-n-run.py 1B tp1pp1 --device cuda --dtype bf16 --iters 2 --save-interval 1 "
              "--keep-checkpoints 1` run (two saves, a cold restore, proved exact), its own "
-             "`gpu-engines-1B-<engine>` file.", ""]
+             "`gpu-engines-1B-<engine>` file"
+             + "".join(f"; {label} is {engine} with `{' '.join(options)}`" for label, (engine, options) in
+                       VARIANTS.items()) + ".", ""]
     lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
                             for r in result["engines"]])
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}
     if len(set(commits.values())) > 1:
         lines += ["The engines ran at different code (visits run the code of their day): "
                   + ", ".join(f"{engine} at {str(commit)[:10]}" for engine, commit in commits.items()) + ".", ""]
-    lines += ["## Headline: lazy", ""]
-    if not head["judged"]:
-        lines.append(f"Not judged: {head['reason']}.")
-    else:
-        verdict = {True: "met", False: "NOT met", None: "not judged (a figure is missing)"}
-        lines += [f"- {name.replace('_', ' ')}: **{verdict[ok]}**" for name, ok in head["checks"].items()]
-        lines += ["", f"Against: {', '.join(head['others']) or 'no other engine yet'}. Goal (issue 25): whole cost ≤ "
-                  f"{HEADLINE['cost_over_floor_max']:g}× the D2H floor, durable throughput ≥ "
-                  f"{HEADLINE['durable_share_min']:.0%} of fio's write, cold restore ≥ "
-                  f"{HEADLINE['restore_share_min']:.0%} of fio's read, lower cost, durable and restore times than "
-                  f"every other engine: **{verdict[head['met']]}**."]
+    lines += headline_markdown(head, "lazy")
+    if "headline_direct" in result:
+        lines += ["", *headline_markdown(result["headline_direct"], "lazy with --lazy-direct-io (lazy-direct)")]
     return "\n".join(lines) + "\n"
+
+
+def headline_markdown(head: dict, subject: str) -> list[str]:
+    lines = [f"## Headline: {subject}", ""]
+    if not head["judged"]:
+        return [*lines, f"Not judged: {head['reason']}."]
+    verdict = {True: "met", False: "NOT met", None: "not judged (a figure is missing)"}
+    lines += [f"- {name.replace('_', ' ')}: **{verdict[ok]}**" for name, ok in head["checks"].items()]
+    return [*lines, "", f"Against: {', '.join(head['others']) or 'no other engine yet'}. Goal (issue 25): whole cost "
+            f"≤ {HEADLINE['cost_over_floor_max']:g}× the D2H floor, durable throughput ≥ "
+            f"{HEADLINE['durable_share_min']:.0%} of fio's write, cold restore ≥ "
+            f"{HEADLINE['restore_share_min']:.0%} of fio's read, lower cost, durable and restore times than "
+            f"every other engine: **{verdict[head['met']]}**."]
 
 

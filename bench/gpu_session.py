@@ -60,9 +60,11 @@ from gpu_results import (
     LEDGER,
     LOGS_TAR,
     ResultsError,
+    engine_of,
     held_result,
     held_results,
     import_results,
+    options_of,
 )
 from results_io import ROOT, GiB, machine_name
 
@@ -194,11 +196,13 @@ def run_command(where: Where, preset: str, engine: str, logs: Path, *extra: str)
             engine, "--baseline-mib", "0", "--logs", str(logs), *extra)
 
 
-def engine_block(where: Where, engine: str) -> Block:
-    name = f"engines-1B-{engine}"
-    ckpt = where.work / "ckpt" / engine
+def engine_block(where: Where, label: str) -> Block:
+    """The 1B run of one engine (``label``: an engine, or a variant of one with its options, ``VARIANTS``)."""
+    name, engine = f"engines-1B-{label}", engine_of(label)
+    ckpt = where.work / "ckpt" / label
     command = run_command(where, "1B", engine, where.block_dir(name) / "runs", "--dtype", "bf16", "--iters", "2",
-                          "--save-interval", "1", "--keep-checkpoints", "1", "--checkpoint-dir", str(ckpt))
+                          "--save-interval", "1", "--keep-checkpoints", "1", "--checkpoint-dir", str(ckpt),
+                          *options_of(label))
     slow = {"fastpersist": "; + its async_io op's JIT build on a fresh machine (about 120 s)",
             "datastates": " (its package built by datastates-build)"}.get(engine, "")
     return Block(name, 360 if engine == "fastpersist" else 240,
@@ -252,9 +256,10 @@ def plan_blocks(where: Where, free_bytes: int | None = None) -> list[Block]:
               "(imports, CUDA context, NCCL init), training and saves well under a second each",
               tuple(run_command(where, "small", engine, smoke_logs) for engine in ("torch", "lazy")),
               needs=("setup",), env=nccl),
-        Block("gpu-units", 40, "the new CUDA paths' own tests, no study run: the lazy engine's GPU-side copy wait "
-              "and in-place pinning, flash attention's backward under the proof's deterministic kernels, the chunked "
-              "digest of device tensors (the first H100 visit: 14 s for the first two files' 4 tests)",
+        Block("gpu-units", 50, "the new CUDA paths' own tests, no study run: the lazy engine's GPU-side copy wait "
+              "and in-place pinning, a CUDA state saved and restored with buffered and O_DIRECT reads (12 MB), flash "
+              "attention's backward under the proof's deterministic kernels, the chunked digest of device tensors "
+              "(the first H100 visit: 14 s for the first two files' 4 tests; the second: 15 s, one failing)",
               ((sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-m", "gpu",
                 "tests/test_gpu_lazy.py", "tests/test_proof_kernels.py", "tests/test_verify_chunked.py"),),
               needs=("setup",), env=nccl),

@@ -1,16 +1,19 @@
 """On a CUDA GPU: the lazy engine's pinned host buffer (exactly its pages, given back on release) and its copy wait
 (the compute stream waits for the copies on the GPU, the host goes on, the wait is timed on the GPU's clock), and
-the digest of a device tensor. Skipped without a GPU; their arithmetic is tested on CPU in tests/test_engine_lazy.py
+the digest of a device tensor, and a CUDA state saved and restored exactly with buffered and O_DIRECT reads.
+Skipped without a GPU; their arithmetic is tested on CPU in tests/test_engine_lazy.py
 and tests/test_verify.py."""
 
 import time
 
 import pytest
 import torch
+from test_engine_lazy import fake_engine, options, train_step
 
 from restartbench.engines.lazy import copies
 from restartbench.engines.lazy import format as fmt
-from restartbench.verify import tensor_hash
+from restartbench.engines.lazy.engine import LazyEngine
+from restartbench.verify import tensor_hash, training_state_digest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -72,6 +75,25 @@ def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
     progress, _ = _copies_of(source)
     progress.wait()  # the copies are done before the step: nothing to wait for on the GPU
     assert progress.gate(torch.cuda.current_stream()).seconds() < 0.001
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_a_cuda_state_restores_exactly_through_the_pinned_buffer(tmp_path, direct):
+    """Save on CUDA (side-stream copies into the pinned buffer), then load into a fresh CUDA model and optimizer whose
+    engine pinned its buffer at set-up, as a relaunch does: buffered scatter reads, or --lazy-direct-io's O_DIRECT
+    reads of whole regions with each tensor copied to the device once its last chunk is in."""
+    source = fake_engine(hidden=2**16, device="cuda")
+    for step in (1, 2):
+        train_step(source, step)
+    saver = LazyEngine(options(lazy_direct_io=direct))
+    saver.save(source, str(tmp_path), "step2")
+    saver.wait_until_durable()
+    fresh = fake_engine(seed=1, hidden=2**16, device="cuda")
+    loader = LazyEngine(options(lazy_direct_io=direct))
+    assert loader.prepare(fresh)["host_buffer_pinned"]
+    loader.load(fresh, str(tmp_path), "step2")
+    assert training_state_digest(fresh) == training_state_digest(source)
+    train_step(fresh, 3)
 
 
 def test_a_device_tensors_digest_is_its_host_copys():

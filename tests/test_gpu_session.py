@@ -152,6 +152,13 @@ def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_thei
     assert [(r["engine"], r["commit"], r["status"]) for r in summary["engines"]] == [
         ("torch", "cccc", "ok"), ("lazy", "bbbb", "failed")]
     assert "torch at cccc, lazy at bbbb" in gr.engines_markdown(summary)
+    held(results, "engines-1B-lazy-direct", "eeee", 70, date="2026-11-28")  # its run is an engine lazy run
+    direct = results / "2026-11-28-cpu2-gpu-engines-1B-lazy-direct.json"
+    direct.write_text(json.dumps({**json.loads(direct.read_text()), "runs": [{"engine": "lazy", "cost_s": 0.1}]}))
+    summary = gr.engines_summary(results, ledger)
+    assert [(r["engine"], r.get("cost_s")) for r in summary["engines"]][1:] == [("lazy", None), ("lazy-direct", 0.1)]
+    assert summary["headline_direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in gr.engines_markdown(
+        summary)
 
 
 def test_a_block_whose_need_failed_is_blocked(tmp_path):
@@ -286,10 +293,12 @@ def test_every_blocks_command_lines_parse(tmp_path):
     blocks = gs.plan_blocks(where, free_bytes=60 * gs.GiB)
     commands = [c for b in blocks for c in b.commands + b.cleanup]
     runs = [c for c in commands if c[1:2] == (str(ROOT / "config-n-run.py"),)]
-    assert len(runs) == 2 + 8
+    assert len(runs) == 2 + 9
     for command in runs:
         config = build_parser().parse_args(list(command[2:]))
         assert vars(config)["launch.device"] == "cuda"
+    [direct] = [vars(build_parser().parse_args(list(c[2:]))) for c in runs if "--lazy-direct-io" in c]
+    assert direct["engine.engine"] == "lazy" and direct["engine.lazy_direct_io"] is True
     probe = next(c for c in commands if c[1:2] == (str(ROOT / "bench/gpu_probe.py"),))
     assert gpu_probe.parser().parse_args(list(probe[2:])).json.endswith("copies.json")
     limits = next(c for c in commands if c[1:2] == (str(ROOT / "bench/limits.py"),))
@@ -436,6 +445,10 @@ def test_the_headline_judges_lazy_against_the_goal_and_every_other_engine():
                               "restore_ahead_of_every_other_engine": False}
     assert head["met"] is False and head["others"] == ["torch"]
     assert gr.headline([torch_]) == {"judged": False, "reason": "no lazy run with figures yet"}
+    direct = {**lazy, "engine": "lazy-direct", "restore_s": 8.0, "restore_over_read": 0.95}
+    assert gr.headline([lazy, direct, torch_])["others"] == ["torch"], "lazy's variants are not its rivals"
+    judged = gr.headline([lazy, direct, torch_], "lazy-direct")
+    assert judged["met"] is True and judged["others"] == ["torch"]
 
 
 def test_a_failures_first_error_lines_are_found_above_its_build_tools_traceback(tmp_path):

@@ -69,6 +69,7 @@ from restartbench.engines.lazy.restore import (
     check_same_names,
     checked_header,
     read_into,
+    read_into_direct,
     restore_plain_and_targets,
 )
 from restartbench.faults import save_fault
@@ -282,7 +283,11 @@ class LazyEngine(CheckpointEngine):
             model_header, model_offset = checked_header(model_path, tag)
             check_same_names(model_path, model_header["tensors"], module)
             jobs.append((model_path, model_offset, model_header, module))
-        self._read = read_into(jobs, self.io_threads, self.chunk, self.buffer)
+        if self.options.lazy_direct_io:
+            self._read = read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)
+            self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
+        else:
+            self._read = read_into(jobs, self.io_threads, self.chunk, self.buffer)
         if self.options.dp_read_once and layout.dp_size > 1:
             broadcast_tensors(list(module.values()), layout.dp_src, layout.dp_group, self.chunk)
 

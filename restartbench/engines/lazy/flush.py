@@ -94,13 +94,14 @@ class Flush:
         return not self._thread.is_alive()
 
 
-def open_direct(path: Path) -> int:
-    """A second descriptor of ``path`` for its data region's writes, with O_DIRECT: each write goes from the host
-    buffer to the device, without a copy into the page cache. The buffer, the offsets and the lengths are all
-    multiples of FILE_ALIGN (4096) by the format, as O_DIRECT needs; the fsync that follows still makes them
-    durable (the device's cache, the file's size)."""
+def open_direct(path: Path, access: int = os.O_WRONLY) -> int:
+    """A descriptor of ``path`` with O_DIRECT, for its data region: a second one for the writes (``access``
+    O_WRONLY), each going from the host buffer to the device without a copy into the page cache; or one for the
+    reads of a restore (O_RDONLY). The buffer, the offsets and the lengths are all multiples of FILE_ALIGN (4096) by
+    the format, as O_DIRECT needs; the fsync after the writes still makes them durable (the device's cache, the
+    file's size)."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+        return os.open(path, access | os.O_DIRECT)
     except OSError as error:
         raise OSError(error.errno, f"{path}: the file system refuses O_DIRECT ({error.strerror}): run without "
                       "--lazy-direct-io, or put the checkpoints on a file system that takes it (tmpfs does not)",

@@ -17,7 +17,7 @@ class LazyOptions:
     lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
                                allowed=AT_LEAST_1)
     lazy_direct_io: bool = opt(
-        False, "lazy: write each file's data region with O_DIRECT, from the host buffer to the device without the "
-        "page cache (the header stays buffered; reads stay buffered). The file system must take O_DIRECT (tmpfs "
-        "does not).",
+        False, "lazy: write and read each file's data region with O_DIRECT, between the host buffer and the device "
+        "without the page cache (the header stays buffered; a load in another layout reads buffered). The file "
+        "system must take O_DIRECT (tmpfs does not).",
     )

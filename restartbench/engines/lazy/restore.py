@@ -3,13 +3,15 @@ tensor goes, and the parallel reads into those tensors.
 
 Optimizer tensors are read into the tensors the optimizer holds, or into tensors created where torch.optim would
 create them in a fresh process. Reads are ``os.preadv`` scatter reads, straight into CPU tensors and through the
-host buffer for device tensors. With ``dp_read_once`` the module file is read by data-parallel rank 0 only and
-broadcast to its replicas (``broadcast_tensors``).
+host buffer for device tensors; with ``--lazy-direct-io``, O_DIRECT reads of each whole data region into the host
+buffer, each tensor copied out as soon as its bytes are in (``read_into_direct``). With ``dp_read_once`` the
+module file is read by data-parallel rank 0 only and broadcast to its replicas (``broadcast_tensors``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +22,11 @@ from typing import Any
 import torch
 
 from restartbench.engines.base import FileRecord
-from restartbench.engines.lazy.copies import HostBuffer, byte_view
+from restartbench.engines.lazy.copies import PAGE, HostBuffer, byte_view, pieces
+from restartbench.engines.lazy.flush import open_direct
 from restartbench.engines.lazy.format import (
     ENTRY_ALIGN,
+    FILE_ALIGN,
     LazyFormatError,
     LazyRestoreError,
     ObjectState,
@@ -248,11 +252,7 @@ def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor
     files, staged_bytes = [], 0
     for path, data_offset, header, targets in jobs:
         places = []
-        for entry in header["tensors"]:
-            target = targets[entry["name"]]
-            spec = TensorSpec(entry["name"], entry["dtype"], tuple(entry["shape"]), entry["device"])
-            if not fits(target, spec) or not target.is_contiguous():
-                raise LazyRestoreError(f"{path}: {spec.name} saved as {spec}, the live tensor is {_describe(target)}")
+        for entry, target in _checked_targets(path, header, targets):
             staged = None if target.device.type == "cpu" else staged_bytes
             places.append(Place(data_offset + entry["offset"], entry["nbytes"], target, staged))
             staged_bytes += 0 if staged is None else align_up(entry["nbytes"], ENTRY_ALIGN)
@@ -263,6 +263,87 @@ def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor
     if staged_bytes:
         torch.cuda.synchronize()
     return records
+
+
+def _checked_targets(path: Path, header: dict[str, Any], targets: dict[str, torch.Tensor]
+                     ) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
+    """Each saved tensor's header entry and the live tensor it is read into, refused where the two differ."""
+    for entry in header["tensors"]:
+        target = targets[entry["name"]]
+        spec = TensorSpec(entry["name"], entry["dtype"], tuple(entry["shape"]), entry["device"])
+        if not fits(target, spec) or not target.is_contiguous():
+            raise LazyRestoreError(f"{path}: {spec.name} saved as {spec}, the live tensor is {_describe(target)}")
+        yield entry, target
+
+
+def read_into_direct(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]], io_threads: int,
+                     chunk: int, staging: HostBuffer) -> list[FileRecord]:
+    """``read_into`` with O_DIRECT (``--lazy-direct-io``): each file's whole data region is read past the page cache
+    into the host buffer, laid out there as in the file, in ``chunk``-sized pieces with ``io_threads`` reads in
+    flight; each tensor is copied from the buffer into its target (a device or a CPU tensor) by the reader thread
+    that completes the last piece covering it, so the copies overlap the other reads. O_DIRECT needs the region
+    (FILE_ALIGN-aligned and padded by the format), the pieces (whole MiB) and the buffer (page-aligned: pinned, or
+    the engine's mapping under this option) aligned; the alignment padding between tensors is read too."""
+    regions, total = [], 0
+    for path, data_offset, header, targets in jobs:
+        if data_offset % FILE_ALIGN or header["data_bytes"] % FILE_ALIGN:
+            raise LazyFormatError(f"{path}: data region at {data_offset}, {header['data_bytes']} bytes: not "
+                                  f"{FILE_ALIGN}-aligned, so it cannot be read with O_DIRECT")
+        places = [Place(entry["offset"], entry["nbytes"], target, total + entry["offset"])
+                  for entry, target in _checked_targets(path, header, targets)]
+        regions.append((path, data_offset, header["data_bytes"], total, places))
+        total += header["data_bytes"]
+    buffer = staging.get(total, pinned=False)
+    if buffer.data_ptr() % PAGE:
+        raise LazyRestoreError("the host buffer is not page-aligned, as O_DIRECT reads need (an engine made "
+                               "without --lazy-direct-io?)")
+    with ThreadPoolExecutor(io_threads, thread_name_prefix="lazy-read") as pool:
+        records = [_read_region(region, buffer, chunk, pool) for region in regions]
+    if any(place.target.device.type != "cpu" for *_, places in regions for place in places):
+        torch.cuda.synchronize()
+    return records
+
+
+def _read_region(region: tuple[Path, int, int, int, list[Place]], buffer: torch.Tensor, chunk: int,
+                 pool: ThreadPoolExecutor) -> FileRecord:
+    """One file's data region, its pieces read in parallel; a tensor is copied out once its last piece is in
+    (``Place.offset`` is in the region here, ``Place.staged`` in the buffer)."""
+    path, data_offset, data_bytes, base, places = region
+    start = time.perf_counter()
+    spans = list(pieces(data_bytes, chunk)) if data_bytes else []
+    waiting = {id(place): (place.offset + place.nbytes - 1) // chunk - place.offset // chunk + 1
+               for place in places if place.nbytes}
+    covering: dict[int, list[Place]] = {}
+    for place in (place for place in places if place.nbytes):
+        for index in range(place.offset // chunk, (place.offset + place.nbytes - 1) // chunk + 1):
+            covering.setdefault(index, []).append(place)
+    lock = threading.Lock()
+
+    def read_piece(index: int) -> int:
+        lo, hi = spans[index]
+        preadv_all(fd, [memoryview(buffer[base + lo:base + hi].numpy())], data_offset + lo)
+        with lock:
+            ready = [place for place in covering.get(index, []) if _count_down(waiting, place)]
+        for place in ready:
+            byte_view(place.target).copy_(place.host_bytes(buffer))
+        return hi - lo
+
+    fd = open_direct(path, os.O_RDONLY)
+    reads = []
+    try:
+        reads = [pool.submit(read_piece, index) for index in range(len(spans))]
+        total = sum(read.result() for read in reads)
+    finally:
+        for read in reads:  # none may be left reading from a closed descriptor
+            read.exception()
+        os.close(fd)
+    return FileRecord(str(path), total, time.perf_counter() - start)
+
+
+def _count_down(waiting: dict[int, int], place: Place) -> bool:
+    """One more piece of ``place`` is in the buffer: whether it was the last (under the caller's lock)."""
+    waiting[id(place)] -= 1
+    return waiting[id(place)] == 0
 
 
 def _read_file(path: Path, places: list[Place], buffer: torch.Tensor | None, chunk: int,
