@@ -19,22 +19,12 @@ GB = 10^9 bytes. With ``--json FILE`` the result goes to FILE only; without, to
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from results_io import (
-    ROOT,
-    add_output_arguments,
-    heading,
-    run_meta,
-    speed_figures,
-    speed_table,
-    write_json_or_results,
-)
+from results_io import ROOT, heading, run_meta, speed_figures, speed_parser, speed_table, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -135,13 +125,9 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, default=4.0, help="size of the state in GiB (default %(default)s)")
+    parser = speed_parser(__doc__.splitlines()[0], 4.0, "the state")
     parser.add_argument("--threads", type=int, default=verify.HASH_THREADS,
                         help="threads of the threaded methods (default: verify.HASH_THREADS, %(default)s here)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None, help="write the result here only (no results file)")
-    add_output_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     meta = run_meta("digest-speed", argv, args.machine)

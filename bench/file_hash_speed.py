@@ -20,7 +20,6 @@ GB = 10^9 bytes. With ``--json FILE`` the result goes to FILE only; without, to
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -28,15 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import (
-    ROOT,
-    add_output_arguments,
-    heading,
-    run_meta,
-    speed_figures,
-    speed_table,
-    write_json_or_results,
-)
+from results_io import ROOT, heading, run_meta, speed_figures, speed_parser, speed_table, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -112,15 +103,11 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, default=4.0, help="size of the rank's files in GiB (default %(default)s)")
+    parser = speed_parser(__doc__.splitlines()[0], 4.0, "the rank's files")
     parser.add_argument("--threads", type=int, default=filehash.THREADS,
                         help="threads of the chunked method (default: filehash.THREADS, %(default)s here)")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None,
                         help="the folder to write the files in (default: a new temporary folder in $TMPDIR)")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here only (no results file)")
-    add_output_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="file-hash-speed-", dir=args.dir))

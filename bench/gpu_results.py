@@ -446,7 +446,7 @@ def engines_markdown(result: dict) -> str:
              "--keep-checkpoints 1` run (two saves, a cold restore, proved exact), its own "
              "`gpu-engines-1B-<engine>` file"
              + "".join(f"; {label} is {engine} with `{' '.join(options)}`" for label, (engine, options) in
-                       VARIANTS.items()) + ".", ""]
+                       VARIANTS.items() if any(r["engine"] == label for r in result["engines"])) + ".", ""]
     lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
                             for r in result["engines"]])
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}

@@ -29,6 +29,17 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machine", default=None, help="name in the result file (default: GPU model or cpuN)")
 
 
+def speed_parser(description: str, gib: float, what: str) -> argparse.ArgumentParser:
+    """The options of every speed benchmark (``--gib``, ``--repeats``, ``--json`` and the output's); each script adds
+    its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--gib", type=float, default=gib, help=f"size of {what} in GiB (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="write the result here only (no results file)")
+    add_output_arguments(parser)
+    return parser
+
+
 def runtime_versions() -> dict:
     """``restartbench.runtime.runtime_info()`` (Python, torch, DeepSpeed, host, CPU, device, GPU), taken in a child
     process so that the benchmark's own process does not load torch and DeepSpeed (the soak measures its RSS)."""

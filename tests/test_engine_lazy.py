@@ -6,8 +6,11 @@ import errno
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,8 @@ from restartbench.engines.lazy import format as fmt
 from restartbench.engines.lazy.engine import LazyEngine
 from restartbench.events import read_events
 from restartbench.verify import training_state_digest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def spec(name, shape, dtype="float32", device="cpu"):
@@ -212,6 +217,25 @@ def test_direct_io_reads_restore_exactly_past_the_page_cache(tmp_path):
         assert training_state_digest(fresh) == training_state_digest(source)
         train_step(fresh, 3)  # and it trains on
     assert resident[False] > 0.9 and resident[True] < 0.1, resident
+
+
+def test_the_lazy_io_bench_measures_both_modes_restored_exactly(tmp_path):
+    """bench/lazy_io.py, small: both modes saved, evicted, restored (each restore proved exact by the bench, which
+    raises otherwise), and against a limits result given."""
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"meta": {"date": "2026-11-27", "machine": "cpu2"},
+                                  "write": {"best_MBps": 1000.0, "method": "write-direct-libaio-qd16-4M"},
+                                  "read": {"best_MBps": 2000.0, "method": "read-direct-libaio-qd32-1M"}}))
+    out = tmp_path / "lazy-io.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/lazy_io.py"), "--gib", "0.02", "--repeats", "1",
+                           "--dir", str(tmp_path), "--limits", str(limits), "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [m["mode"] for m in result["modes"]] == ["buffered", "direct (O_DIRECT)"]
+    direct = result["modes"][1]
+    assert direct["durable"]["over_write_limit"] == pytest.approx(direct["durable"]["GBps"])
+    assert "÷ disk write" in done.stdout and "write-direct-libaio-qd16-4M" in done.stdout
 
 
 def test_direct_io_on_a_file_system_without_it_says_what_to_do(tmp_path, monkeypatch):

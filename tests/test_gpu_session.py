@@ -157,8 +157,9 @@ def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_thei
     direct.write_text(json.dumps({**json.loads(direct.read_text()), "runs": [{"engine": "lazy", "cost_s": 0.1}]}))
     summary = gr.engines_summary(results, ledger)
     assert [(r["engine"], r.get("cost_s")) for r in summary["engines"]][1:] == [("lazy", None), ("lazy-direct", 0.1)]
-    assert summary["headline_direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in gr.engines_markdown(
-        summary)
+    text = gr.engines_markdown(summary)
+    assert summary["headline_direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in text
+    assert "lazy-direct is lazy with `--lazy-direct-io`" in text
 
 
 def test_a_block_whose_need_failed_is_blocked(tmp_path):

@@ -39,22 +39,26 @@ class HostBuffer:
         self.allocations = 0
         self.page_aligned = page_aligned
         """A pageable buffer is an anonymous mapping (page-aligned, as O_DIRECT needs) rather than ``torch.empty``'s
-        64-byte-aligned block; a pinned one always is."""
+        64-byte-aligned block, faulted in when it is allocated (``fault_in``); a pinned one always is both."""
         self._pinned: PinnedPages | None = None
 
     def get(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        """At least ``nbytes``, uninitialised; a pinned buffer also serves a request for pageable memory. A pageable
-        buffer's pages are touched by the copies, not here (nothing is faulted in ahead on CPU: the first save's
-        copies pay for it, in the background); a pinned one's are faulted in by ``fault_in`` before they are
-        registered."""
+        """At least ``nbytes``, uninitialised; a pinned buffer also serves a request for pageable memory. A
+        ``torch.empty`` buffer's pages are touched by the copies, not here (the first save's copies pay for it, in the
+        background); a pinned one's are faulted in by ``fault_in`` before they are registered, and so are a
+        page-aligned one's (``--lazy-direct-io``), at set-up as on CUDA: it is the restore's I/O buffer too, and an
+        O_DIRECT read into pages not there yet faults them in inside the load (bench/lazy_io.py, 2-core CPU machine,
+        2.2 GB: a cold restore of 4.0 s so, 0.9 s after a set-up of 3.3 s)."""
         if self.tensor is None or self.tensor.numel() < nbytes or (pinned and not self.pinned):
             self.release()  # unpin and free the old one first
             if pinned:
                 self._pinned = pin_pages(max(nbytes, 1))
                 self.tensor = self._pinned.tensor
             elif self.page_aligned:
-                block = mmap.mmap(-1, pinned_length(max(nbytes, 1)), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                length = pinned_length(max(nbytes, 1))
+                block = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
                 self.tensor = torch.frombuffer(block, dtype=torch.uint8, count=max(nbytes, 1))
+                fault_in(self.tensor.data_ptr(), length)
             else:
                 self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8)
             self.pinned = pinned
