@@ -75,6 +75,8 @@ class CheckpointPlan:
     tolerance_bytes: int = 0
     """Largest difference per file between a predicted and a written size (``EnginePredictor.tolerance_bytes``)."""
     note: str = ""
+    held_to: str = "real runs"
+    """What the tests hold the sizes to (``EnginePredictor.held_to``)."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -111,7 +113,8 @@ class CheckpointPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"preset": self.preset, "layout": self.layout, "dtype": self.dtype, "engine": self.engine,
                 "tag": self.tag, "world_size": self.world_size, "scale": self.scale,
-                "tolerance_bytes": self.tolerance_bytes, "note": self.note, "totals": self.totals(),
+                "tolerance_bytes": self.tolerance_bytes, "note": self.note, "held_to": self.held_to,
+                "totals": self.totals(),
                 "files": [asdict(f) for f in self.files]}
 
 
@@ -173,7 +176,7 @@ def predict(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Chec
     return CheckpointPlan(preset=cfg.model.preset, layout=setup.layout.name, dtype=setup.dtype,
                           engine=cfg.engine.engine, tag=setup.tag, world_size=setup.layout.world_size, files=files,
                           root_files=engine.root_files(), scale=scale, tolerance_bytes=engine.tolerance_bytes,
-                          note=engine.note)
+                          note=engine.note, held_to=engine.held_to)
 
 
 @contextlib.contextmanager
@@ -292,7 +295,7 @@ def render_markdown(plan: CheckpointPlan, heading: str = "###") -> str:
 
 def _tolerance(plan: CheckpointPlan) -> str:
     if plan.tolerance_bytes == 0:
-        return "file sizes: exact (held to real runs byte for byte)"
+        return f"file sizes: exact (held byte for byte to {plan.held_to})"
     return f"file sizes: within {plan.tolerance_bytes} B each of a real run's"
 
 

@@ -46,6 +46,8 @@ class EnginePredictor:
     needs_folder: bool = False
     """The files' sizes depend on the checkpoint folder's path."""
     note: str = ""
+    held_to: str = "real runs"
+    """What the sizes are held to by the tests: real runs of the engine, unless none can run here yet."""
 
 
 # --- from meta tensors to real ones, and their sizes -------------------------------------------

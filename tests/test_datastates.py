@@ -144,9 +144,9 @@ def test_a_run_without_cuda_is_recorded_skipped_with_the_reason_and_nothing_else
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "metadata.json"]
 
 
-def test_the_registry_says_why_datastates_is_not_predicted_nor_resharded():
+def test_the_registry_predicts_datastates_and_says_why_it_is_not_resharded():
     info = engines.engine_info("datastates")
-    assert info.predictor is None and "CUDA only" in info.not_predicted
+    assert info.predictor.endswith(":DATASTATES") and not info.not_predicted
     assert "ds_to_universal.py" in info.not_resharded and "not installed" not in info.not_resharded
 
 

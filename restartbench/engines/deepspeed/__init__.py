@@ -113,11 +113,7 @@ ENGINES = (
     EngineInfo("datastates", _DS, "DataStatesEngine",
                "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache (CUDA only)",
                ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
-               system_check=_datastates_missing, skip_when_missing=True,
-               not_predicted="DataStates-LLM is CUDA only and no run of it has shown its files yet: they carry "
-                             "DeepSpeed's names in DataStates' own format (an 8-byte header length, a JSON header "
-                             "of each tensor's dtype, shape and offsets, the tensors' bytes, then the state without "
-                             "its tensors, pickled), which a predictor can follow once a real run shows them",
+               system_check=_datastates_missing, skip_when_missing=True, predictor=f"{_PREDICT}:DATASTATES",
                not_emulated=_NOT_EMULATED,
                not_resharded="its files hold DataStates' own format (a JSON header, raw tensor bytes, a pickle) "
                              "under DeepSpeed's names, which ds_to_universal.py cannot read (it torch.loads each "

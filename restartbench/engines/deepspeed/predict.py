@@ -1,16 +1,20 @@
-"""The files of DeepSpeed's engines, predicted: torch (DeepSpeed's default engine) and fastpersist.
+"""The files of DeepSpeed's engines, predicted: torch (DeepSpeed's default engine), fastpersist and datastates.
 
 - torch: the state dicts of ``restartbench.shards.shard_files``, each sized by torch.save itself;
 - fastpersist: the same state dicts, written by the ranks DeepSpeed's ``DataParallelWriterFactory`` makes
-  writers, into its FastFileWriter, and renamed as the harness renames them.
+  writers, into its FastFileWriter, and renamed as the harness renames them;
+- datastates: the same state dicts, laid out as DataStates-LLM lays each out (``datastates_layout``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import pickle
 from dataclasses import replace
+from typing import Any
 
 from restartbench.shards import ShardSetup, recovery_scripts, shard_files
 from restartbench.sizes import EnginePredictor, PlannedFile, payload_bytes, saved_size, signature
@@ -104,5 +108,73 @@ def fastpersist_writers(setup: ShardSetup) -> dict[int, tuple[int, int]]:
     return writers
 
 
+DATASTATES_TOLERANCE_BYTES = 0
+"""datastates: a file's size follows from its state dict alone (no zip, no alignment, no device in it), so the
+prediction is exact; ``datastates_layout`` is held byte for byte to DataStates-LLM's own ``save_background`` run on
+the plan's states (tests/test_predict.py). No real run of it has shown its files yet (CUDA only)."""
+DATASTATES_KEY_SEPARATOR = "|"
+DATASTATES_HEADER_LENGTH_BYTES = 8
+
+
+def datastates_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
+    """DeepSpeed's files under its DataStates engine: the state dicts of its default engine (DeepSpeed hands
+    ``checkpoint_engine.save`` the same dicts, uncloned: ``preserves_storage_sharing`` is False), each laid out by
+    ``datastates_layout``. Every rank with a file writes it, as with torch."""
+    del scratch  # nothing is written: the layout is arithmetic and one pickle
+    layouts: dict[tuple, tuple[int, int]] = {}
+    files = []
+    for f in shard_files(setup):
+        key = signature(f.state)
+        if key not in layouts:
+            layouts[key] = datastates_layout(f.state, f.path)
+        payload, size = layouts[key]
+        files.append(PlannedFile(f.path, f.rank, f.kind, payload, size))
+    return files
+
+
+def datastates_layout(state: Any, path: str = "<state>") -> tuple[int, int]:
+    """(tensor bytes, file bytes) of ``state`` as DataStates-LLM's ``Checkpointing.save_background`` writes it
+    (third_party/datastates-llm/datastates/llm/checkpointing.py lines 39-98): dicts and lists are walked, each tensor
+    replaced by the string ``TENSOR|<key>`` and its bytes (numel x element size: a view's own, not its storage's)
+    placed one after the other; the file is an 8-byte header length, the header (JSON: each tensor's dtype, shape and
+    offsets, then the offsets of the pickled rest), the tensors, then the rest pickled with the highest protocol.
+    Refuses what DataStates refuses: a zero-size tensor (datastates/ckpt/ckpt_engine.py line 26 asserts, and the save
+    job exits), or a tensor it would not walk to (in a tuple: pickled whole)."""
+    import torch
+
+    header: dict[str, Any] = {}
+    offset = 0
+
+    def walk(key: str, data: Any) -> Any:
+        nonlocal offset
+        if torch.is_tensor(data):
+            size = data.numel() * data.element_size()
+            if size == 0:
+                raise ValueError(f"{path}: tensor {key!r} has no element: DataStates-LLM refuses it (its CkptEngine "
+                                 "asserts 'Tensor size should be > 0' and the save job exits)")
+            header[key] = {"dtype": str(data.dtype), "shape": tuple(data.shape),
+                           "data_offsets": [offset, offset + size]}
+            offset += size
+            return f"TENSOR{DATASTATES_KEY_SEPARATOR}{key}"
+        if isinstance(data, list):
+            return [walk(_child(key, index), item) for index, item in enumerate(data)]
+        if isinstance(data, dict):
+            return {k: walk(_child(key, k), v) for k, v in data.items()}
+        if isinstance(data, tuple) and any(torch.is_tensor(item) for item in data):
+            raise ValueError(f"{path}: a tuple at {key!r} holds a tensor, which DataStates-LLM would pickle whole")
+        return data
+
+    rest = pickle.dumps(walk("", state), protocol=pickle.HIGHEST_PROTOCOL)
+    header["datastates_metadata"] = {"data_offsets": [offset, offset + len(rest)]}
+    return offset, DATASTATES_HEADER_LENGTH_BYTES + len(json.dumps(header).encode("utf-8")) + offset + len(rest)
+
+
+def _child(key: str, name: Any) -> str:
+    return f"{key}{DATASTATES_KEY_SEPARATOR}{name}" if key else f"{name}"
+
+
 TORCH = EnginePredictor(deepspeed_files, SIZE_TOLERANCE_BYTES, recovery_scripts)
 FASTPERSIST = EnginePredictor(fastpersist_files, FASTPERSIST_TOLERANCE_BYTES, recovery_scripts)
+DATASTATES = EnginePredictor(datastates_files, DATASTATES_TOLERANCE_BYTES, recovery_scripts,
+                             held_to="DataStates-LLM's own save_background run on the plan's states; no real run of "
+                                     "it yet, CUDA only")
