@@ -10,10 +10,11 @@ module file is read by data-parallel rank 0 only and broadcast to its replicas (
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,15 +330,7 @@ def _read_region(region: tuple[Path, int, int, int, list[Place]], buffer: torch.
         return hi - lo
 
     fd = open_direct(path, os.O_RDONLY)
-    reads = []
-    try:
-        reads = [pool.submit(read_piece, index) for index in range(len(spans))]
-        total = sum(read.result() for read in reads)
-    finally:
-        for read in reads:  # none may be left reading from a closed descriptor
-            read.exception()
-        os.close(fd)
-    return FileRecord(str(path), total, time.perf_counter() - start)
+    return _run_reads(path, fd, start, pool, [functools.partial(read_piece, index) for index in range(len(spans))])
 
 
 def _count_down(waiting: dict[int, int], place: Place) -> bool:
@@ -350,13 +343,21 @@ def _read_file(path: Path, places: list[Place], buffer: torch.Tensor | None, chu
                pool: ThreadPoolExecutor) -> FileRecord:
     start = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
-    reads = []
+    return _run_reads(path, fd, start, pool,
+                      [functools.partial(_read_batch, fd, batch, buffer) for batch in _batches(places, chunk)])
+
+
+def _run_reads(path: Path, fd: int, start: float, pool: ThreadPoolExecutor, reads: list[Callable[[], int]]
+               ) -> FileRecord:
+    """Run a file's ``reads`` (each returns the bytes it read) on ``pool``, then close ``fd`` once none is left
+    running, whatever happened; the file's record, timed from ``start``."""
+    futures = []
     try:
-        reads = [pool.submit(_read_batch, fd, batch, buffer) for batch in _batches(places, chunk)]
-        total = sum(read.result() for read in reads)
+        futures = [pool.submit(read) for read in reads]
+        total = sum(future.result() for future in futures)
     finally:
-        for read in reads:  # none may be left reading from a closed descriptor
-            read.exception()
+        for future in futures:  # none may be left reading from a closed descriptor
+            future.exception()
         os.close(fd)
     return FileRecord(str(path), total, time.perf_counter() - start)
 
