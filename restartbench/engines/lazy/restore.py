@@ -312,11 +312,12 @@ def _read_region(region: tuple[Path, int, int, int, list[Place]], buffer: torch.
     path, data_offset, data_bytes, base, places = region
     start = time.perf_counter()
     spans = list(pieces(data_bytes, chunk)) if data_bytes else []
-    waiting = {id(place): (place.offset + place.nbytes - 1) // chunk - place.offset // chunk + 1
-               for place in places if place.nbytes}
-    covering: dict[int, list[Place]] = {}
+    covering: dict[int, list[Place]] = {}  # piece -> the tensors it holds bytes of
+    waiting: dict[int, int] = {}  # id(tensor's place) -> pieces of it not read yet
     for place in (place for place in places if place.nbytes):
-        for index in range(place.offset // chunk, (place.offset + place.nbytes - 1) // chunk + 1):
+        indices = range(place.offset // chunk, (place.offset + place.nbytes - 1) // chunk + 1)
+        waiting[id(place)] = len(indices)
+        for index in indices:
             covering.setdefault(index, []).append(place)
     lock = threading.Lock()
 
