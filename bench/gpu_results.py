@@ -40,6 +40,7 @@ def engine_of(label: str) -> str:
 
 
 def options_of(label: str) -> tuple[str, ...]:
+    """config-n-run.py's options an engine block's label adds (``VARIANTS``; none for a plain engine)."""
     return VARIANTS.get(label, (label, ()))[1]
 
 DONE = ("ok", "failed")
