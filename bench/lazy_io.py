@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import types
 from pathlib import Path
 
-from results_io import ROOT, heading, run_meta, speed_parser, write_json_or_results
+from results_io import ROOT, heading, run_meta, speed_figures, speed_parser, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -115,7 +114,7 @@ def measure(folder: Path, gib: float, repeats: int) -> dict:
             print(f"repeat {repeat + 1}: {mode}: set-up {taken['setup']:.2f} s, durable {taken['durable']:.2f} s "
                   f"({nbytes / 1e9 / taken['durable']:.2f} GB/s), cold restore {taken['restore']:.2f} s "
                   f"({nbytes / 1e9 / taken['restore']:.2f} GB/s)", flush=True)
-    modes = [{"mode": mode, **{side: figures(times, nbytes) for side, times in sides.items()}}
+    modes = [{"mode": mode, **{figure["method"]: figure for figure in speed_figures(sides, nbytes)}}
              for mode, sides in seconds.items()]
     buffered, direct = modes
     return {"bytes": nbytes, "layers": len(state.module), "repeats": repeats, "modes": modes,
@@ -123,20 +122,18 @@ def measure(folder: Path, gib: float, repeats: int) -> dict:
                                for side in ("durable", "restore")}}
 
 
-def figures(times: list[float], nbytes: int) -> dict:
-    median = statistics.median(times)
-    return {"seconds": times, "median_s": median, "GBps": nbytes / 1e9 / median, "min_GBps": nbytes / 1e9 / max(times),
-            "max_GBps": nbytes / 1e9 / min(times)}
-
-
 def storage_limits(path: Path | None) -> dict | None:
     """A bench/limits.py result's file, best write and best read (MB/s) and their methods."""
     if path is None:
         return None
     limits = json.loads(path.read_text())
-    return {"file": path.name, "date": limits["meta"]["date"], "machine": limits["meta"]["machine"],
-            "write_MBps": limits["write"]["best_MBps"], "write_method": limits["write"]["method"],
-            "read_MBps": limits["read"]["best_MBps"], "read_method": limits["read"]["method"]}
+    try:
+        return {"file": path.name, "date": limits["meta"]["date"], "machine": limits["meta"]["machine"],
+                "write_MBps": limits["write"]["best_MBps"], "write_method": limits["write"]["method"],
+                "read_MBps": limits["read"]["best_MBps"], "read_method": limits["read"]["method"]}
+    except (KeyError, TypeError):
+        raise SystemExit(f"bench/lazy_io.py: {path} has no write.best_MBps / read.best_MBps: give a result of "
+                         "today's bench/limits.py (its --json FILE, or its bench/results/*-limits.json)") from None
 
 
 def with_limits(result: dict, limits: dict | None) -> dict:
@@ -193,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
                         "it must take O_DIRECT: tmpfs does not)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    limits = storage_limits(args.limits)  # before the minutes of measuring: a wrong file is said at once
     meta = run_meta("lazy-io", argv, args.machine)
     folder = Path(tempfile.mkdtemp(prefix="lazy-io-", dir=args.dir))
     try:
         result = {"meta": meta, **measure(folder, args.gib, args.repeats)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    write_json_or_results(args.json, args.out, with_limits(result, storage_limits(args.limits)), markdown)
+    write_json_or_results(args.json, args.out, with_limits(result, limits), markdown)
     return 0
 
 
