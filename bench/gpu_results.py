@@ -28,9 +28,10 @@ from restartbench.events import read_events  # noqa: E402
 
 LEDGER = "ledger.json"
 LOGS_TAR = "logs.tar.gz"
-ENGINES_FIRST = ("torch", "lazy", "lazy-direct", "dcp-async", "fastpersist", "datastates")
+ENGINES_FIRST = ("torch", "lazy", "lazy-direct", "lazy-direct-prefetch", "dcp-async", "fastpersist", "datastates")
 ENGINES_THEN = ("dcp", "torchsnapshot", "decoupled")
-VARIANTS = {"lazy-direct": ("lazy", ("--lazy-direct-io",))}
+VARIANTS = {"lazy-direct": ("lazy", ("--lazy-direct-io",)),
+            "lazy-direct-prefetch": ("lazy", ("--lazy-direct-io", "--lazy-prefetch"))}
 """Engine blocks that run an engine with options: the block's label -> (the engine, config-n-run.py's options)."""
 
 
@@ -238,9 +239,12 @@ def restart_figures(row) -> dict:
     checks nothing would take), its parts (max over ranks) and the harness's checks on the critical path."""
     parts = {column[len("restart_"):-2]: _value(row, column) for column, _ in RESTART_PART_COLUMNS}
     checks = {label: _value(row, f"path_{label.replace(' ', '_')}_s") for label in HARNESS_PARTS}
+    prefetched = bool(_value(row, "prefetched"))  # the read ran during start-up: restore is that read's own time
     return {"verdict": _value(row, "verdict"), "exact": _value(row, "exact"), "restart_s": _value(row, "restart_s"),
             "restart_less_checks_s": _value(row, "restart_less_checks_s"), "restart_parts_s": parts,
-            "harness_checks_s": checks, "restore_s": parts.get("ckpt_load"), "cache": _value(row, "cache"),
+            "harness_checks_s": checks, "prefetched": prefetched, "prefetch_wait_s": _value(row, "prefetch_wait_s"),
+            "restore_s": _value(row, "prefetch_read_s") if prefetched else parts.get("ckpt_load"),
+            "cache": _value(row, "cache"),
             "restore_MBps": _value(row, "read_MBps"), "bytes_read": _value(row, "bytes_read"),
             "restore_peak_rss_bytes": _value(row, "restore_peak_rss_bytes"),
             "train_peak_rss_bytes": _value(row, "train_peak_rss_bytes")}  # the restart row holds steady training's
@@ -295,13 +299,13 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
     meta = {"benchmark": "gpu-engines-1B", "date": max(dates), "machine": session["machine"],
             "gpu": session.get("gpu"), "code": session["code"],
             "runtime": ledger.get("blocks", {}).get("setup", {}).get("files", {}).get("runtime.json", {})}
-    has_direct = any(r["engine"] == "lazy-direct" for r in rows)
-    direct = {"headline_direct": headline(rows, "lazy-direct")} if has_direct else {}
-    return {"meta": meta, "engines": rows, "headline": headline(rows), **direct}
+    variants = {label: headline(rows, label) for label in VARIANTS if any(r["engine"] == label for r in rows)}
+    return {"meta": meta, "engines": rows, "headline": headline(rows),
+            **({"variant_headlines": variants} if variants else {})}
 
 
 def headline(rows: list[dict], subject: str = "lazy") -> dict:
-    """The goal for lazy (``HEADLINE``), or for its variant ``subject`` (lazy-direct), each criterion met or not, or
+    """The goal for lazy (``HEADLINE``), or for its variant ``subject`` (``VARIANTS``), each criterion met or not, or
     unjudged where a figure is missing; against every other engine (lazy's variants are not others)."""
     lazy = next((r for r in rows if r["engine"] == subject and r.get("cost_s") is not None), None)
     if lazy is None:
@@ -397,7 +401,7 @@ def runs_markdown(runs: list[dict]) -> list[str]:
             lines.append(f"| {r['run']} | — | {r['status']}: {r['reason']} |" + " |" * 13)
             continue
         verdict = r.get("verdict") if r.get("status") == "complete" else f"restart left out ({r.get('status')})"
-        cache = f" ({r['cache']})" if r.get("cache") else ""
+        cache = f" ({r['cache']}{', prefetched' if r.get('prefetched') else ''})" if r.get("cache") else ""
         lines.append(
             f"| {r['run']} | {r['engine']} | {_f(r.get('stall_s'), '.3f')} | {_f(r.get('slowdown_s'), '.3f')} | "
             f"{_f(r.get('cost_s'), '.3f')} | {_f(r.get('durable_s'))} | {_f(r.get('restore_s'))}{cache} "
@@ -414,10 +418,15 @@ def runs_markdown(runs: list[dict]) -> list[str]:
                   "init):", ""]
         lines += [f"- {r['run']}: " + ", ".join(f"{k} {_f(v)}" for k, v in r["restart_parts_s"].items()
                                                  if v is not None)
+                  + (f" (prefetched: the read ran from before the model build, {_f(r.get('restore_s'))} s, and "
+                     f"the load waited {_f(r.get('prefetch_wait_s'))} s of it)" if r.get("prefetched") else "")
                   + "; the harness's checks on the critical path: "
                   + (", ".join(f"{k} {_f(v)}" for k, v in r.get("harness_checks_s", {}).items() if v is not None)
                      or "none recorded") for r in parts]
-    lines += ["", FIGURES_SAID, ""]
+    prefetched = ("; prefetched = the engine read the checkpoint from before the model build (--lazy-prefetch): "
+                  "restore is then that read's own time, and its load only waited for what was left of it and copied "
+                  "the tensors out" if any(r.get("prefetched") for r in runs) else "")
+    lines += ["", FIGURES_SAID + prefetched, ""]
     return lines
 
 
@@ -455,8 +464,8 @@ def engines_markdown(result: dict) -> str:
         lines += ["The engines ran at different code (visits run the code of their day): "
                   + ", ".join(f"{engine} at {str(commit)[:10]}" for engine, commit in commits.items()) + ".", ""]
     lines += headline_markdown(head, "lazy")
-    if "headline_direct" in result:
-        lines += ["", *headline_markdown(result["headline_direct"], "lazy with --lazy-direct-io (lazy-direct)")]
+    for label, head in result.get("variant_headlines", {}).items():
+        lines += ["", *headline_markdown(head, f"lazy with {' '.join(options_of(label))} ({label})")]
     return "\n".join(lines) + "\n"
 
 

@@ -71,7 +71,11 @@ class Event:
     # with mincore (span); cache, resident_fraction, cache_requested
     RESTORE_CONVERT = "restore.convert"  # an engine's offline conversion for another layout (span; rank 0 converts,
     # the others wait); converted_tag, files_read, bytes_read, files_written, bytes_written, command
-    RESTORE_LOAD = "restore.load"  # the checkpoint's load (span); bytes, n_files, read_deserialize_s, cache
+    RESTORE_PREFETCH = "restore.prefetch"  # an engine's early read started, before the model is built (span: the
+    # start only; the read runs on, and restore.load records its times); tag, files, direct_io, pinned
+    RESTORE_LOAD = "restore.load"  # the checkpoint's load (span); bytes, n_files, read_deserialize_s, cache; after a
+    # prefetch: prefetched, prefetch_wait_s, prefetch_setup_s, prefetch_read_s, prefetch_started/_ended (wall),
+    # prefetch_bytes, prefetch_error / prefetch_unused where it was not used
     RESTORE_VERIFY = "restore.verify"  # the digest comparison (span)
     RESTORE_RESULT = "restore.result"  # exact, verified, problems, the resumed loss
     # -- how a phase ended on a rank -------------------------------------------------------------------------------
@@ -173,7 +177,7 @@ def span_on(logs: Iterable[EventLog], event: str, **fields: Any) -> Iterator[dic
 _SPANS = (Event.PROCESS_START, Event.STARTUP_IMPORTS, Event.STARTUP_DIST_INIT, Event.STARTUP_MODEL_BUILD,
           Event.STARTUP_DS_INITIALIZE, Event.STARTUP_ENGINE, Event.TRAIN_ITERATION, Event.CHECKPOINT_SAVE,
           Event.CHECKPOINT_WAIT_DURABLE, Event.RESTORE_CHECK_FILES, Event.RESTORE_CACHE, Event.RESTORE_CONVERT,
-          Event.RESTORE_LOAD, Event.RESTORE_VERIFY)
+          Event.RESTORE_PREFETCH, Event.RESTORE_LOAD, Event.RESTORE_VERIFY)
 #: Fields the readers rely on, per event (README "Run folder"); other events and fields are not checked.
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     **{name: ("start", "duration_s") for name in _SPANS},

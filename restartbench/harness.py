@@ -339,18 +339,20 @@ def convert(log: EventLog, converter: Converter, load_dir: str, tag: str) -> str
 
 
 def timed_load(log: EventLog, tag: str, cache: dict[str, Any], load: Callable[[], tuple[list[FileRecord], Any]],
-               **fields: Any) -> Any:
+               engine_fields: Callable[[], dict[str, Any]] = dict, **fields: Any) -> Any:
     """Run ``load`` (the rank's load: the files it read, what it restored) as the ``restore.load`` span, with
     what was read: as the engine reports it (``bytes``, ``n_files``) and as the kernel counted the process's reads
     (``process_read_bytes``: every read DeepSpeed's universal load makes with torch.load too, outside the file hooks
-    the engine reports through); returns what it restored."""
+    the engine reports through; not a prefetch's, made before the span), and what the engine adds
+    (``engine_fields``: ``CheckpointEngine.load_fields``); returns what it restored."""
     before = process_read_bytes()
     with log.span(Event.RESTORE_LOAD, tag=tag, **fields, **cache) as extra:
         read, restored = load()
         after = process_read_bytes()
         extra.update(n_files=len(read), bytes=sum(r.bytes for r in read),
                      read_deserialize_s=sum(r.seconds for r in read),
-                     process_read_bytes=None if before is None or after is None else after - before)
+                     process_read_bytes=None if before is None or after is None else after - before,
+                     **engine_fields())
     return restored
 
 

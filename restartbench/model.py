@@ -423,10 +423,22 @@ def universal_checkpoint_info(preset: ModelPreset) -> dict[str, Any]:
     }
 
 
+def pipeline_topology(layout: Layout) -> PipeModelDataParallelTopology:
+    """The ranks' grid the pipeline module is built on: DeepSpeed's own, ranks laid out pipe, data, model."""
+    return PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
+
+
+def rank_coordinates(layout: Layout, rank: int) -> tuple[int, int, int]:
+    """(pipeline stage, tensor slice, data-parallel rank) of global ``rank``, as the built module's grid will give
+    them (``get_stage_id``, ``get_slice_parallel_rank``, ``get_data_parallel_rank``), known before it is built."""
+    coord = pipeline_topology(layout).get_coord(rank)
+    return coord.pipe, coord.model, coord.data
+
+
 def build_pipeline_module(preset: ModelPreset, layout: Layout, *, seed: int,
                           activation_checkpoint_interval: int = 0) -> PipelineModule:
     """The model for this rank's pipeline stage and tensor-parallel shard (distributed must be initialized)."""
-    topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
+    topology = pipeline_topology(layout)
     # LayerSpec.build runs before the module has its grid: take the tp rank from the topology now,
     # and hand the process group to the layers (through the shared TensorParallel) once the grid exists.
     tp = TensorParallel(layout.tp, topology.get_coord(dist.get_rank()).model)

@@ -125,8 +125,19 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "verdict": verdict(restore),
         **_restart_memory(restore),
         "ds_init": ds_init_breakdown(restore),
+        **_prefetch(loads),
         **_relayout(restore, results),
     }
+
+
+def _prefetch(loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the engine read the checkpoint during start-up (``restore.prefetch``) and the load took it from there:
+    the read's own time (max over ranks), which the load's span no longer holds, and how long the load still waited
+    for it; None where no rank's load was prefetched."""
+    used = [e for e in loads if e.get("prefetched")]
+    return {"prefetched": bool(used) and len(used) == len(loads),
+            "prefetch_read_s": max((e["prefetch_read_s"] for e in used), default=None),
+            "prefetch_wait_s": max((e["prefetch_wait_s"] for e in used), default=None)}
 
 
 def _sum_or_none(values: Any) -> int | None:
@@ -450,6 +461,9 @@ def summarize_run(run_dir: Path) -> list[str]:
         source = f"from {info['tag']} ({cache})" if info["tag"] else "without a checkpoint (engine none)"
         if info["restore_layout"]:
             source += f" on {info['restore_layout']}"
+        if info["prefetch_read_s"] is not None:
+            parts += (f"; the read ran from before the model build (prefetch): {info['prefetch_read_s']:.2f} s, "
+                      f"of which the load waited {info['prefetch_wait_s']:.2f} s")
         lines.append(f"restart {source}: {info['total_s']:.2f} s from launch to end of first iteration "
                      f"(max over ranks); parts (s, max over ranks): {parts}")
         lines.append(exact)

@@ -84,6 +84,10 @@ class RankRun:
 
         self.store = open_store(self.ckpt_dir, self.plan.remote)
         """The checkpoint's own files (manifest, latest, hashes): a folder or an object-store prefix."""
+        self.chosen: tuple[str, dict[str, Any]] | None = None
+        """A relaunch's checkpoint and page-cache state, where chosen before the model is built (a prefetch)."""
+        self.prefetched: Any = None
+        """What the engine's prefetcher started (``_prefetch_checkpoint``), for its ``prepare``; None: nothing."""
 
     # -- start-up: each part is a restart phase -----------------------------------------
 
@@ -109,6 +113,7 @@ class RankRun:
         hang_before_init(self.log)
         with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
             runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
+        self._prefetch_checkpoint()
         self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend}); building the model")
         with self.log.span(Event.STARTUP_MODEL_BUILD):
             from restartbench.layout import Layout
@@ -130,7 +135,7 @@ class RankRun:
 
         with self.log.span(Event.STARTUP_ENGINE, engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
-            setup.update(self.ckpt_engine.prepare(self.engine))
+            setup.update(self.ckpt_engine.prepare(self.engine, self.prefetched))
             setup.update(self._pinned())
         # called by an engine that made training wait for a save's copies after its save() returned; ``at``: when the
         # wait began (a CUDA wait is reported once the GPU has passed it, later: its time places it in its iteration)
@@ -140,6 +145,36 @@ class RankRun:
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
         if self.rank == 0 and self.phase == "train":
             runtime.write_runtime_info(self.run_dir, self.plan.world_size)
+
+    def _prefetch_checkpoint(self) -> None:
+        """On a relaunch in the layout that saved, with an engine whose prefetcher the run enables
+        (``EngineInfo.prefetcher``): choose the checkpoint and evict it from the page cache now, then start the
+        engine's read of it (the ``restore.prefetch`` span), which goes on while the model is built and DeepSpeed
+        initializes. Every other relaunch chooses its checkpoint just before the load, as before."""
+        from restartbench.engines import prefetcher
+
+        early = prefetcher(self.cfg.engine.engine)
+        if self.phase != "restore" or early is None or not early.enabled(self.cfg.engine) or self.relayout \
+                or self.store.remote:
+            return
+        from restartbench.engines.base import RankPlace
+        from restartbench.layout import Layout
+        from restartbench.model import rank_coordinates
+
+        self.chosen = tag, _ = self._choose_checkpoint()
+        layout = Layout(**self.plan.layout)
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if self.plan.device == "cuda" else "cpu"
+        place = RankPlace(*rank_coordinates(layout, self.rank), dp_size=layout.dp, device=device)
+        with self.log.span(Event.RESTORE_PREFETCH, tag=tag) as started:
+            self.prefetched = early.start(self.cfg.engine, self.ckpt_dir, tag, place)
+            started.update(self.prefetched.fields())
+
+    def _choose_checkpoint(self) -> tuple[str, dict[str, Any]]:
+        """The checkpoint to restore (its files checked against its manifest) and the page cache's state once it is
+        evicted (or not: ``--restore-cache``). Collectives."""
+        tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
+        return tag, harness.page_cache_before_load({self.rank: self.log}, self.store, tag,
+                                                   self.cfg.launch.restore_cache)
 
     # -- phase 1 -------------------------------------------------------------------------
 
@@ -269,15 +304,15 @@ class RankRun:
             return self._restart_without_checkpoint()
         from restartbench.faults import kill_in_load
 
-        tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
+        tag, cache = self.chosen or self._choose_checkpoint()
         step = _step_of(tag)
-        cache = harness.page_cache_before_load({self.rank: self.log}, self.store, tag, self.cfg.launch.restore_cache)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
                   "cache)" + (f", saved on {self.saved_layout}, onto {self.plan.layout_name}" if self.relayout else ""))
         kill_in_load(self.log)
         if self.relayout:
             return self._restore_on_another_layout(tag, cache)
-        harness.timed_load(self.log, tag, cache, lambda: self._load(tag), engine=self.cfg.engine.engine)
+        harness.timed_load(self.log, tag, cache, lambda: self._load(tag), self.ckpt_engine.load_fields,
+                           engine=self.cfg.engine.engine)
         problems = self._verify_restored(tag) if self.cfg.launch.verify else []
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:

@@ -29,16 +29,18 @@ def test_config_py_declares_no_engine_option():
 def test_the_engine_section_keeps_its_keys_order_and_defaults():
     assert RunConfig().to_dict()["engine"] == {
         "engine": "torch", "io_buffer_mb": 64, "writer_data_parallel": "replica", "host_cache_gb": 4.0,
-        "dp_read_once": False, "lazy_chunk_mb": 64, "lazy_io_threads": 4, "lazy_direct_io": False}
+        "dp_read_once": False, "lazy_chunk_mb": 64, "lazy_io_threads": 4, "lazy_direct_io": False,
+        "lazy_prefetch": False}
     assert list(RunConfig().to_dict()["engine"]) == [
         "engine", "io_buffer_mb", "writer_data_parallel", "host_cache_gb", "dp_read_once", "lazy_chunk_mb",
-        "lazy_io_threads", "lazy_direct_io"]
+        "lazy_io_threads", "lazy_direct_io", "lazy_prefetch"]
 
 
 @pytest.mark.parametrize("stored", sorted((ROOT / "tests" / "data" / "real_runs").glob("*/config.json")),
                          ids=lambda path: path.parent.name)
 def test_a_stored_run_folders_engine_section_loads_as_it_was(stored):
-    """Every option it saved, as saved; an option added since (lazy_direct_io, 2026-11-27) at its default."""
+    """Every option it saved, as saved; an option added since (lazy_direct_io, lazy_prefetch: 2026-11-27) at its
+    default."""
     saved = json.loads(stored.read_text())["engine"]
     loaded, defaults = RunConfig.load(stored).to_dict()["engine"], RunConfig().to_dict()["engine"]
     assert {key: loaded[key] for key in saved} == saved

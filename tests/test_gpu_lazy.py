@@ -1,6 +1,7 @@
 """On a CUDA GPU: the lazy engine's pinned host buffer (exactly its pages, given back on release) and its copy wait
 (the compute stream waits for the copies on the GPU, the host goes on, the wait is timed on the GPU's clock), and
-the digest of a device tensor, and a CUDA state saved and restored exactly with buffered and O_DIRECT reads.
+the digest of a device tensor, and a CUDA state saved and restored exactly with buffered and O_DIRECT reads, and
+from a prefetch (--lazy-prefetch).
 Skipped without a GPU; their arithmetic is tested on CPU in tests/test_engine_lazy.py
 and tests/test_verify.py."""
 
@@ -10,6 +11,8 @@ import pytest
 import torch
 from test_engine_lazy import fake_engine, options, train_step
 
+from restartbench.engines import prefetcher
+from restartbench.engines.base import RankPlace
 from restartbench.engines.lazy import copies
 from restartbench.engines.lazy import format as fmt
 from restartbench.engines.lazy.engine import LazyEngine
@@ -92,6 +95,28 @@ def test_a_cuda_state_restores_exactly_through_the_pinned_buffer(tmp_path, direc
     loader = LazyEngine(options(lazy_direct_io=direct))
     assert loader.prepare(fresh)["host_buffer_pinned"]
     loader.load(fresh, str(tmp_path), "step2")
+    assert training_state_digest(fresh) == training_state_digest(source)
+    train_step(fresh, 3)
+
+
+def test_a_cuda_prefetch_pins_its_buffer_on_the_ranks_device_and_the_load_takes_it(tmp_path):
+    """--lazy-prefetch on CUDA: the early read's thread sets the rank's device, pins the buffer it reads into with
+    O_DIRECT, and the load copies the tensors to the GPU from it."""
+    source = fake_engine(hidden=2**16, device="cuda")
+    for step in (1, 2):
+        train_step(source, step)
+    opts = options(lazy_direct_io=True, lazy_prefetch=True)
+    saver = LazyEngine(opts)
+    saver.save(source, str(tmp_path), "step2")
+    saver.wait_until_durable()
+    place = RankPlace(pp=0, tp=0, dp=0, dp_size=1, device=f"cuda:{torch.cuda.current_device()}")
+    started = prefetcher("lazy").start(opts, str(tmp_path), "step2", place)
+    started.wait()
+    assert started.error is None and started.buffer.pinned and started.buffer.tensor.is_pinned()
+    fresh, loader = fake_engine(seed=1, hidden=2**16, device="cuda"), LazyEngine(opts)
+    loader.prepare(fresh, started)
+    loader.load(fresh, str(tmp_path), "step2")
+    assert loader.load_fields()["prefetched"] is True
     assert training_state_digest(fresh) == training_state_digest(source)
     train_step(fresh, 3)
 

@@ -158,7 +158,7 @@ def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_thei
     summary = gr.engines_summary(results, ledger)
     assert [(r["engine"], r.get("cost_s")) for r in summary["engines"]][1:] == [("lazy", None), ("lazy-direct", 0.1)]
     text = gr.engines_markdown(summary)
-    assert summary["headline_direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in text
+    assert summary["variant_headlines"]["lazy-direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in text
     assert "lazy-direct is lazy with `--lazy-direct-io`" in text
 
 
@@ -294,12 +294,13 @@ def test_every_blocks_command_lines_parse(tmp_path):
     blocks = gs.plan_blocks(where, free_bytes=60 * gs.GiB)
     commands = [c for b in blocks for c in b.commands + b.cleanup]
     runs = [c for c in commands if c[1:2] == (str(ROOT / "config-n-run.py"),)]
-    assert len(runs) == 2 + 9
+    assert len(runs) == 2 + 10  # smoke: torch and lazy; 8 engines, lazy-direct and lazy-direct-prefetch
     for command in runs:
         config = build_parser().parse_args(list(command[2:]))
         assert vars(config)["launch.device"] == "cuda"
-    [direct] = [vars(build_parser().parse_args(list(c[2:]))) for c in runs if "--lazy-direct-io" in c]
+    direct, prefetch = [vars(build_parser().parse_args(list(c[2:]))) for c in runs if "--lazy-direct-io" in c]
     assert direct["engine.engine"] == "lazy" and direct["engine.lazy_direct_io"] is True
+    assert not direct["engine.lazy_prefetch"] and prefetch["engine.lazy_prefetch"] and prefetch["engine.lazy_direct_io"]
     probe = next(c for c in commands if c[1:2] == (str(ROOT / "bench/gpu_probe.py"),))
     assert gpu_probe.parser().parse_args(list(probe[2:])).json.endswith("copies.json")
     limits = next(c for c in commands if c[1:2] == (str(ROOT / "bench/limits.py"),))

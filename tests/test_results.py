@@ -162,9 +162,10 @@ RESTART_PARTS = {"launch": 1.50, "imports": 2.50, "dist init": 0.30, "model buil
                  "engine setup": 0.05, "convert": None, "ckpt load": 0.90, "1st iter": 0.90}  # convert: none
 
 
-#: A restart on the run's own layout: no other layout, no conversion.
+#: A restart on the run's own layout: no other layout, no conversion; and no prefetch (--lazy-prefetch).
 NO_RELAYOUT = {"restore_layout": None, "loss_diff": None, "convert_files_read": None, "convert_bytes_read": None,
-               "convert_files_written": None, "convert_bytes_written": None}
+               "convert_files_written": None, "convert_bytes_written": None,
+               "prefetched": False, "prefetch_read_s": None, "prefetch_wait_s": None}
 
 
 # -- restartbench.results ----------------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def test_the_toy_engines_option_is_a_command_line_option_and_a_config_key(toy_re
     assert proc.stdout.strip() == "mine", proc.stderr[-3000:]
     engine = json.loads((tmp_path / "config.json").read_text())["engine"]
     assert list(engine) == ["engine", "io_buffer_mb", "writer_data_parallel", "host_cache_gb", "dp_read_once",
-                            "lazy_chunk_mb", "lazy_io_threads", "lazy_direct_io", "toy_file_prefix"]
+                            "lazy_chunk_mb", "lazy_io_threads", "lazy_direct_io", "lazy_prefetch",
+                            "toy_file_prefix"]
     refused = run(toy_repo, "config-n-run.py", "--engine", "toy", "--toy-file-prefix", "a/b", "--dry-run")
     assert refused.returncode == 2
     assert "--toy-file-prefix must be letters, digits, _ and - (got 'a/b')" in refused.stderr

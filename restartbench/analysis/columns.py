@@ -141,7 +141,13 @@ TABLE_COLUMNS: dict[str, str] = {
                           "(rchar of /proc/self/io: also what an engine reads outside its reported files, such as "
                           "DeepSpeed's universal load; page cache hits included)",
     "read_deserialize_max_s": "max over ranks of time inside the engine's file reads (read + deserialize)",
-    "read_MBps": "bytes_read / ckpt load time (10^6 B/s)",
+    "read_MBps": "bytes_read / the read's time (10^6 B/s): the ckpt load's, or where the engine read during "
+                 "start-up (prefetched) that read's own time, prefetch_read_s",
+    "prefetched": "the engine read the checkpoint from before the model build (--lazy-prefetch) and the load took "
+                  "it from there, on every rank: restart_ckpt_load_s then holds the load's wait and copy-out only",
+    "prefetch_read_s": "a prefetched load: the early read's own time, first piece asked to last in (max over ranks; "
+                       "it ran beside the model build and deepspeed.initialize)",
+    "prefetch_wait_s": "a prefetched load: how long the load still waited for the early read (max over ranks)",
     "read_limit": "the judgement of read_MBps against the limit's spread: None up to the winning method's max "
                   "(baseline_read_max_MBps); above it \"defect: above the limit's max\" on a restore that was not "
                   "warm (the engine read from memory though the restore was meant cold, or the limit did not measure "
@@ -151,7 +157,8 @@ TABLE_COLUMNS: dict[str, str] = {
     "read_pct_of_storage": "read_MBps as a share of the storage's read limit (baseline.json: the winning method's "
                            "median), percent; above the limit's max only from a warm page cache or a defect",
     "load_MiBps": "seed 000's load throughput: bytes_read / restart_ckpt_load_s in MiB/s; restart_ckpt_load_s is its "
-                  "'corrected' load duration (no process set-up or model build in it)",
+                  "'corrected' load duration (no process set-up or model build in it); a prefetched load's read "
+                  "time instead (read_MBps)",
     "cache": "page cache of the checkpoint when the restore began, measured with mincore on every node: cold (no "
              "byte resident) or warm (some bytes may be served from memory)",
     "resident_fraction": "largest share of the checkpoint's pages resident in any node's page cache at restore start",

@@ -17,6 +17,7 @@ from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_eve
 def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
     parts = info["parts"]
     load = parts.get("ckpt load")
+    read_s = info.get("prefetch_read_s") or load  # a prefetched load's span holds the copy-out, not the read
     totals = [r for r in ranks if r["restart_s"] is not None]
     return {
         "attempt": info["attempt"], "verdict": info["verdict"], "tag": info["tag"],
@@ -29,8 +30,10 @@ def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, 
         "process_bytes_read": info["process_bytes_read"],
         "read_deserialize_max_s": max((r["read_deserialize_s"] for r in ranks
                                        if r["read_deserialize_s"] is not None), default=None),
-        "read_MBps": info["bytes_read"] / MB / load if load and info["bytes_read"] else None,
-        "load_MiBps": info["bytes_read"] / MiB / load if load and info["bytes_read"] else None,
+        "read_MBps": info["bytes_read"] / MB / read_s if read_s and info["bytes_read"] else None,
+        "load_MiBps": info["bytes_read"] / MiB / read_s if read_s and info["bytes_read"] else None,
+        "prefetched": info.get("prefetched"), "prefetch_read_s": info.get("prefetch_read_s"),
+        "prefetch_wait_s": info.get("prefetch_wait_s"),
         "cache": info["cache"], "resident_fraction": info["resident_fraction"], "exact": info["exact"],
         "peak_rss_part": info["peak_rss_part"], "ds_init_parts": info["ds_init"],
         "restore_layout": info["restore_layout"], "loss_diff": info["loss_diff"],

@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, load
+from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, Prefetcher, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -106,6 +106,12 @@ def converter(name: str) -> Converter | None:
     """The engine's offline conversion for a restart on another layout (``EngineInfo.converter``), imported; None
     where it has none."""
     ref = engine_info(name).converter
+    return load(ref) if ref else None
+
+
+def prefetcher(name: str) -> Prefetcher | None:
+    """The engine's early read on a relaunch (``EngineInfo.prefetcher``), imported; None where it has none."""
+    ref = engine_info(name).prefetcher
     return load(ref) if ref else None
 
 

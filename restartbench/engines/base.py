@@ -5,7 +5,9 @@ its name, its class, what it adds to the DeepSpeed JSON and the environment, and
 emulator are. Every engine registered in ``restartbench.engines`` is a ``CheckpointEngine``: the harness creates it
 once per launch on every rank (``create_engine``, which refuses any other class), gives it the store
 it writes to (``for_store``), lets it set up (``prepare``), then drives it through ``save`` →
-``wait_until_durable`` → ``written`` while training and ``load`` → ``read`` on restore. After every
+``wait_until_durable`` → ``written`` while training and ``load`` → ``read`` → ``load_fields`` on restore. An engine
+registered with a ``Prefetcher`` may start reading a relaunch's checkpoint before the model is built; what it
+started reaches the engine through ``prepare``. After every
 rank is durable the harness commits the checkpoint (writes ``latest`` through its store), so a
 checkpoint is named ``latest`` only once all of its files are on disk.
 
@@ -79,6 +81,10 @@ class EngineInfo:
     needs, with no offline pass."""
     not_resharded: str = ""
     """Why a restart of this engine's checkpoints on another layout is skipped (recorded with the attempt)."""
+    prefetcher: str | None = None
+    """``module:attribute`` of the engine's ``Prefetcher``: how, on a relaunch in the layout that saved, it starts
+    reading the checkpoint as soon as the checkpoint is chosen, while the model is built and DeepSpeed initializes;
+    None where the engine reads only in ``load``."""
 
     def __post_init__(self) -> None:
         for ref, reason, why in (("predictor", "not_predicted", self.not_predicted),
@@ -117,6 +123,33 @@ class Converter(Protocol):
 
     def convert(self, load_dir: str, tag: str) -> Conversion:
         """Convert ``<load_dir>/<tag>`` for any layout; one process runs it, while the others wait."""
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """A rank's place in the parallel layout, known before the model exists (``restartbench.model.rank_coordinates``:
+    the topology the pipeline module is built with): what a ``Prefetcher`` needs to name the rank's files."""
+
+    pp: int
+    tp: int
+    dp: int
+    dp_size: int
+    device: str
+    """"cpu", or "cuda:N" for the rank's GPU."""
+
+
+class Prefetcher(Protocol):
+    """An engine's early read on a relaunch (``EngineInfo.prefetcher``). The harness chooses the checkpoint and evicts
+    it from the page cache right after the process group is up, when ``enabled`` says so, then calls ``start``; what
+    it returns goes to the engine's ``prepare`` (``prefetched``), and ``load`` takes what was read from it. The reads
+    run in the background: the restart's parts then show the load as the wait for them and what is left to do."""
+
+    def enabled(self, options: Any) -> bool:
+        """Whether the run's engine options (``restartbench.config.EngineConfig``) ask for the early read."""
+
+    def start(self, options: Any, folder: str, tag: str, place: RankPlace) -> Any:
+        """Start reading this rank's files of ``<folder>/<tag>`` in the background and return at once; the returned
+        object's ``fields()`` is recorded with the ``restore.prefetch`` span."""
 
 
 def load(ref: str) -> Any:
@@ -211,10 +244,16 @@ class CheckpointEngine(abc.ABC):
     def read(self) -> list[FileRecord]:
         """The files this rank read in the last ``load``, with the bytes it read from each."""
 
-    def prepare(self, ds_engine: Any) -> dict[str, Any]:
+    def prepare(self, ds_engine: Any, prefetched: Any = None) -> dict[str, Any]:
         """Called once per launch right after the engine is created (inside the ``startup.engine`` span, a restart
         part): set-up that would otherwise land in the first save's stall, such as a pinned host buffer. Returns
-        what it set up, recorded with that span."""
+        what it set up, recorded with that span. ``prefetched``: what this engine's ``Prefetcher`` started on this
+        relaunch (None: nothing was), for the ``load`` to come."""
+        return {}
+
+    def load_fields(self) -> dict[str, Any]:
+        """What the last ``load`` adds to its ``restore.load`` record, such as how much of its read ran before it
+        (a prefetch); none by default."""
         return {}
 
     def pinned_host_bytes(self) -> int | None:

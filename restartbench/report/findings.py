@@ -59,8 +59,9 @@ def findings(table: pd.DataFrame) -> list[str]:
             if not loads.empty:
                 span = (fmt_s(loads.min()) if loads.min() == loads.max()
                         else f"{fmt_s(loads.min())}–{fmt_s(loads.max())}")
-                text += (f" Reading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; "
+                text += (f" Loading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; "
                          f"{caches} page cache)")
+            text += _prefetch_clause(restoring)
             path = [(label, restoring[column].median()) for column, label in analysis.PATH_COLUMNS
                     if column in restoring
                     and label not in ("ckpt load", "1st iter", "gaps", *analysis.HARNESS_PARTS)]
@@ -178,3 +179,12 @@ def limit_defects(table: pd.DataFrame) -> list[str]:
                        f"the disk: look at {look.format(**details)}.")
     return out
 
+
+def _prefetch_clause(restoring: pd.DataFrame) -> str:
+    """What the load does not hold where the engine read the checkpoint during start-up (``--lazy-prefetch``)."""
+    if "prefetched" not in restoring:
+        return ""
+    early = restoring[restoring["prefetched"].fillna(False).astype(bool)]
+    return "".join(f" ({row['engine']} read it from before the model build, {fmt_s(row['prefetch_read_s'])} beside "
+                   f"the start-up; its load waited {fmt_s(row['prefetch_wait_s'])} for that read, then copied it "
+                   "out)" for _, row in early.iterrows())

@@ -294,12 +294,19 @@ def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
         sizes[row["run_id"]] = row
     restarts = []
     for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
-        if row["run_id"] in sizes and (row.get("restore_layout") in (None, row["layout"])):
+        # a prefetched load (--lazy-prefetch) read beside the start-up: its span is no read, so it fits no load term
+        if row["run_id"] in sizes and (row.get("restore_layout") in (None, row["layout"])) \
+                and not _is_true(row.get("prefetched")):
             size = sizes[row["run_id"]]
             restarts.append({**row, **{k: size[k] for k in ("concurrency", "bytes_rank", "files_rank",
                                                             "params_rank", "tensors_rank", "cpu_factor")},
                              "read_at_limit": size["bytes_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
     return checkpoints, restarts
+
+
+def _is_true(value: Any) -> bool:
+    """A table cell that says yes (a missing column, None or NaN says no)."""
+    return value is not None and value == value and bool(value)  # NaN != NaN
 
 
 def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per_node: int | None) -> None:

@@ -8,5 +8,6 @@ ENGINES = (
                "restartbench's lazy engine: reused host buffer, copies overlapped with the next fwd/bwd, "
                "streamed fsync'd flush", predictor="restartbench.engines.lazy.predict:PREDICTOR",
                emulator="restartbench.engines.lazy.emulate:LazyFiles",
+               prefetcher="restartbench.engines.lazy.prefetch:PREFETCHER",  # --lazy-prefetch
                reshards_at_load=True),  # each new rank reads the byte ranges it needs (lazy/reshard.py)
 )

@@ -48,11 +48,21 @@ class RankLayout:
 
     @property
     def model_file(self) -> str:
-        return f"model_pp{self.pp:02d}_tp{self.tp:02d}.lazy"
+        return model_file_name(self.pp, self.tp)
 
     @property
     def optim_file(self) -> str:
-        return f"optim_pp{self.pp:02d}_tp{self.tp:02d}_dp{self.dp:03d}.lazy"
+        return optim_file_name(self.pp, self.tp, self.dp)
+
+
+def model_file_name(pp: int, tp: int) -> str:
+    """The module file of pipeline stage ``pp``, tensor slice ``tp``."""
+    return f"model_pp{pp:02d}_tp{tp:02d}.lazy"
+
+
+def optim_file_name(pp: int, tp: int, dp: int) -> str:
+    """The optimizer file of the rank at (``pp``, ``tp``, ``dp``)."""
+    return f"optim_pp{pp:02d}_tp{tp:02d}_dp{dp:03d}.lazy"
 
 
 def rank_layout(ds_engine: Any) -> RankLayout:

@@ -36,12 +36,13 @@ holds on CPU, through the pinned buffer on CUDA) and restores in place; optimize
 do not exist yet in a fresh process are created where the optimizer would create them. With
 ``dp_read_once`` only data-parallel rank 0 reads the module file and broadcasts it to its replicas.
 A checkpoint written in another parallel layout (tp, pp or dp; its file names say which) is resharded as it is
-read, each rank reading only the byte ranges that hold its elements (``reshard.py``).
+read, each rank reading only the byte ranges that hold its elements (``reshard.py``). With ``lazy_prefetch`` a
+relaunch's files are read from before the model is built (``prefetch.py``), and the load copies them out.
 
 The engine's parts, in this folder: ``format.py`` (the save plan and the file format, pure),
 ``capture.py`` (what a rank saves), ``copies.py`` (the host buffer and the copies into it),
 ``flush.py`` (the streamed writer), ``restore.py`` (header checks, plain state, parallel reads),
-``reshard.py`` (the load in another layout);
+``reshard.py`` (the load in another layout), ``prefetch.py`` (the early read on a relaunch);
 this module ties them together in ``LazyEngine``.
 
 The capture shares its module and counter reads with the DCP and TorchSnapshot engines
@@ -63,11 +64,13 @@ from restartbench.engines.lazy.capture import Capture, RankLayout, capture, file
 from restartbench.engines.lazy.copies import CopyProgress, GpuWait, HostBuffer
 from restartbench.engines.lazy.flush import Flush
 from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, encode_header, make_plan, plan_signature
+from restartbench.engines.lazy.prefetch import Prefetch
 from restartbench.engines.lazy.reshard import layout_name, load_resharded, saved_sizes
 from restartbench.engines.lazy.restore import (
     broadcast_tensors,
     check_same_names,
     checked_header,
+    copy_out,
     read_into,
     read_into_direct,
     restore_plain_and_targets,
@@ -93,6 +96,11 @@ class LazyEngine(CheckpointEngine):
         self._copies_tag: str | None = None
         self._flush: Flush | None = None
         self._read: list[FileRecord] = []
+        self._prefetch: Prefetch | None = None
+        """The relaunch's prefetch (``prepare``), until the load has taken it."""
+        self._wanted: tuple[int, bool] = (0, False)
+        """The host buffer's bytes and pinning, as ``prepare`` sized it for the saves."""
+        self._load_fields: dict[str, Any] = {}
         self.copy_waits: list[dict[str, Any]] = []
         """Every wait at the optimizer step for copies still in flight: tag, seconds; each is also reported to
         ``on_copy_wait`` (from the training thread) with the wall time the step began waiting."""
@@ -101,21 +109,31 @@ class LazyEngine(CheckpointEngine):
 
     # -- save ----------------------------------------------------------------------
 
-    def prepare(self, ds_engine: Any) -> dict[str, Any]:
+    def prepare(self, ds_engine: Any, prefetched: Prefetch | None = None) -> dict[str, Any]:
         """At engine set-up, out of the first save's stall: the host buffer (pinned when the state is on CUDA:
         about 0.5 s per GiB) and the side stream. The buffer is sized for the state as the first save will find
-        it: the optimizer's moments do not exist before its first step (``state_to_come``)."""
+        it: the optimizer's moments do not exist before its first step (``state_to_come``). A relaunch's prefetch
+        (``--lazy-prefetch``) is setting the buffer up on its own thread: it becomes the engine's, and is grown to
+        that size, if it must be, after the load has copied the prefetched bytes out."""
         state = capture(ds_engine, rank_layout(ds_engine))
         cuda = any(t.is_cuda for t in state.tensors.values())
         *others, (name, kind, specs) = state.groups  # the optimizer file's group comes last
         sizing = make_plan([*others, (name, kind, specs + state_to_come(ds_engine.optimizer))])
-        self.buffer.get(sizing.buffer_bytes, pinned=cuda)
+        self._wanted = (sizing.buffer_bytes, cuda)
+        if prefetched is None:
+            self.buffer.get(sizing.buffer_bytes, pinned=cuda)
+        else:
+            self._prefetch, self.buffer = prefetched, prefetched.buffer
         if cuda:
             self._side_stream(state)
-        return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda}
+        return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda,
+                "host_buffer_by_prefetch": prefetched is not None}
 
-    def pinned_host_bytes(self) -> int:
-        """The host buffer's bytes when it is pinned (on CUDA), else 0: the lazy engine pins nothing else."""
+    def pinned_host_bytes(self) -> int | None:
+        """The host buffer's bytes when it is pinned (on CUDA), else 0: the lazy engine pins nothing else. None while
+        a prefetch is still setting the buffer up: it cannot be said yet."""
+        if self._prefetch is not None and not self._prefetch.done():
+            return None
         return self.buffer.pinned_bytes
 
     def save(self, ds_engine: Any, save_dir: str, tag: str) -> None:
@@ -262,13 +280,39 @@ class LazyEngine(CheckpointEngine):
         if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
             ds_engine.optimizer._link_all_hp_params()
 
+    def _take_prefetch(self, prefetch: Prefetch, folder: Path,
+                       jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]]) -> list[FileRecord]:
+        """The load from what the prefetch read: wait for its reads, then copy each tensor out of the buffer. A
+        prefetch that failed or read other files is recorded (``load_fields``) and the files are read here, as
+        without it (into the same buffer: its thread has ended)."""
+        waited = prefetch.wait()
+        names = [path.name for path, *_ in jobs]
+        used = prefetch.serves(folder, names) and prefetch.heads == [(header, offset) for _, offset, header, _ in jobs]
+        self._load_fields = prefetch.outcome(used, waited)
+        if used:
+            copy_out(jobs, prefetch.bases, self.buffer.tensor)
+            read = prefetch.records
+        else:
+            self._load_fields["prefetch_unused"] = self._load_fields.get(
+                "prefetch_error", f"it read {prefetch.names} of {prefetch.folder / prefetch.tag}, the load needs "
+                f"{names} of {folder}")
+            reader = read_into_direct if self.options.lazy_direct_io else read_into
+            read = reader(jobs, self.io_threads, self.chunk, self.buffer)
+        self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
+        self.buffer.get(*self._wanted)  # a no-op where the prefetch's buffer is large enough for the saves
+        return read
+
+    def load_fields(self) -> dict[str, Any]:
+        return dict(self._load_fields)
+
     def load_into(self, layout: RankLayout, load_dir: str, tag: str, module: dict[str, torch.Tensor],
                   optim_targets: Callable[[dict[str, Any]], dict[str, torch.Tensor]]) -> None:
         """``load`` without a DeepSpeed engine (restartbench.emulate drives it too): read the module file into
         ``module`` (saved name -> tensor) and the optimizer file into the tensors ``optim_targets(its header)``
-        returns (``load`` restores the header's plain values there first)."""
+        returns (``load`` restores the header's plain values there first); from the prefetch's buffer where one
+        read them (``_take_prefetch``)."""
         folder = Path(load_dir) / tag
-        self._read = []
+        self._read, self._load_fields = [], {}
         optim_path = folder / layout.optim_file
         header, data_offset = checked_header(optim_path, tag)
         saved = header.get("layout")
@@ -283,7 +327,10 @@ class LazyEngine(CheckpointEngine):
             model_header, model_offset = checked_header(model_path, tag)
             check_same_names(model_path, model_header["tensors"], module)
             jobs.append((model_path, model_offset, model_header, module))
-        if self.options.lazy_direct_io:
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            self._read = self._take_prefetch(prefetch, folder, jobs)
+        elif self.options.lazy_direct_io:
             self._read = read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)
             self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
         else:

@@ -21,3 +21,9 @@ class LazyOptions:
         "without the page cache (the header stays buffered; a load in another layout reads buffered). The file "
         "system must take O_DIRECT (tmpfs does not).",
     )
+    lazy_prefetch: bool = opt(
+        False, "lazy: on a relaunch in the layout that saved, read this rank's files into the host buffer from just "
+        "after the checkpoint is chosen (the process group up, the page cache evicted), while the model is built and "
+        "DeepSpeed initializes; the load then waits for those reads and copies the tensors out. The restart's "
+        "parts say so: the load's record holds the read's own time.",
+    )

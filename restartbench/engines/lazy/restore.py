@@ -5,7 +5,9 @@ Optimizer tensors are read into the tensors the optimizer holds, or into tensors
 create them in a fresh process. Reads are ``os.preadv`` scatter reads, straight into CPU tensors and through the
 host buffer for device tensors; with ``--lazy-direct-io``, O_DIRECT reads of each whole data region into the host
 buffer, each tensor copied out as soon as its bytes are in (``read_into_direct``). With ``dp_read_once`` the
-module file is read by data-parallel rank 0 only and broadcast to its replicas (``broadcast_tensors``).
+module file is read by data-parallel rank 0 only and broadcast to its replicas (``broadcast_tensors``). After a
+prefetch (``prefetch.py``: the same region reads, ``read_regions``, before the load) the tensors are copied out of
+the host buffer (``copy_out``).
 """
 
 from __future__ import annotations
@@ -277,6 +279,11 @@ def _checked_targets(path: Path, header: dict[str, Any], targets: dict[str, torc
         yield entry, target
 
 
+Region = tuple[Path, int, int, int, list[Place]]
+"""One file's data region to read into the host buffer: the file, the region's offset in it, its bytes, where it
+starts in the buffer, and the tensors it fills (``Place.offset`` in the region, ``Place.staged`` in the buffer)."""
+
+
 def read_into_direct(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]], io_threads: int,
                      chunk: int, staging: HostBuffer) -> list[FileRecord]:
     """``read_into`` with O_DIRECT (``--lazy-direct-io``): each file's whole data region is read past the page cache
@@ -287,26 +294,55 @@ def read_into_direct(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch
     the engine's mapping under this option) aligned; the alignment padding between tensors is read too."""
     regions, total = [], 0
     for path, data_offset, header, targets in jobs:
-        if data_offset % FILE_ALIGN or header["data_bytes"] % FILE_ALIGN:
-            raise LazyFormatError(f"{path}: data region at {data_offset}, {header['data_bytes']} bytes: not "
-                                  f"{FILE_ALIGN}-aligned, so it cannot be read with O_DIRECT")
         places = [Place(entry["offset"], entry["nbytes"], target, total + entry["offset"])
                   for entry, target in _checked_targets(path, header, targets)]
-        regions.append((path, data_offset, header["data_bytes"], total, places))
+        regions.append(region_of(path, data_offset, header, total, places, direct=True))
         total += header["data_bytes"]
     buffer = staging.get(total, pinned=False)
-    if buffer.data_ptr() % PAGE:
-        raise LazyRestoreError("the host buffer is not page-aligned, as O_DIRECT reads need (an engine made "
-                               "without --lazy-direct-io?)")
-    with ThreadPoolExecutor(io_threads, thread_name_prefix="lazy-read") as pool:
-        records = [_read_region(region, buffer, chunk, pool) for region in regions]
+    records = read_regions(regions, buffer, chunk, io_threads, direct=True)
     if any(place.target.device.type != "cpu" for *_, places in regions for place in places):
         torch.cuda.synchronize()
     return records
 
 
-def _read_region(region: tuple[Path, int, int, int, list[Place]], buffer: torch.Tensor, chunk: int,
-                 pool: ThreadPoolExecutor) -> FileRecord:
+def region_of(path: Path, data_offset: int, header: dict[str, Any], base: int, places: list[Place],
+              direct: bool) -> Region:
+    """``path``'s data region at ``base`` in the buffer, refused for O_DIRECT (``direct``) when not aligned."""
+    if direct and (data_offset % FILE_ALIGN or header["data_bytes"] % FILE_ALIGN):
+        raise LazyFormatError(f"{path}: data region at {data_offset}, {header['data_bytes']} bytes: not "
+                              f"{FILE_ALIGN}-aligned, so it cannot be read with O_DIRECT")
+    return path, data_offset, header["data_bytes"], base, places
+
+
+def read_regions(regions: list[Region], buffer: torch.Tensor, chunk: int, io_threads: int,
+                 direct: bool) -> list[FileRecord]:
+    """Read each region into ``buffer`` in ``chunk``-sized pieces, ``io_threads`` in flight, with O_DIRECT
+    (``direct``: the buffer must be page-aligned) or through the page cache; each tensor of a region's places is
+    copied out once its last piece is in."""
+    if direct and buffer.data_ptr() % PAGE:
+        raise LazyRestoreError("the host buffer is not page-aligned, as O_DIRECT reads need (an engine made "
+                               "without --lazy-direct-io?)")
+    with ThreadPoolExecutor(io_threads, thread_name_prefix="lazy-read") as pool:
+        return [_read_region(region, buffer, chunk, pool, direct) for region in regions]
+
+
+def copy_out(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]], bases: list[int],
+             buffer: torch.Tensor) -> None:
+    """Copy each file's tensors into their targets from its data region, read into ``buffer`` at its base
+    (``bases``, one per job) before the load: a device target from pinned memory without blocking, waited for at
+    the end."""
+    device = False
+    for (path, _, header, targets), base in zip(jobs, bases, strict=True):
+        for entry, target in _checked_targets(path, header, targets):
+            byte_view(target).copy_(buffer[base + entry["offset"]:base + entry["offset"] + entry["nbytes"]],
+                                    non_blocking=target.device.type != "cpu")
+            device = device or target.device.type != "cpu"
+    if device:
+        torch.cuda.synchronize()
+
+
+def _read_region(region: Region, buffer: torch.Tensor, chunk: int, pool: ThreadPoolExecutor,
+                 direct: bool) -> FileRecord:
     """One file's data region, its pieces read in parallel; a tensor is copied out once its last piece is in
     (``Place.offset`` is in the region here, ``Place.staged`` in the buffer)."""
     path, data_offset, data_bytes, base, places = region
@@ -330,7 +366,7 @@ def _read_region(region: tuple[Path, int, int, int, list[Place]], buffer: torch.
             byte_view(place.target).copy_(place.host_bytes(buffer))
         return hi - lo
 
-    fd = open_direct(path, os.O_RDONLY)
+    fd = open_direct(path, os.O_RDONLY) if direct else os.open(path, os.O_RDONLY)
     return _run_reads(path, fd, start, pool, [functools.partial(read_piece, index) for index in range(len(spans))])
 
 
