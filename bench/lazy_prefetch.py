@@ -88,13 +88,19 @@ def markdown(result: dict) -> str:
              "end of the first resumed iteration; restart less checks = less the harness's own checks on its "
              "critical path; prefetch read = the early read's own time, beside the model build and "
              "deepspeed.initialize; load's wait = how long the load still waited for it.", "",
-             "| mode | " + " | ".join(FIGURES.values()) + " |", "|---" * (len(FIGURES) + 1) + "|"]
+             "| mode | " + " | ".join(FIGURES.values()) + " | restart less checks min–max s |",
+             "|---" * (len(FIGURES) + 2) + "|"]
     for mode, figures in result["medians"].items():
+        spread = [run["restart_less_checks_s"] for run in result["runs"][mode]]
         lines.append(f"| {mode} | " + " | ".join("—" if figures[key] is None else f"{figures[key]:.2f}"
-                                                  for key in FIGURES) + " |")
+                                                  for key in FIGURES) + f" | {min(spread):.2f}–{max(spread):.2f} |")
+    widest = max(max(r["restart_less_checks_s"] for r in runs) - min(r["restart_less_checks_s"] for r in runs)
+                 for runs in result["runs"].values())
     lines += ["", *(f"- {io}: the prefetch saved **{saved['saving_s']:.2f} s** of the restart less checks at the "
                     f"median ({saved['saving_share']:.0%} of it)" for io, saved in result["savings"].items()),
-              "", "A negative saving: the runs with the prefetch restarted slower on this machine.", ""]
+              "", f"A negative saving: the runs with the prefetch restarted slower here. A saving smaller than the "
+              f"spread of one mode's repeats (up to {widest:.2f} s here) is not told apart from noise by "
+              f"{result['repeats']} repeats.", ""]
     return "\n".join(lines) + "\n"
 
 
