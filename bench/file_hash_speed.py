@@ -21,13 +21,11 @@ GB = 10^9 bytes. With ``--json FILE`` the result goes to FILE only; without, to
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from results_io import ROOT, heading, run_meta, speed_figures, speed_parser, speed_table, write_json_or_results
+from results_io import ROOT, heading, measure_in_scratch, run_meta, speed_figures, speed_parser, speed_table
 
 sys.path.insert(0, str(ROOT))
 
@@ -110,13 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the folder to write the files in (default: a new temporary folder in $TMPDIR)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="file-hash-speed-", dir=args.dir))
-    try:
-        result = {"meta": run_meta("file-hash-speed", argv, args.machine),
-                  **measure(folder, args.gib, args.threads, args.repeats)}
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    write_json_or_results(args.json, args.out, result, markdown)
+    measure_in_scratch(run_meta("file-hash-speed", argv, args.machine), "file-hash-speed-",
+                       lambda folder: measure(folder, args.gib, args.threads, args.repeats), args.json, args.out,
+                       markdown, where=args.dir)
     return 0
 
 

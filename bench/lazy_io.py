@@ -24,12 +24,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
 
-from results_io import ROOT, heading, run_meta, speed_figures, speed_parser, write_json_or_results
+from results_io import ROOT, heading, measure_in_scratch, run_meta, speed_figures, speed_parser
 
 sys.path.insert(0, str(ROOT))
 
@@ -191,13 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     limits = storage_limits(args.limits)  # before the minutes of measuring: a wrong file is said at once
-    meta = run_meta("lazy-io", argv, args.machine)
-    folder = Path(tempfile.mkdtemp(prefix="lazy-io-", dir=args.dir))
-    try:
-        result = {"meta": meta, **measure(folder, args.gib, args.repeats)}
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    write_json_or_results(args.json, args.out, with_limits(result, limits), markdown)
+    measure_in_scratch(run_meta("lazy-io", argv, args.machine), "lazy-io-",
+                       lambda folder: with_limits(measure(folder, args.gib, args.repeats), limits), args.json,
+                       args.out, markdown, where=args.dir)
     return 0
 
 

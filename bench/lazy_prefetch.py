@@ -18,14 +18,12 @@ context, NCCL, a larger model's build and ``deepspeed.initialize``) is longer an
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, heading, run_meta, write_json_or_results
+from results_io import ROOT, add_output_arguments, heading, measure_in_scratch, run_meta
 
 sys.path.insert(0, str(ROOT))
 
@@ -113,13 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     add_output_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    meta = run_meta("lazy-prefetch", argv, args.machine)
-    root = Path(tempfile.mkdtemp(prefix="lazy-prefetch-"))
-    try:
-        result = {"meta": meta, **measure(root, args.preset, args.layout, args.repeats)}
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    write_json_or_results(args.json, args.out, result, markdown)
+    measure_in_scratch(run_meta("lazy-prefetch", argv, args.machine), "lazy-prefetch-",
+                       lambda root: measure(root, args.preset, args.layout, args.repeats), args.json, args.out,
+                       markdown)
     return 0
 
 

@@ -13,9 +13,11 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,3 +134,15 @@ def write_json_or_results(json_path: Path | None, out: Path, result: dict, markd
         return
     json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(markdown(json.loads(json_path.read_text())))
+
+
+def measure_in_scratch(meta: dict, prefix: str, measure: Callable[[Path], dict], json_path: Path | None, out: Path,
+                       markdown: Callable[[dict], str], where: Path | None = None) -> None:
+    """Run ``measure`` in a new scratch folder (named ``prefix``..., in ``where``, default $TMPDIR), removed after
+    whatever happened, then write its result with ``meta`` as ``write_json_or_results`` does."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    try:
+        result = {"meta": meta, **measure(folder)}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    write_json_or_results(json_path, out, result, markdown)
