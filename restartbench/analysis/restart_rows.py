@@ -17,7 +17,8 @@ from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_eve
 def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
     parts = info["parts"]
     load = parts.get("ckpt load")
-    read_s = info.get("prefetch_read_s") or load  # a prefetched load's span holds the copy-out, not the read
+    # a load prefetched on every rank: its span holds the wait and the copy-out, the read ran before it
+    read_s = info["prefetch_read_s"] if info.get("prefetched") else load
     totals = [r for r in ranks if r["restart_s"] is not None]
     return {
         "attempt": info["attempt"], "verdict": info["verdict"], "tag": info["tag"],
