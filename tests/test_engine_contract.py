@@ -4,6 +4,7 @@ refuses what breaks it. Fast: no launch, no engine is run."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 
@@ -65,6 +66,11 @@ def test_every_registered_engine_implements_the_contract(name):
     writes_to_object_stores = cls.for_store is not CheckpointEngine.for_store
     assert writes_to_object_stores == engines.engine_info(name).object_store, \
         "an engine registered with object_store overrides for_store, and only such an engine"
+    assert "prefetched" in inspect.signature(cls.prepare).parameters, \
+        "prepare keeps the base class's parameters: the harness passes what a prefetcher started"
+    early = engines.prefetcher(name)
+    assert early is None or (callable(early.enabled) and callable(early.start)), \
+        "a registered prefetcher is a restartbench.engines.base.Prefetcher"
 
 
 def test_the_engines_that_must_run_here_are_checked():
@@ -82,7 +88,8 @@ def test_an_engine_missing_a_contract_method_cannot_be_created(missing):
 
 def test_the_optional_hooks_have_defaults_the_harness_can_call():
     engine = CompleteEngine()
-    assert engine.prepare(ds_engine=None) == {}
+    assert engine.prepare(ds_engine=None) == {} and engine.prepare(None, prefetched=None) == {}
+    assert engine.load_fields() == {}
     assert list(engine.workarounds) == []
     assert engine.on_copy_wait is None
     assert (engine.asynchronous, engine.saves_state) == (False, True)
