@@ -57,8 +57,11 @@ def test_a_huge_iteration_count_is_planned_at_once(tmp_path):
 
 
 def test_run_folder_names_are_unique_and_as_long_as_the_placeholder(tmp_path):
-    names = {rundir.new_run_folder(tmp_path, "tiny", "tp2pp2dp1", "torch").name for _ in range(1000)}
-    assert len(names) == 1000
+    """1000 names made within a second or two differ by their random suffix (6 hex digits: two names collide with a
+    chance of 1 in 16.7 million, so 1000 names hold a colliding pair about 3 % of the time, and 5 such pairs almost
+    never). A collision is refused, not shared: ``create_run_folder`` below."""
+    names = [rundir.new_run_folder(tmp_path, "tiny", "tp2pp2dp1", "torch").name for _ in range(1000)]
+    assert len(set(names)) >= 995
     assert {len(name) for name in names} == {len(rundir.PLACEHOLDER_STAMP)}
 
 
