@@ -280,27 +280,30 @@ class LazyEngine(CheckpointEngine):
         if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
             ds_engine.optimizer._link_all_hp_params()
 
-    def _take_prefetch(self, prefetch: Prefetch, folder: Path,
-                       jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]]) -> list[FileRecord]:
-        """The load from what the prefetch read: wait for its reads, then copy each tensor out of the buffer. A
-        prefetch that failed or read other files is recorded (``load_fields``) and the files are read here, as
-        without it (into the same buffer: its thread has ended)."""
+    def _take_prefetch(self, prefetch: Prefetch, folder: Path, jobs: list[tuple[Path, int, dict[str, Any], Any]]
+                       ) -> list[FileRecord] | None:
+        """The load from what the prefetch read: wait for its reads, then copy each tensor out of the buffer; the
+        files it read. None where it failed or read other files: that is recorded (``load_fields``), and the load
+        reads them itself, as without it (into the same buffer: its thread has ended)."""
         waited = prefetch.wait()
-        names = [path.name for path, *_ in jobs]
-        used = prefetch.serves(folder, names) and prefetch.heads == [(header, offset) for _, offset, header, _ in jobs]
+        used = prefetch.serves(folder, jobs)
         self._load_fields = prefetch.outcome(used, waited)
-        if used:
-            copy_out(jobs, prefetch.bases, self.buffer.tensor)
-            read = prefetch.records
-        else:
+        if not used:
             self._load_fields["prefetch_unused"] = self._load_fields.get(
                 "prefetch_error", f"it read {prefetch.names} of {prefetch.folder / prefetch.tag}, the load needs "
-                f"{names} of {folder}")
-            reader = read_into_direct if self.options.lazy_direct_io else read_into
-            read = reader(jobs, self.io_threads, self.chunk, self.buffer)
+                f"{[path.name for path, *_ in jobs]} of {folder}")
+            return None
+        copy_out(jobs, prefetch.bases, self.buffer.tensor)
         self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
-        self.buffer.get(*self._wanted)  # a no-op where the prefetch's buffer is large enough for the saves
-        return read
+        return prefetch.records
+
+    def _read_files(self, jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]]
+                    ) -> list[FileRecord]:
+        """Read the files into their tensors: O_DIRECT through the host buffer, or buffered scatter reads."""
+        if not self.options.lazy_direct_io:
+            return read_into(jobs, self.io_threads, self.chunk, self.buffer)
+        self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
+        return read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)
 
     def load_fields(self) -> dict[str, Any]:
         return dict(self._load_fields)
@@ -328,13 +331,10 @@ class LazyEngine(CheckpointEngine):
             check_same_names(model_path, model_header["tensors"], module)
             jobs.append((model_path, model_offset, model_header, module))
         prefetch, self._prefetch = self._prefetch, None
+        taken = self._take_prefetch(prefetch, folder, jobs) if prefetch is not None else None
+        self._read = taken if taken is not None else self._read_files(jobs)
         if prefetch is not None:
-            self._read = self._take_prefetch(prefetch, folder, jobs)
-        elif self.options.lazy_direct_io:
-            self._read = read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)
-            self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
-        else:
-            self._read = read_into(jobs, self.io_threads, self.chunk, self.buffer)
+            self.buffer.get(*self._wanted)  # a no-op where the prefetch's buffer is large enough for the saves
         if self.options.dp_read_once and layout.dp_size > 1:
             broadcast_tensors(list(module.values()), layout.dp_src, layout.dp_group, self.chunk)
 

@@ -25,7 +25,7 @@ import torch
 from restartbench.engines.base import FileRecord, RankPlace
 from restartbench.engines.lazy.capture import model_file_name, optim_file_name
 from restartbench.engines.lazy.copies import HostBuffer
-from restartbench.engines.lazy.restore import checked_header, read_regions, region_of
+from restartbench.engines.lazy.restore import checked_header, read_regions, region_bases, region_of
 
 
 class Prefetch:
@@ -58,11 +58,9 @@ class Prefetch:
                 torch.cuda.set_device(torch.device(self.device))  # a thread's current device is its own
             paths = [self.folder / self.tag / name for name in self.names]
             self.heads = [checked_header(path, self.tag) for path in paths]
-            regions, total = [], 0
-            for path, (header, data_offset) in zip(paths, self.heads, strict=True):
-                regions.append(region_of(path, data_offset, header, total, [], self.direct))
-                self.bases.append(total)
-                total += header["data_bytes"]
+            self.bases, total = region_bases([header for header, _ in self.heads])
+            regions = [region_of(path, data_offset, header, base, [], self.direct)
+                       for path, (header, data_offset), base in zip(paths, self.heads, self.bases, strict=True)]
             start = time.perf_counter()
             buffer = self.buffer.get(total, pinned=self.pinned)
             self.setup_s = time.perf_counter() - start
@@ -82,10 +80,12 @@ class Prefetch:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def serves(self, folder: Path, names: list[str]) -> bool:
-        """Whether this prefetch read what a load of ``folder`` (the checkpoint's own folder) needs, and without
-        error."""
-        return self.error is None and folder == self.folder / self.tag and names == self.names
+    def serves(self, folder: Path, jobs: list[tuple[Path, int, dict[str, Any], Any]]) -> bool:
+        """Whether this prefetch read, without error, the files a load of ``folder`` (the checkpoint's own folder)
+        reads (``jobs``: each file, its data region's offset and its header, as the load found them)."""
+        return (self.error is None and folder == self.folder / self.tag
+                and [path.name for path, *_ in jobs] == self.names
+                and [(header, offset) for _, offset, header, _ in jobs] == self.heads)
 
     def fields(self) -> dict[str, Any]:
         """What was started, for the ``restore.prefetch`` record."""

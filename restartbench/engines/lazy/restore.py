@@ -13,6 +13,7 @@ the host buffer (``copy_out``).
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import time
@@ -292,17 +293,24 @@ def read_into_direct(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch
     that completes the last piece covering it, so the copies overlap the other reads. O_DIRECT needs the region
     (FILE_ALIGN-aligned and padded by the format), the pieces (whole MiB) and the buffer (page-aligned: pinned, or
     the engine's mapping under this option) aligned; the alignment padding between tensors is read too."""
-    regions, total = [], 0
-    for path, data_offset, header, targets in jobs:
-        places = [Place(entry["offset"], entry["nbytes"], target, total + entry["offset"])
+    bases, total = region_bases([header for _, _, header, _ in jobs])
+    regions = []
+    for (path, data_offset, header, targets), base in zip(jobs, bases, strict=True):
+        places = [Place(entry["offset"], entry["nbytes"], target, base + entry["offset"])
                   for entry, target in _checked_targets(path, header, targets)]
-        regions.append(region_of(path, data_offset, header, total, places, direct=True))
-        total += header["data_bytes"]
+        regions.append(region_of(path, data_offset, header, base, places, direct=True))
     buffer = staging.get(total, pinned=False)
     records = read_regions(regions, buffer, chunk, io_threads, direct=True)
     if any(place.target.device.type != "cpu" for *_, places in regions for place in places):
         torch.cuda.synchronize()
     return records
+
+
+def region_bases(headers: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """Where each file's data region starts in the host buffer, the regions laid out one after the other in the
+    files' order, and the bytes they take together."""
+    ends = list(itertools.accumulate(header["data_bytes"] for header in headers))
+    return [0, *ends[:-1]], ends[-1] if ends else 0
 
 
 def region_of(path: Path, data_offset: int, header: dict[str, Any], base: int, places: list[Place],
