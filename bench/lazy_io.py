@@ -8,7 +8,10 @@ A rank's state of ``gib`` GiB (AdamW over a stack of 2048-wide fp32 linear layer
 the end) and restored into a fresh model and optimizer, in each mode, ``repeats`` times, in another order each repeat:
 
 - durable: ``save`` called until ``wait_until_durable`` returns (every file and folder fsync'd), for the engine's
-  second save, as a run's later saves are: the first faults in a buffer that its set-up did not (buffered mode);
+  second save, as a run's later saves are: the first faults in a buffer that its set-up did not (buffered mode), and
+  its files stay on the disk meanwhile, as a run's previous checkpoint does until the next one is committed (the
+  last mode's files are removed before the first save, and the removal synced: a file system mounted with
+  ``discard`` trims the freed blocks then, which would otherwise run beside the save measured);
 - cold restore: the files evicted from the page cache first (checked with ``mincore``), then ``load`` until it
   returns; each restore is proved exact against the saved state's digest.
 
@@ -22,6 +25,7 @@ modes in the whole study at 21 GB.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -77,10 +81,10 @@ def save_and_restore(state: types.SimpleNamespace, fresh: types.SimpleNamespace,
     """One save (durable seconds) and one cold restore (seconds) in a mode, each engine set up first (seconds), and
     the files' bytes."""
     shutil.rmtree(folder, ignore_errors=True)
+    os.sync()
     saver, save_setup = set_up(state, direct)
     saver.save(state, str(folder), "step0")  # the buffer's first use: a torch.empty one is faulted in by its copies
     saver.wait_until_durable()
-    shutil.rmtree(folder / "step0")
     start = time.perf_counter()
     saver.save(state, str(folder), "step1")
     durable = saver.wait_until_durable() - start
@@ -95,6 +99,7 @@ def save_and_restore(state: types.SimpleNamespace, fresh: types.SimpleNamespace,
     restore = time.perf_counter() - start
     if training_state_digest(fresh) != digest:
         raise RuntimeError(f"the {'direct' if direct else 'buffered'} restore is not exact")
+    vars(state.optimizer).pop("step")  # the saver's step guard: the next saver's would wrap it, keeping this one alive
     return ({"durable": durable, "restore": restore, "setup": max(save_setup, load_setup)},
             sum(path.stat().st_size for path in paths))
 
@@ -151,7 +156,8 @@ def markdown(result: dict) -> str:
              f"AdamW), saved and restored in each mode, {result['repeats']} repeats; set-up = the engine's `prepare` "
              "(its host buffer: a pinned or page-aligned one is faulted in there), the slower of the save's and the "
              "load's, a restart part of its own; durable = the engine's second save to every file fsync'd (its first "
-             "faults in a buffer that set-up left untouched); cold restore = the files evicted first, load until it "
+             "faults in a buffer that set-up left untouched; its files stay on the disk, as a run's previous "
+             "checkpoint does); cold restore = the files evicted first, load until it "
              "returns, proved exact. GB = 10^9 bytes.",
              "", "| mode | set-up s (median) | durable s (median) | durable GB/s | min–max | ÷ disk write | cold "
              "restore s (median) | restore GB/s | min–max | ÷ disk read |", "|---|---|---|---|---|---|---|---|---|---|"]
