@@ -40,6 +40,9 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     if device == "cuda":
         _check_gpus(layout.world_size, nnodes, nproc, gpus_per_node, launcher)
     _check_engine(cfg.engine.engine)
+    ignored = engines.ignored_options(cfg.engine)
+    if ignored:
+        raise StudyError("\n".join(ignored))
     grad_accum = cfg.train.grad_accum or layout.pp
     memory = memory_per_rank(preset, layout, dtype=cfg.model.dtype, micro_batch=cfg.train.micro_batch,
                              grad_accum=grad_accum, device=device,

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from restartbench import rundir
+from restartbench import engines, rundir
 from restartbench.cli import run
 from restartbench.config import RunConfig, check_allowed, check_type, leaf_fields
 from restartbench.errors import StudyError
@@ -85,6 +85,7 @@ def load_sweep(path: Path) -> Sweep:
     if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
         raise SweepError(f"{path}: 'repetitions' must be a whole number ≥ 1, got {repetitions!r}")
     options = _options(path, data.get("options") or {})
+    _check_engine_options_read(path, options, lists["engines"])
     cells = [Cell(preset, layout, engine, repetition)
              for preset, layout, engine in itertools.product(*lists.values())
              for repetition in range(1, repetitions + 1)]
@@ -119,10 +120,30 @@ def _options(path: Path, options: Any) -> dict[str, Any]:
     return dict(options)
 
 
+def _engine_owned() -> set[str]:
+    """The options an engine folder declares (its ``options.py``), each read by the engines that name it."""
+    return {field.name for cls in engines.engine_options().values() for field in dataclasses.fields(cls)}
+
+
+def _check_engine_options_read(path: Path, options: dict[str, Any], names: list[str]) -> None:
+    """An engine's option that none of the sweep's engines reads is refused: every cell would go without it. (An
+    unknown engine's name is refused with its cell.)"""
+    read = {name for engine in names if engine in engines.engine_names()
+            for name in engines.engine_info(engine).options}
+    unread = sorted((set(options) & _engine_owned()) - read)
+    if unread:
+        raise SweepError(f"{path}: option(s) {unread} are read by none of the sweep's engines ({', '.join(names)}): "
+                         "drop them, or add the engines they are for (config-n-run.py --help says whose each is)")
+
+
 def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:
+    """The cell's run configuration: the sweep's options, less the engine options its engine does not read (another
+    engine of the sweep's), so that its config.json sets only what its run uses."""
     sections: dict[str, dict[str, Any]] = {}
+    foreign = _engine_owned() - set(engines.engine_info(cell.engine).options) \
+        if cell.engine in engines.engine_names() else set()
     for section, leaf in leaf_fields():
-        if leaf.name in sweep.options:
+        if leaf.name in sweep.options and leaf.name not in foreign:
             sections.setdefault(section, {})[leaf.name] = sweep.options[leaf.name]
     sections.setdefault("model", {})["preset"] = cell.preset
     sections.setdefault("layout", {})["layout"] = cell.layout

@@ -1,5 +1,6 @@
 """The run configuration tree, its generated CLI, planning checks, and template rendering (no launch)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from restartbench import engines
 from restartbench.config import RunConfig, build_parser, config_from_args
 from restartbench.study import StudyError, plan_run, render
 
@@ -90,12 +92,35 @@ def test_paths_with_spaces_are_quoted(tmp_path):
      "unknown checkpoint engine 'nebula'; known engines: none, torch, fastpersist"),
     (["tiny", "tp3"], "4 attention heads, not divisible by tp=3"),
     (["tiny", "tp2pp2dp2", "--nproc-per-node", "4"], "needs tp·pp·dp = 2·2·2 = 8 ranks, but 4 were given"),
+    (["tiny", "tp2pp2", "--lazy-prefetch"], "--lazy-prefetch is an option of the lazy engine, and this run's engine "
+     "is torch: the run would ignore it while its config.json said it was set. Drop it, or choose --engine lazy."),
+    (["tiny", "tp2pp2", "--engine", "lazy", "--io-buffer-mb", "8"], "--io-buffer-mb is an option of the fastpersist "
+     "and decoupled engines, and this run's engine is lazy: the run would ignore it while its config.json said it was "
+     "set. Drop it, or choose --engine fastpersist or --engine decoupled."),
 ])
 def test_bad_input_is_refused_before_anything_is_written(argv, message, tmp_path):
     cfg = config_from_args([*argv, "--logs", str(tmp_path)])
     with pytest.raises(StudyError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_run(cfg)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["--engine", "lazy", "--lazy-prefetch", "--dp-read-once", "--lazy-chunk-mb", "8", "--no-lazy-direct-io"],
+    ["--engine", "fastpersist", "--io-buffer-mb", "8", "--writer-data-parallel", "socket"],
+    ["--engine", "datastates", "--host-cache-gb", "2"],
+    ["--engine", "torch", "--lazy-io-threads", "4"],  # at its default: nothing is set, nothing to refuse
+])
+def test_an_engines_own_options_are_taken(argv):
+    _plan("tiny", "tp2pp2", *argv)
+
+
+def test_every_engine_option_is_read_by_some_engine_and_every_engine_reads_only_options():
+    owned = {field.name for cls in engines.engine_options().values() for field in dataclasses.fields(cls)}
+    read = {name: engines.engine_info(name).options for name in engines.engine_names()}
+    assert {option for options in read.values() for option in options} == owned
+    assert read["lazy"] == ("dp_read_once", "lazy_chunk_mb", "lazy_io_threads", "lazy_direct_io", "lazy_prefetch")
+    assert read["torch"] == read["dcp"] == read["none"] == ()
 
 
 def test_memory_check_refuses_a_preset_too_big_for_this_machine(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from restartbench.sweep import SweepError, load_sweep
+from restartbench.sweep import SweepError, cell_config, load_sweep
 
 
 def write(tmp_path: Path, data) -> Path:
@@ -25,6 +25,15 @@ def test_cells_are_the_cross_product(tmp_path):
     sweep = load_sweep(write(tmp_path, {"presets": ["tiny"], "layouts": ["tp2pp2", "pp2dp2"],
                                         "engines": ["torch", "none"], "repetitions": 3, "options": {"iters": 2}}))
     assert len(sweep.cells) == 12 and sweep.options == {"iters": 2}
+
+
+def test_a_cell_sets_only_the_engine_options_its_engine_reads(tmp_path):
+    """lazy's option goes to lazy's cells; torch's cells keep its default, and their config.json does not say it."""
+    sweep = load_sweep(write(tmp_path, {"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch", "lazy"],
+                                        "options": {"lazy_chunk_mb": 8, "iters": 2}}))
+    configs = {cell.engine: cell_config(sweep, cell) for cell in sweep.cells}
+    assert (configs["lazy"].engine.lazy_chunk_mb, configs["torch"].engine.lazy_chunk_mb) == (8, 64)
+    assert configs["lazy"].train.iters == configs["torch"].train.iters == 2
 
 
 @pytest.mark.parametrize("data, message", [
@@ -41,6 +50,8 @@ def test_cells_are_the_cross_product(tmp_path):
     ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch"], "options": {"preset": "7B"}},
      "cannot be set in a sweep"),
     ([1, 2], "expected a mapping"),
+    ({"presets": ["tiny"], "layouts": ["tp2"], "engines": ["torch", "dcp"], "options": {"lazy_chunk_mb": 8}},
+     "option(s) ['lazy_chunk_mb'] are read by none of the sweep's engines (torch, dcp)"),
 ])
 def test_bad_sweep_files_get_clear_errors(tmp_path, data, message):
     escaped = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")

@@ -7,7 +7,8 @@ calls on every rank, and when, is ``restartbench/engines/base.py``.
 
 An engine folder with options holds them in ``options.py``, one dataclass (``engine_options``): ``restartbench.config``
 makes its ``EngineConfig`` of them, so each is a key of config.json's ``engine`` section and an option of
-``config-n-run.py``.
+``config-n-run.py``. The engines that read one name it (``EngineInfo.options``); another engine's run refuses it
+(``ignored_options``).
 
 This module imports no torch: the registry is read by the launcher and ``--dry-run`` too.
 An engine whose package is missing is reported by ``missing_requirements`` with the
@@ -113,6 +114,27 @@ def prefetcher(name: str) -> Prefetcher | None:
     """The engine's early read on a relaunch (``EngineInfo.prefetcher``), imported; None where it has none."""
     ref = engine_info(name).prefetcher
     return load(ref) if ref else None
+
+
+def ignored_options(options: EngineOptions) -> list[str]:
+    """A line for each engine option set away from its default that the run's engine does not read
+    (``EngineInfo.options``), saying whose it is and what to do; empty when there is none."""
+    readers: dict[str, list[str]] = {}
+    for info in _REGISTRY.values():
+        for name in info.options:
+            readers.setdefault(name, []).append(info.name)
+    mine = set(engine_info(options.engine).options)
+    return [f"--{field.name.replace('_', '-')} is an option of {_names(readers.get(field.name, []))}, and this run's "
+            f"engine is {options.engine}: the run would ignore it while its config.json said it was set. Drop it, "
+            f"or choose {' or '.join(f'--engine {name}' for name in readers.get(field.name, []))}."
+            for cls in engine_options().values() for field in dataclasses.fields(cls)
+            if field.name not in mine and getattr(options, field.name) != field.default]
+
+
+def _names(engines: list[str]) -> str:
+    if len(engines) == 1:
+        return f"the {engines[0]} engine"
+    return f"the {', '.join(engines[:-1])} and {engines[-1]} engines"
 
 
 def launch_env(name: str, device: str) -> dict[str, str]:

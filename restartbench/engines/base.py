@@ -85,6 +85,10 @@ class EngineInfo:
     """``module:attribute`` of the engine's ``Prefetcher``: how, on a relaunch in the layout that saved, it starts
     reading the checkpoint as soon as the checkpoint is chosen, while the model is built and DeepSpeed initializes;
     None where the engine reads only in ``load``."""
+    options: tuple[str, ...] = ()
+    """The engine options it reads: fields of its folder's ``options.py`` (``--lazy-chunk-mb``'s ``lazy_chunk_mb``).
+    Another engine's option set away from its default is refused before a launch (``engines.ignored_options``): the
+    run would ignore it while its config.json said it was set."""
 
     def __post_init__(self) -> None:
         for ref, reason, why in (("predictor", "not_predicted", self.not_predicted),

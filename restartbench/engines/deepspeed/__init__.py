@@ -85,6 +85,8 @@ _PREDICT, _EMULATE = "restartbench.engines.deepspeed.predict", "restartbench.eng
 _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a PipelineEngine: its writer processes "
               "refuse the non-leaf fp32 partitions ('Cowardly refusing to serialize non-leaf tensor'), so every save "
               "is recorded as failed and nothing is committed.")
+_WRITER_OPTIONS = ("io_buffer_mb", "writer_data_parallel")
+"""What DeepSpeed's writer block (``_writer_block``) is made of."""
 _NOT_EMULATED = ("its writer is not emulated: --emulate goes through DeepSpeed's default engine's files only (--engine "
                  "torch), whose names and state dicts the others write too")
 
@@ -94,7 +96,7 @@ ENGINES = (
                converter="restartbench.engines.deepspeed.universal:UNIVERSAL"),
     EngineInfo("fastpersist", _DS, "FastPersistEngine", "DeepSpeed FastPersist writer: aligned buffers, libaio",
                ds_config=_writer_block(False), launch_env=_writer_env, system_check=_libaio_missing,
-               predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED,
+               options=_WRITER_OPTIONS, predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED,
                not_resharded="FastPersist's checkpoints do not convert with DeepSpeed's ds_to_universal.py as they "
                              "are: every data-parallel writer writes the model file, and the copies keep FastPersist's "
                              "suffix (mp_rank_00_model_states.pt-1.2), which the converter counts as model files "
@@ -102,7 +104,7 @@ ENGINES = (
                              "DeepSpeed 0.19.8, tiny pp2dp2)"),
     EngineInfo("decoupled", _DS, "DecoupledEngine", "DeepSpeed decoupled writer: background writer processes",
                ds_config=_writer_block(True), launch_env=_writer_env, system_check=_libaio_missing,
-               known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED},
+               options=_WRITER_OPTIONS, known_issues={"cpu": _DECOUPLED, "cuda": _DECOUPLED},
                not_predicted="DeepSpeed's decoupled writer fails as shipped with ZeRO-1 in a PipelineEngine (its "
                              "writer processes refuse the non-leaf fp32 partitions: 'Cowardly refusing to serialize "
                              "non-leaf tensor'), so no checkpoint of it exists to hold a prediction to; were it fixed, "
@@ -113,7 +115,8 @@ ENGINES = (
     EngineInfo("datastates", _DS, "DataStatesEngine",
                "DeepSpeed's DataStates-LLM engine: lazy asynchronous copies to a pinned host cache (CUDA only)",
                ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
-               system_check=_datastates_missing, skip_when_missing=True, predictor=f"{_PREDICT}:DATASTATES",
+               system_check=_datastates_missing, skip_when_missing=True, options=("host_cache_gb",),
+               predictor=f"{_PREDICT}:DATASTATES",
                not_emulated=_NOT_EMULATED,
                not_resharded="its files hold DataStates' own format (a JSON header, raw tensor bytes, a pickle) "
                              "under DeepSpeed's names, which ds_to_universal.py cannot read (it torch.loads each "

@@ -9,5 +9,6 @@ ENGINES = (
                "streamed fsync'd flush", predictor="restartbench.engines.lazy.predict:PREDICTOR",
                emulator="restartbench.engines.lazy.emulate:LazyFiles",
                prefetcher="restartbench.engines.lazy.prefetch:PREFETCHER",  # --lazy-prefetch
-               reshards_at_load=True),  # each new rank reads the byte ranges it needs (lazy/reshard.py)
+               reshards_at_load=True,  # each new rank reads the byte ranges it needs (lazy/reshard.py)
+               options=("dp_read_once", "lazy_chunk_mb", "lazy_io_threads", "lazy_direct_io", "lazy_prefetch")),
 )
