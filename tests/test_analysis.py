@@ -232,6 +232,28 @@ def test_engine_none_is_the_start_up_floor(mixed_logs):
 
 
 @multirank
+def test_runs_of_one_engine_with_other_options_are_other_configurations(study_logs, tmp_path):
+    """Two lazy runs, one of them with --lazy-direct-io (its config.json's engine section): they are not pooled as
+    repetitions of one configuration; each summary row says its options."""
+    logs = tmp_path / "logs"
+    shutil.copytree(study_logs, logs, ignore=shutil.ignore_patterns("checkpoints", "baseline.json"))
+    run = real_runs(logs)[0]
+    buffered, direct = copy_as_engine(run, "lazy"), run.parent.parent / "lazy" / "direct"
+    shutil.copytree(buffered, direct)
+    config = json.loads((direct / "config.json").read_text())
+    config["engine"].update(engine="lazy", lazy_direct_io=True)
+    (direct / "config.json").write_text(json.dumps(config))
+    table = collect(logs).table()
+    lazy = table[table["engine"] == "lazy"]
+    assert dict(zip(lazy["run_id"].str.rsplit("/", n=1).str[-1], lazy["engine_options"])) == {
+        buffered.name: "", "direct": "--lazy-direct-io"}
+    assert "engine_options" in analysis.group_keys(table)
+    summary = analysis.checkpoint_summary(table)
+    assert sorted(summary.loc[summary["engine"] == "lazy", "engine_options"]) == ["", "--lazy-direct-io"]
+    assert set(table.loc[table["engine"] == "torch", "engine_options"]) == {""}
+
+
+@multirank
 def test_summaries_and_engine_comparison(mixed_logs):
     collected = collect(mixed_logs)
     table = collected.table()

@@ -123,6 +123,18 @@ def test_every_engine_option_is_read_by_some_engine_and_every_engine_reads_only_
     assert read["torch"] == read["dcp"] == read["none"] == ()
 
 
+def test_a_runs_engine_options_are_said_as_the_command_line_words_that_set_them(monkeypatch):
+    section = {"engine": "lazy", "lazy_direct_io": True, "lazy_chunk_mb": 8, "lazy_io_threads": 4,
+               "io_buffer_mb": 16}  # io_buffer_mb is not lazy's: not said
+    assert engines.options_set("lazy", section) == "--lazy-chunk-mb 8 --lazy-direct-io"
+    assert engines.options_set("lazy", {"engine": "lazy"}) == ""  # keys it lacks predate their options: defaults
+    assert engines.options_set("fastpersist", {"io_buffer_mb": 16}) == "--io-buffer-mb 16"
+    assert engines.options_set("toy", {"toy_file_prefix": "mine"}) == ""  # not registered here
+    monkeypatch.setattr(engines, "option_defaults", lambda: {**dict(RunConfig().to_dict()["engine"]),
+                                                             "lazy_direct_io": True})
+    assert engines.options_set("lazy", {"lazy_direct_io": False}) == "--no-lazy-direct-io"
+
+
 def test_memory_check_refuses_a_preset_too_big_for_this_machine(tmp_path):
     cfg = config_from_args(["13B", "dp1", "--device", "cpu", "--logs", str(tmp_path)])
     with pytest.raises(StudyError, match="needs about .* GiB per rank"):

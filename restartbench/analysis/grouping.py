@@ -16,7 +16,8 @@ from restartbench.layout import parse_layout
 
 
 def group_keys(table: pd.DataFrame) -> list[str]:
-    """preset, layout, the setup columns that vary in this table (dtype, device, storage, nodes), engine."""
+    """preset, layout, the setup columns that vary in this table (dtype, device, storage, client, nodes, the engine's
+    options), engine."""
     varying = [key for key in SETUP_KEYS if key in table.columns and table[key].nunique(dropna=False) > 1]
     return ["preset", "layout", *varying, "engine"]
 

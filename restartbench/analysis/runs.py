@@ -28,6 +28,7 @@ from restartbench.analysis.restart_rows import (
     resume_spike,
     skipped_restarts,
 )
+from restartbench.engines import options_set
 from restartbench.events import EVENTS_FOLDER, Event, read_events
 from restartbench.results import (
     checkpoints,
@@ -130,7 +131,8 @@ def common_columns(run_dir: Path, meta: dict[str, Any], events: list[dict[str, A
         "run_id": None, "run": None, "preset": require(meta, "preset", run_dir / rundir.METADATA),
         "layout": require(meta, "layout", run_dir / rundir.METADATA),
         "tp": planned["tp"], "pp": planned["pp"], "dp": planned["dp"],
-        "engine": require(meta, "engine", run_dir / rundir.METADATA), "dtype": model.get("dtype"),
+        "engine": require(meta, "engine", run_dir / rundir.METADATA),
+        "engine_options": options_set(meta["engine"], config.get("engine") or {}), "dtype": model.get("dtype"),
         "storage": (config.get("storage") or {}).get("checkpoint_dir") or "run folder",
         "client": planned["client"],
         "ranks": meta.get("world_size"), "nodes": planned["nodes"], "device": meta.get("device"),

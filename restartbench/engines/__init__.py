@@ -116,6 +116,11 @@ def prefetcher(name: str) -> Prefetcher | None:
     return load(ref) if ref else None
 
 
+def option_defaults() -> dict[str, Any]:
+    """Every engine option (the engine folders' ``options.py``) and its default."""
+    return {field.name: field.default for cls in engine_options().values() for field in dataclasses.fields(cls)}
+
+
 def ignored_options(options: EngineOptions) -> list[str]:
     """A line for each engine option set away from its default that the run's engine does not read
     (``EngineInfo.options``), saying whose it is and what to do; empty when there is none."""
@@ -124,11 +129,29 @@ def ignored_options(options: EngineOptions) -> list[str]:
         for name in info.options:
             readers.setdefault(name, []).append(info.name)
     mine = set(engine_info(options.engine).options)
-    return [f"--{field.name.replace('_', '-')} is an option of {_names(readers.get(field.name, []))}, and this run's "
-            f"engine is {options.engine}: the run would ignore it while its config.json said it was set. Drop it, "
-            f"or choose {' or '.join(f'--engine {name}' for name in readers.get(field.name, []))}."
-            for cls in engine_options().values() for field in dataclasses.fields(cls)
-            if field.name not in mine and getattr(options, field.name) != field.default]
+    return [f"--{_flag(name)} is an option of {_names(readers.get(name, []))}, and this run's engine is "
+            f"{options.engine}: the run would ignore it while its config.json said it was set. Drop it, or choose "
+            f"{' or '.join(f'--engine {reader}' for reader in readers.get(name, []))}."
+            for name, default in option_defaults().items() if name not in mine and getattr(options, name) != default]
+
+
+def options_set(engine: str, section: dict[str, Any]) -> str:
+    """The engine's own options (``EngineInfo.options``) that a run's config.json ``engine`` section sets away from
+    their defaults, as config-n-run.py's words: ``--lazy-direct-io --lazy-chunk-mb 8``; '' where it sets none. A key
+    the section lacks was written before the option existed: the run had its default. An engine not registered here
+    has none."""
+    info, defaults = _REGISTRY.get(engine), option_defaults()
+    words = []
+    for name in info.options if info else ():
+        value = section.get(name, defaults[name])
+        if value != defaults[name]:
+            words.append(f"--{_flag(name)}" if value is True else f"--no-{_flag(name)}" if value is False
+                         else f"--{_flag(name)} {value}")
+    return " ".join(words)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _names(engines: list[str]) -> str:
