@@ -120,17 +120,12 @@ def _options(path: Path, options: Any) -> dict[str, Any]:
     return dict(options)
 
 
-def _engine_owned() -> set[str]:
-    """The options an engine folder declares (its ``options.py``), each read by the engines that name it."""
-    return {field.name for cls in engines.engine_options().values() for field in dataclasses.fields(cls)}
-
-
 def _check_engine_options_read(path: Path, options: dict[str, Any], names: list[str]) -> None:
     """An engine's option that none of the sweep's engines reads is refused: every cell would go without it. (An
     unknown engine's name is refused with its cell.)"""
     read = {name for engine in names if engine in engines.engine_names()
             for name in engines.engine_info(engine).options}
-    unread = sorted((set(options) & _engine_owned()) - read)
+    unread = sorted((set(options) & set(engines.option_defaults())) - read)
     if unread:
         raise SweepError(f"{path}: option(s) {unread} are read by none of the sweep's engines ({', '.join(names)}): "
                          "drop them, or add the engines they are for (config-n-run.py --help says whose each is)")
@@ -140,7 +135,7 @@ def cell_config(sweep: Sweep, cell: Cell) -> RunConfig:
     """The cell's run configuration: the sweep's options, less the engine options its engine does not read (another
     engine of the sweep's), so that its config.json sets only what its run uses."""
     sections: dict[str, dict[str, Any]] = {}
-    foreign = _engine_owned() - set(engines.engine_info(cell.engine).options) \
+    foreign = set(engines.option_defaults()) - set(engines.engine_info(cell.engine).options) \
         if cell.engine in engines.engine_names() else set()
     for section, leaf in leaf_fields():
         if leaf.name in sweep.options and leaf.name not in foreign:
