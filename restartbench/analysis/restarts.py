@@ -39,7 +39,7 @@ def restart_summary(table: pd.DataFrame) -> pd.DataFrame:
         cache=("cache", lambda s: ", ".join(sorted({str(v) for v in s.dropna()})) or None),
         exact=("exact", lambda s: None if s.isna().all() else bool(s.dropna().astype(bool).all())),
         baseline_read_MBps=("baseline_read_MBps", "median"),
-        **({"prefetched": ("prefetched", lambda s: bool(s.fillna(False).astype(bool).all())),
+        **({"prefetched": ("prefetched", lambda s: bool(s.eq(True).all())),
             "prefetch_read_s": ("prefetch_read_s", "median"), "prefetch_wait_s": ("prefetch_wait_s", "median")}
            if "prefetched" in timed else {}),
         restore_peak_rss_bytes=("restore_peak_rss_bytes", "median"), resume_spike=("resume_spike", "median"),

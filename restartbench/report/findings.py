@@ -184,7 +184,7 @@ def _prefetch_clause(restoring: pd.DataFrame) -> str:
     """What the load does not hold where the engine read the checkpoint during start-up (``--lazy-prefetch``)."""
     if "prefetched" not in restoring:
         return ""
-    early = restoring[restoring["prefetched"].fillna(False).astype(bool)]
+    early = restoring[restoring["prefetched"].eq(True)]
     return "".join(f" ({row['engine']} read it from before the model build, {fmt_s(row['prefetch_read_s'])} beside "
                    f"the start-up; its load waited {fmt_s(row['prefetch_wait_s'])} for that read, then copied it "
                    "out)" for _, row in early.iterrows())
