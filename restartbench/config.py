@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from restartbench.config_fields import AT_LEAST_0, AT_LEAST_1, Allowed, opt
+from restartbench.config_fields import AT_LEAST_0, AT_LEAST_1, Allowed, flag, opt
 from restartbench.engines import engine_names, engine_options  # the registry: see pyproject's [tool.importlinter]
 
 
 @dataclass
 class ModelConfig:
-    preset: str = opt("tiny", "Model preset: tiny, small (CPU shapes) or 3B, 7B, 13B, 33B, 70B.", positional=True)
+    preset: str = opt("tiny", "Model preset: tiny, small (CPU shapes) or 1B, 3B, 7B, 13B, 33B, 70B.", positional=True)
     dtype: str = opt(
         "bf16",
         "Training precision. bf16 is the study's setting; fp32 is much faster on CPUs without bf16 units.",
@@ -285,7 +285,7 @@ def check_allowed(leaf: dataclasses.Field, value: Any) -> None:
     allowed = leaf.metadata.get("allowed")
     if allowed is not None and not allowed.accepts(value):
         finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
-        raise ValueError(f"--{leaf.name.replace('_', '-')} must be {finite}{allowed.describe()} (got {value!r})")
+        raise ValueError(f"{flag(leaf.name)} must be {finite}{allowed.describe()} (got {value!r})")
 
 
 @functools.cache
@@ -317,10 +317,10 @@ def build_parser(prog: str = "config-n-run.py") -> argparse.ArgumentParser:
             parser.add_argument(dest, metavar=leaf.name.upper(), nargs="?", default=leaf.default,
                                 help=f"{meta['doc']} (default: {leaf.default})")
         elif kind is bool:
-            parser.add_argument(f"--{leaf.name.replace('_', '-')}", dest=dest, default=leaf.default,
+            parser.add_argument(flag(leaf.name), dest=dest, default=leaf.default,
                                 action=argparse.BooleanOptionalAction, help=meta["doc"])
         else:
-            parser.add_argument(f"--{leaf.name.replace('_', '-')}", dest=dest, type=kind, default=leaf.default,
+            parser.add_argument(flag(leaf.name), dest=dest, type=kind, default=leaf.default,
                                 choices=meta["choices"], metavar=None if meta["choices"] else kind.__name__.upper(),
                                 help=f"{meta['doc']} (default: {leaf.default})")
     return parser

@@ -54,3 +54,9 @@ def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str,
     """A config field with its documentation, how it appears on the command line, and the values it accepts."""
     return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices,
                                             "allowed": allowed})
+
+
+def flag(name: str, negated: bool = False) -> str:
+    """How the field ``name`` is spelled on the command line: '--lazy-direct-io' for ``lazy_direct_io``, and
+    '--no-lazy-direct-io' ``negated`` (a boolean turned off, as argparse's BooleanOptionalAction spells it)."""
+    return f"--{'no-' if negated else ''}{name.replace('_', '-')}"

@@ -7,6 +7,7 @@ from typing import Any
 
 from restartbench import emulate, engines, rundir, study
 from restartbench.config import RunConfig
+from restartbench.config_fields import flag
 from restartbench.errors import StudyError
 from restartbench.launchers import LAUNCHERS
 from restartbench.layout import LayoutError, validate_layout
@@ -90,7 +91,7 @@ NOT_EMULATED = {
 
 def _check_not_emulated(cfg: RunConfig) -> None:
     """Refuse the options an emulated run would otherwise ignore, naming each and why."""
-    given = [f"--{name.replace('_', '-')} ({why})" for name, why in NOT_EMULATED.items()
+    given = [f"{flag(name)} ({why})" for name, why in NOT_EMULATED.items()
              if getattr(cfg.launch, name) not in (None, False)]
     if given:
         raise StudyError(f"--emulate does not do {'; '.join(given)}: leave {'them' if len(given) > 1 else 'it'} "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from restartbench.config import LaunchConfig, RunConfig
+from restartbench.config_fields import flag
 
 #: The launch options an attempt may set for itself, each a ``LaunchConfig`` field (its choices and help).
 ATTEMPT_OPTIONS = ("on_corrupt", "restore_cache")
@@ -54,5 +55,5 @@ def add_attempt_options(parser: argparse.ArgumentParser) -> None:
     ``LaunchConfig``: the same on the rank's command line and on ``./submit-job.sh --restore``'s."""
     launch = {f.name: f for f in dataclasses.fields(LaunchConfig)}
     for name in ATTEMPT_OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}", choices=launch[name].metadata["choices"],
+        parser.add_argument(flag(name), choices=launch[name].metadata["choices"],
                             help=f"{launch[name].metadata['doc']} Default: as the run was configured (config.json).")

@@ -27,6 +27,7 @@ from typing import Any
 
 from restartbench import engines, rundir, storage
 from restartbench.config import RunConfig
+from restartbench.config_fields import flag
 from restartbench.errors import StudyError
 from restartbench.events import EVENTS_FOLDER, phase_record
 from restartbench.integrity import committed_tags
@@ -189,7 +190,7 @@ def _attempt(run_dir: Path, cfg: RunConfig, plan: RunPlan, launcher: Launcher, c
     attempt = next_attempt(run_dir, meta)
     record = phase_record("restore", attempt)
     rank_args = ("--attempt", str(attempt),
-                 *(arg for name, value in chosen.items() for arg in (f"--{name.replace('_', '-')}", value)))
+                 *(arg for name, value in chosen.items() for arg in (flag(name), value)))
     restarts = meta.setdefault("restarts", [])
     restarts.append({"attempt": attempt, "record": record, **chosen, "verdict": "running"})
     rundir.write_json(run_dir / rundir.METADATA, meta)

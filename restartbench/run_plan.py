@@ -16,6 +16,7 @@ from typing import Any
 
 from restartbench import engines, rundir, storage
 from restartbench.config import RunConfig
+from restartbench.config_fields import flag
 from restartbench.errors import StudyError
 from restartbench.estimate import GiB, checkpoint_bytes, memory_per_rank
 from restartbench.launchers import Launcher, allocation_gpus, choose_device, resolve_launcher
@@ -88,7 +89,7 @@ def _checkpoint_target(cfg: RunConfig, run_dir: Path) -> tuple[str, dict[str, An
     and for an object store how to reach it."""
     location, options = cfg.storage.checkpoint_dir, cfg.storage
     scheme = next((s for s in storage.OBJECT_SCHEMES if str(location or "").startswith(s)), None)
-    given = [f"--{name.replace('_', '-')}" for name, applies in STORAGE_OPTIONS.items()
+    given = [flag(name) for name, applies in STORAGE_OPTIONS.items()
              if getattr(options, name) is not None and applies != scheme]
     if given:
         raise StudyError(f"{', '.join(given)} do not apply to the checkpoints' location "

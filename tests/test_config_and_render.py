@@ -184,3 +184,14 @@ def test_full_disk_is_refused_before_launch_with_bytes_needed(tmp_path, monkeypa
     with pytest.raises(StudyError, match=r"has 0.00 GiB free, but 2 checkpoint\(s\) of about"):
         study.run_study(cfg)
     assert not (tmp_path / "logs").exists()
+
+
+def test_every_preset_is_named_in_the_preset_help():
+    """The positional's help lists the presets a person may choose (config-n-run.py's and the what-if CLI's)."""
+    from restartbench.presets import PRESETS
+    from restartbench.whatif.cli import build_parser as whatif_parser
+
+    for parser in (build_parser(), whatif_parser()):
+        helps = {action.dest: action.help or "" for action in parser._actions}
+        preset_help = next(text for dest, text in helps.items() if dest.endswith("preset"))
+        assert all(f" {name}" in preset_help.replace("(", " ").replace(",", " ") for name in PRESETS), preset_help

@@ -11,9 +11,20 @@ from dataclasses import dataclass, fields
 import pytest
 from conftest import ROOT
 
-from restartbench.config import EngineConfig, RunConfig, engine_config_class
-from restartbench.config_fields import opt
-from restartbench.engines import ENGINE_FOLDERS, engine_options
+from restartbench.config import EngineConfig, RunConfig, build_parser, engine_config_class
+from restartbench.config_fields import flag, opt
+from restartbench.engines import ENGINE_FOLDERS, engine_options, option_defaults
+
+
+def test_a_field_is_spelled_as_its_command_line_option():
+    """The one spelling every message and command line uses (config.py's parser among them)."""
+    assert flag("lazy_direct_io") == "--lazy-direct-io"
+    assert flag("lazy_direct_io", negated=True) == "--no-lazy-direct-io"
+    parser_options = {o for action in build_parser()._actions for o in action.option_strings}
+    defaults = option_defaults()
+    assert {flag(name) for name in defaults} <= parser_options
+    assert {flag(name, negated=True) for name, default in defaults.items() if isinstance(default, bool)} \
+        <= parser_options
 
 
 def test_config_py_declares_no_engine_option():

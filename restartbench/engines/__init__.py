@@ -26,6 +26,7 @@ import importlib
 import importlib.util
 from typing import Any
 
+from restartbench.config_fields import flag
 from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, Prefetcher, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
@@ -129,7 +130,7 @@ def ignored_options(options: EngineOptions) -> list[str]:
         for name in info.options:
             readers.setdefault(name, []).append(info.name)
     mine = set(engine_info(options.engine).options)
-    return [f"--{_flag(name)} is an option of {_names(readers.get(name, []))}, and this run's engine is "
+    return [f"{flag(name)} is an option of {_names(readers.get(name, []))}, and this run's engine is "
             f"{options.engine}: the run would ignore it while its config.json said it was set. Drop it, or choose "
             f"{' or '.join(f'--engine {reader}' for reader in readers.get(name, []))}."
             for name, default in option_defaults().items() if name not in mine and getattr(options, name) != default]
@@ -145,13 +146,9 @@ def options_set(engine: str, section: dict[str, Any]) -> str:
     for name in info.options if info else ():
         value = section.get(name, defaults[name])
         if value != defaults[name]:
-            words.append(f"--{_flag(name)}" if value is True else f"--no-{_flag(name)}" if value is False
-                         else f"--{_flag(name)} {value}")
+            words.append(flag(name) if value is True else flag(name, negated=True) if value is False
+                         else f"{flag(name)} {value}")
     return " ".join(words)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _names(engines: list[str]) -> str:

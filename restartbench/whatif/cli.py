@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from restartbench import goodput
+from restartbench.presets import PRESETS
 from restartbench.whatif.cluster import ClusterError, load_cluster
 from restartbench.whatif.fit import FitError, read_fit
 from restartbench.whatif.predict import RESTART_PARTS, WhatIfError, whatif
@@ -34,7 +35,7 @@ GB = 1e9
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m restartbench.whatif", description=__doc__.split("\n")[0])
-    parser.add_argument("preset", nargs="?", help="model preset (tiny, small, 3B, 7B, 13B, 33B, 70B)")
+    parser.add_argument("preset", nargs="?", help=f"model preset ({', '.join(PRESETS)})")
     parser.add_argument("layout", nargs="?", help="parallel layout with every degree, such as tp8pp8dp4")
     parser.add_argument("--cluster", type=Path, help="cluster file (YAML; clusters/*.yaml)")
     parser.add_argument("--engines", default=DEFAULT_ENGINES, help="engines, comma-separated (default: %(default)s; "
