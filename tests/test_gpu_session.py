@@ -22,6 +22,7 @@ from restartbench.integrity import committed_tags
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+import gpu_blocks as gb  # noqa: E402
 import gpu_probe  # noqa: E402
 import gpu_results as gr  # noqa: E402
 import gpu_session as gs  # noqa: E402
@@ -46,13 +47,13 @@ def session(tmp_path, budget, seconds, results=None, code="c0de"):
         clock.t += seconds.get(command[-1], 0)
         return code_
 
-    where = gs.Where(root=ROOT, work=tmp_path / "work", site=tmp_path / "site", wheels=tmp_path / "whl")
+    where = gb.Where(root=ROOT, work=tmp_path / "work", site=tmp_path / "site", wheels=tmp_path / "whl")
     return gs.Session(where, tmp_path / "out", budget, "cpu2", {"tree": code, "files": 1, "paths": [], "commit": None},
                       results=results or tmp_path / "results", clock=clock, execute=timed)
 
 
 def block(name, expected, code="pass", needs=(), every_visit=False):
-    return gs.Block(name, expected, "test", ((PY, "-c", code),), needs=needs, every_visit=every_visit)
+    return gb.Block(name, expected, "test", ((PY, "-c", code),), needs=needs, every_visit=every_visit)
 
 
 def statuses(ledger):
@@ -182,7 +183,7 @@ def test_a_session_resumes_in_its_output_folder_with_the_remaining_blocks(tmp_pa
 
 
 def test_only_selects_blocks_and_names_the_choices_for_an_unknown_one(tmp_path):
-    blocks = gs.plan_blocks(gs.Where(work=tmp_path), free_bytes=60 * gs.GiB)
+    blocks = gb.plan_blocks(gb.Where(work=tmp_path), free_bytes=60 * gb.GiB)
     wanted = gs.selected(blocks, ["engines-1B"], lambda b: None)
     assert sorted(wanted) == sorted(["setup", "datastates-build"] + [b.name for b in blocks
                                                                      if b.name.startswith("engines-1B-")])
@@ -192,14 +193,14 @@ def test_only_selects_blocks_and_names_the_choices_for_an_unknown_one(tmp_path):
 
 
 def test_setup_unpacks_the_debs_there_are_and_refuses_without_wheels(tmp_path):
-    where = gs.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    where = gb.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
     where.wheels.mkdir()
-    assert "no wheels" in gs.setup_block(where).problem
+    assert "no wheels" in gb.setup_block(where).problem
     (where.wheels / "x-1.0-py3-none-any.whl").write_bytes(b"")
-    without = gs.setup_block(where)
+    without = gb.setup_block(where)
     assert without.problem is None and not [c for c in without.commands if c[0] in ("dpkg", "ldconfig")]
     (where.wheels / "libaio1t64_0.3_amd64.deb").write_bytes(b"")
-    assert [c[:2] for c in gs.setup_block(where).commands if c[0] in ("dpkg", "ldconfig")] == [("dpkg", "-x"),
+    assert [c[:2] for c in gb.setup_block(where).commands if c[0] in ("dpkg", "ldconfig")] == [("dpkg", "-x"),
                                                                                               ("ldconfig",)]
 
 
@@ -257,9 +258,9 @@ def test_the_wrapper_puts_the_carried_fio_first_on_the_path_for_the_probe(tmp_pa
 
 def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
     ckpt = 21 * 10**9
-    assert gs.probe_mib(64 * gs.GiB, ckpt) == 4096
-    assert gs.probe_mib(27 * gs.GiB, ckpt) == (27 * gs.GiB - ckpt - 4 * gs.GiB) // gs.MiB < 4096
-    assert "does not fit" in gs.probe_block(gs.Where(work=tmp_path), 24 * gs.GiB, ckpt).problem
+    assert gb.probe_mib(64 * gb.GiB, ckpt) == 4096
+    assert gb.probe_mib(27 * gb.GiB, ckpt) == (27 * gb.GiB - ckpt - 4 * gb.GiB) // gb.MiB < 4096
+    assert "does not fit" in gb.probe_block(gb.Where(work=tmp_path), 24 * gb.GiB, ckpt).problem
 
 
 def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(monkeypatch):
@@ -268,7 +269,7 @@ def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(
     monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
     monkeypatch.setattr(gpu_probe.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(copies, "FAULT_SLICE_MIN", copies.PAGE)
-    engine_pin = gpu_probe.engine_pin_cost(4 * gs.MiB, 2, device="cpu")
+    engine_pin = gpu_probe.engine_pin_cost(4 * gb.MiB, 2, device="cpu")
     assert engine_pin["prefault"]["fault_threads"] == copies.fault_threads()
     assert engine_pin["no_prefault"]["fault_threads"] == 0
     assert all(len(figures["register_s"]) == 2 and figures["d2h_GBps"] > 0 for figures in engine_pin.values())
@@ -290,8 +291,8 @@ def test_every_blocks_command_lines_parse(tmp_path):
     """--dry-run's command lines, each against the program that takes it: config-n-run.py's parser (and one real
     config-n-run.py --dry-run), gpu_probe.py's, bench/limits.py's options, pytest's collection, bash's syntax check
     of the build script."""
-    where = gs.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
-    blocks = gs.plan_blocks(where, free_bytes=60 * gs.GiB)
+    where = gb.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    blocks = gb.plan_blocks(where, free_bytes=60 * gb.GiB)
     commands = [c for b in blocks for c in b.commands + b.cleanup]
     runs = [c for c in commands if c[1:2] == (str(ROOT / "config-n-run.py"),)]
     assert len(runs) == 2 + 10  # smoke: torch and lazy; 8 engines, lazy-direct and lazy-direct-prefetch
@@ -488,15 +489,15 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     """A visit's second command finds the first's build (scripts/build-datastates.sh leaves its stamp: the vendored
     source's files and torch's version) and plans seconds for it, not a build; a stamp of other source or torch is
     no build."""
-    where = gs.Where(work=tmp_path / "w", site=tmp_path / "site", wheels=tmp_path / "whl")
-    assert gs.datastates_build_block(where).expected_s == 180
+    where = gb.Where(work=tmp_path / "w", site=tmp_path / "site", wheels=tmp_path / "whl")
+    assert gb.datastates_build_block(where).expected_s == 180
     script = str(ROOT / "scripts/build-datastates.sh")
     stamp = subprocess.run(["bash", script, "--stamp"], env={"PATH": "/usr/bin:/bin", "PYTHON": PY},
                            capture_output=True, text=True, check=True).stdout.strip()
     assert len(stamp) == 64 and int(stamp, 16) >= 0
     (where.site / "datastates").mkdir(parents=True)
     (where.site / "datastates" / "BUILT").write_text(stamp + "\n")
-    block = gs.datastates_build_block(where)
+    block = gb.datastates_build_block(where)
     assert block.expected_s == 15 and "built earlier" in block.basis
     (where.site / "datastates" / "BUILT").write_text("0" * 64 + "\n")  # another source or another torch
-    assert gs.datastates_build_block(where).expected_s == 180
+    assert gb.datastates_build_block(where).expected_s == 180
