@@ -270,28 +270,11 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
     ``size_mib`` MiB in ``target``, ``repeats`` times; the limits and every method's figures (``summarize``). The
     test files are always removed. ``check_evicted`` (the files → the fraction still resident) is called after each
     eviction and its answer kept, where given."""
-    if size_mib <= 0:
-        raise BaselineError(f"the baseline size must be a positive number of MiB, got {size_mib}")
-    if jobs < 1:
-        raise BaselineError(f"the baseline needs at least one fio job, got {jobs}")
-    if repeats < 1:
-        raise BaselineError(f"the baseline needs at least one repeat, got {repeats}")
     if methods is None:
         methods = QUICK if block_size == BLOCK_SIZE else with_block(QUICK, block_size)
-    if len({m.tool for m in methods}) != 1:
-        raise BaselineError("the baseline's methods must all use one tool (fio or dd)")
-    target.mkdir(parents=True, exist_ok=True)
+    _check_request(target, size_mib, jobs, repeats, methods)
     test_files = [target / f".restartbench-baseline-{os.getpid()}-{job}.fio" for job in range(jobs)]
     size = size_mib * MiB
-    free = shutil.disk_usage(target).free
-    if size * jobs > free:
-        raise BaselineError(f"{target} has {free / MiB:.0f} MiB free, less than the {jobs * size_mib} MiB the "
-                            f"baseline writes ({jobs} job(s) of {size_mib} MiB); lower --baseline-mib (0 skips the "
-                            "baseline)")
-    writes = [m for m in methods if m.rw == "write"]
-    reads = [m for m in methods if m.rw == "read"]
-    if not writes or not reads:
-        raise BaselineError("the baseline needs at least one write and one read method")
     passes: dict[str, list[dict[str, Any]]] = {m.name: [] for m in methods}
     skipped: dict[str, str] = {m.name: f"its {m.block_size} block does not divide the {size_mib} MiB file"
                                for m in methods if size % m.block_bytes}
@@ -299,32 +282,74 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
         if not direct_io_works(scratch(test_files[0].with_suffix(".odirect"))):
             skipped |= {m.name: "the filesystem refused O_DIRECT" for m in methods if m.direct}
         for repeat in range(repeats):
-            for method in rotated(writes, repeat):  # every write makes the files anew, as a checkpoint does
-                if method.name in skipped:
-                    continue
-                for test_file in test_files:
-                    test_file.unlink(missing_ok=True)
-                passes[method.name].append(one_pass(test_files, method, size))
-            if not any("MBps" in p for m in writes for p in passes[m.name]):
-                raise BaselineError(f"no write method measured {jobs} file(s) of {size_mib} MiB: "
-                                    + "; ".join(f"{m.name}: {skipped.get(m.name) or passes[m.name][-1].get('error')}"
-                                                for m in writes))
-            for test_file in test_files:  # the last write may be one fio could not run: the reads need whole files
-                if not test_file.exists() or test_file.stat().st_size != size:
-                    scratch(test_file, size)
-            for method in rotated(reads, repeat):
-                if method.name in skipped:
-                    continue
-                resident = None
-                if method.evict_first:
-                    for test_file in test_files:
-                        evict(test_file)
-                    resident = check_evicted(test_files) if check_evicted else None
-                passes[method.name].append(one_pass(test_files, method, size) | (
-                    {"resident_fraction_before": resident} if resident is not None else {}))
+            _write_passes(test_files, methods, size, repeat, passes, skipped)
+            _read_passes(test_files, methods, size, repeat, passes, skipped, check_evicted)
     finally:
         for test_file in [*test_files, test_files[0].with_suffix(".odirect")]:
             test_file.unlink(missing_ok=True)
+    return _limits(target, methods, passes, skipped, size_mib, jobs, repeats)
+
+
+def _check_request(target: Path, size_mib: int, jobs: int, repeats: int, methods: Sequence[Method]) -> None:
+    """Refuse a baseline that cannot measure (saying what to change), and make ``target``."""
+    if size_mib <= 0:
+        raise BaselineError(f"the baseline size must be a positive number of MiB, got {size_mib}")
+    if jobs < 1:
+        raise BaselineError(f"the baseline needs at least one fio job, got {jobs}")
+    if repeats < 1:
+        raise BaselineError(f"the baseline needs at least one repeat, got {repeats}")
+    if len({m.tool for m in methods}) != 1:
+        raise BaselineError("the baseline's methods must all use one tool (fio or dd)")
+    target.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target).free
+    if size_mib * MiB * jobs > free:
+        raise BaselineError(f"{target} has {free / MiB:.0f} MiB free, less than the {jobs * size_mib} MiB the "
+                            f"baseline writes ({jobs} job(s) of {size_mib} MiB); lower --baseline-mib (0 skips the "
+                            "baseline)")
+    if not any(m.rw == "write" for m in methods) or not any(m.rw == "read" for m in methods):
+        raise BaselineError("the baseline needs at least one write and one read method")
+
+
+def _write_passes(test_files: list[Path], methods: Sequence[Method], size: int, repeat: int,
+                  passes: dict[str, list[dict[str, Any]]], skipped: dict[str, str]) -> None:
+    """One pass of every write method not skipped, in this repeat's order; each makes the files anew, as a
+    checkpoint does. Raises where none measured anything (the reads would have nothing to read)."""
+    writes = [m for m in methods if m.rw == "write"]
+    for method in rotated(writes, repeat):
+        if method.name in skipped:
+            continue
+        for test_file in test_files:
+            test_file.unlink(missing_ok=True)
+        passes[method.name].append(one_pass(test_files, method, size))
+    if not any("MBps" in p for m in writes for p in passes[m.name]):
+        raise BaselineError(f"no write method measured {len(test_files)} file(s) of {size // MiB} MiB: "
+                            + "; ".join(f"{m.name}: {skipped.get(m.name) or passes[m.name][-1].get('error')}"
+                                        for m in writes))
+
+
+def _read_passes(test_files: list[Path], methods: Sequence[Method], size: int, repeat: int,
+                 passes: dict[str, list[dict[str, Any]]], skipped: dict[str, str],
+                 check_evicted: Callable[[list[Path]], float] | None) -> None:
+    """One pass of every read method not skipped, in this repeat's order, on whole files (the last write may be one
+    fio could not run), evicted first where the method reads a cold cache."""
+    for test_file in test_files:
+        if not test_file.exists() or test_file.stat().st_size != size:
+            scratch(test_file, size)
+    for method in rotated([m for m in methods if m.rw == "read"], repeat):
+        if method.name in skipped:
+            continue
+        resident = None
+        if method.evict_first:
+            for test_file in test_files:
+                evict(test_file)
+            resident = check_evicted(test_files) if check_evicted else None
+        passes[method.name].append(one_pass(test_files, method, size) | (
+            {"resident_fraction_before": resident} if resident is not None else {}))
+
+
+def _limits(target: Path, methods: Sequence[Method], passes: dict[str, list[dict[str, Any]]],
+            skipped: dict[str, str], size_mib: int, jobs: int, repeats: int) -> dict[str, Any]:
+    """The baseline's record: each side's limit (the best method's median) and every method's figures."""
     figures = summarize(methods, passes, skipped)
     write, read = best(figures, "write"), best(figures, "read")
     common = {m["block_size"] for m in figures if m.get("median_MBps") is not None}
@@ -333,7 +358,7 @@ def measure(target: Path, size_mib: int, block_size: str = BLOCK_SIZE, jobs: int
         "tool": tool, "tool_version": version, "write_MBps": write["median_MBps"], "read_MBps": read["median_MBps"],
         "write_best": write["name"], "read_best": read["name"],
         "write_spread_MBps": spread_of(write), "read_spread_MBps": spread_of(read),
-        "target": str(target.resolve()), "size_bytes": size, "jobs": jobs, "repeats": repeats,
+        "target": str(target.resolve()), "size_bytes": size_mib * MiB, "jobs": jobs, "repeats": repeats,
         "block_size": common.pop() if len(common) == 1 else "per method (see methods)",
         "write_method": write["family"], "read_method": read["family"],
         **({"fio_version": version} if tool == "fio" else {}),

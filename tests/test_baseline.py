@@ -166,6 +166,33 @@ def test_measure_runs_every_method_each_repeat_and_reports_the_winners(tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_baseline_larger_than_the_free_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    """A full disk is said with what to lower, before any file is written."""
+    monkeypatch.setattr(baseline.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * MiB, 9 * MiB, MiB))
+    with pytest.raises(BaselineError, match=r"1 MiB free, less than the 8 MiB the baseline writes \(2 job\(s\) of "
+                                            r"4 MiB\); lower --baseline-mib"):
+        baseline.measure(tmp_path, 4, jobs=2, methods=QUICK)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_write_measured_names_each_write_methods_error_and_leaves_no_file(tmp_path, monkeypatch):
+    """When every write fails (fio's error each), the reads are not tried and the message names every write's
+    reason."""
+    tried = []
+
+    def failing(paths, method, size):
+        tried.append(method.rw)
+        return {"error": f"{method.name} refused", "io_bytes": 0}
+
+    monkeypatch.setattr(baseline, "one_pass", failing)
+    with pytest.raises(BaselineError, match="no write method measured 1 file\\(s\\) of 4 MiB: ") as raised:
+        baseline.measure(tmp_path, 4, methods=QUICK)
+    writes = [m.name for m in QUICK if m.rw == "write"]
+    assert all(f"{name}: {name} refused" in str(raised.value) for name in writes)
+    assert tried == ["write"] * len(writes)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- the probe's size ---------------------------------------------------------------------------------------------
 
 def test_probe_size_rule():
