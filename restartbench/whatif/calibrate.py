@@ -405,70 +405,105 @@ def calibrate(options: Options, steps: list[Step] | None = None, slurm: SlurmNod
     there is no usable Slurm (``slurm_nodes``; ``slurm``: what it found, given)."""
     if options.slurm and slurm is None:
         slurm = slurm_nodes()
-    steps = plan_steps(options) if steps is None else steps
-    start, when = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    runs_folder = options.logs / "runs"
-    record: dict[str, Any] = {"started": when, "load_average_at_start": _load_average(), "steps": [],
-                              "options": {k: list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
-                                          for k, v in dataclasses.asdict(options).items()}}
-    cases = tuple(s.case for s in steps if s.case is not None)
-    one_node = tuple(c for c in cases if c.nodes == 1)
-    multi = tuple(c for c in cases if c.nodes > 1)
-    jobs = probe_jobs(one_node) if one_node else 2
-    jobs_shared = probe_jobs(multi) if multi else 1
-    figures: dict[str, Any] = {}
-    say(f"calibrate: {len(steps)} steps, about {sum(s.expected_s for s in steps) / 60:.0f} min on the study's "
-        f"2-CPU machine; runs in {runs_folder}, files {options.out}, {options.fit_path.name}, "
-        f"{options.record_path.name}")
-    if slurm is not None:
-        record["slurm"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(slurm).items()}
-        say(f"calibrate: {slurm.line()}")
-    for number, step in enumerate(steps, 1):
-        head = f"step {number}/{len(steps)} {step.kind} {step.name}"
+    calibration = _Calibration(options, plan_steps(options) if steps is None else steps, slurm)
+    calibration.announce()
+    for number, step in enumerate(calibration.steps, 1):
+        calibration.take(f"step {number}/{len(calibration.steps)} {step.kind} {step.name}", step)
+    say(f"calibrate: done in {calibration.elapsed():.0f} s")
+    return calibration.record
+
+
+class _Calibration:
+    """One calibration as its steps go: the record it writes (``record``) and what its probes and fit found
+    (``figures``), each step kind a method of its own (``take``)."""
+
+    def __init__(self, options: Options, steps: list[Step], slurm: SlurmNodes | None):
+        self.options, self.steps, self.slurm = options, steps, slurm
+        self.start, self.when = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        self.runs_folder = options.logs / "runs"
+        self.record: dict[str, Any] = {
+            "started": self.when, "load_average_at_start": _load_average(), "steps": [],
+            "options": {k: list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
+                        for k, v in dataclasses.asdict(options).items()}}
+        if slurm is not None:
+            self.record["slurm"] = {k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in dataclasses.asdict(slurm).items()}
+        self.cases = tuple(s.case for s in steps if s.case is not None)
+        one_node = tuple(c for c in self.cases if c.nodes == 1)
+        multi = tuple(c for c in self.cases if c.nodes > 1)
+        self.jobs, self.jobs_shared = probe_jobs(one_node) if one_node else 2, probe_jobs(multi) if multi else 1
+        self.figures: dict[str, Any] = {}
+        self.cluster: clusters.Cluster | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def announce(self) -> None:
+        options = self.options
+        say(f"calibrate: {len(self.steps)} steps, about {sum(s.expected_s for s in self.steps) / 60:.0f} min on the "
+            f"study's 2-CPU machine; runs in {self.runs_folder}, files {options.out}, {options.fit_path.name}, "
+            f"{options.record_path.name}")
+        if self.slurm is not None:
+            say(f"calibrate: {self.slurm.line()}")
+
+    def take(self, head: str, step: Step) -> None:
+        """Do ``step`` (announced as ``head``), timed, and record it; the write step writes the files last."""
         if step.skip:
             say(f"{head}: skipped: {step.skip}")
-            record["steps"].append({"step": step.name, "kind": step.kind, "skipped": step.skip, "wall_s": 0.0})
-            continue
+            self.record["steps"].append({"step": step.name, "kind": step.kind, "skipped": step.skip, "wall_s": 0.0})
+            return
         say(f"{head} ...")
         began = time.perf_counter()
         entry: dict[str, Any] = {"step": step.name, "kind": step.kind}
-        if step.kind == "run":
-            result = run_case(step.case, runs_folder, options.timeout_s,
-                              () if options.run_device == "auto" else ("--device", options.run_device),
-                              log_dir=options.logs / "calibrate-logs")
-            entry |= result
-            status = result.get("note") or f"exit {result['exit']}"
-        elif step.kind == "probe":
-            figures[step.name] = entry["figures"] = _probe(step, options, jobs_shared if step.via else jobs)
-            status = shared_summary(entry["figures"]) if step.name.startswith("shared storage") else "done"
-        elif step.kind == "fit":
-            shared = _find(figures, "shared storage", required=False)
-            entry |= _fit(runs_folder, cases, record["steps"], options, one_host=bool(shared and shared["one_host"]))
-            figures["fit"] = entry.pop("fit")
-            status = f"{len(entry['runs'])} runs fitted"
-        else:
-            limits = {"storage": _find(figures, "storage limits"), "host_copy": _find(figures, "host copy")}
-            d2h = _find(figures, "d2h", required=False)
-            shared = _find(figures, "shared storage", required=False)
-            cluster = calibrated_cluster(options, limits, d2h, when, shared, slurm)
-            record |= {"limits": limits, "d2h": d2h, "shared_storage": shared, "wall_s": time.perf_counter() - start}
-            entry["wall_s"] = time.perf_counter() - began
-            record["steps"].append(entry)
-            header = (f"{cluster.name}, written by python -m restartbench.whatif --calibrate ({when}): its limits "
-                      f"as measured,\nthe engines' and start-up constants in {options.fit_path.name}, what ran in "
-                      f"{options.record_path.name}.")
-            write_atomically({options.fit_path: json.dumps(fitting.to_json(figures["fit"]), indent=1) + "\n",
-                              options.record_path: json.dumps(record, indent=1, default=str) + "\n",
-                              options.out: clusters.cluster_text(cluster, header)}, _check_written(options))
-            say(f"{head}: {options.out}, {options.fit_path.name}, {options.record_path.name} written")
-            continue
+        status = {"run": self.run, "probe": self.probe, "fit": self.fit, "write": self.conclude}[step.kind](step, entry)
         entry["wall_s"] = time.perf_counter() - began
-        record["steps"].append(entry)
-        say(f"{head}: {status} in {entry['wall_s']:.0f} s (total {time.perf_counter() - start:.0f} s)")
-        if step.kind == "run" and result["exit"] != 0:
-            say(f"  {step.case.label} failed; its output: {result['log']}")
-    say(f"calibrate: done in {time.perf_counter() - start:.0f} s")
-    return record
+        self.record["steps"].append(entry)
+        if step.kind == "write":
+            self.write_files()
+            say(f"{head}: {status}")
+            return
+        say(f"{head}: {status} in {entry['wall_s']:.0f} s (total {self.elapsed():.0f} s)")
+        if step.kind == "run" and entry["exit"] != 0:
+            say(f"  {step.case.label} failed; its output: {entry['log']}")
+
+    def run(self, step: Step, entry: dict[str, Any]) -> str:
+        """A whole study run of the step's case (reused where --logs holds a complete one)."""
+        options = self.options
+        entry |= run_case(step.case, self.runs_folder, options.timeout_s,
+                          () if options.run_device == "auto" else ("--device", options.run_device),
+                          log_dir=options.logs / "calibrate-logs")
+        return entry.get("note") or f"exit {entry['exit']}"
+
+    def probe(self, step: Step, entry: dict[str, Any]) -> str:
+        self.figures[step.name] = entry["figures"] = _probe(step, self.options,
+                                                            self.jobs_shared if step.via else self.jobs)
+        return shared_summary(entry["figures"]) if step.name.startswith("shared storage") else "done"
+
+    def fit(self, step: Step, entry: dict[str, Any]) -> str:
+        shared = _find(self.figures, "shared storage", required=False)
+        entry |= _fit(self.runs_folder, self.cases, self.record["steps"], self.options,
+                      one_host=bool(shared and shared["one_host"]))
+        self.figures["fit"] = entry.pop("fit")
+        return f"{len(entry['runs'])} runs fitted"
+
+    def conclude(self, step: Step, entry: dict[str, Any]) -> str:
+        """The cluster file's contents from the probes' limits; the files are written once the step is recorded."""
+        limits = {"storage": _find(self.figures, "storage limits"), "host_copy": _find(self.figures, "host copy")}
+        d2h = _find(self.figures, "d2h", required=False)
+        shared = _find(self.figures, "shared storage", required=False)
+        self.cluster = calibrated_cluster(self.options, limits, d2h, self.when, shared, self.slurm)
+        self.record |= {"limits": limits, "d2h": d2h, "shared_storage": shared, "wall_s": self.elapsed()}
+        options = self.options
+        return f"{options.out}, {options.fit_path.name}, {options.record_path.name} written"
+
+    def write_files(self) -> None:
+        options = self.options
+        header = (f"{self.cluster.name}, written by python -m restartbench.whatif --calibrate ({self.when}): its "
+                  f"limits as measured,\nthe engines' and start-up constants in {options.fit_path.name}, what ran in "
+                  f"{options.record_path.name}.")
+        write_atomically({options.fit_path: json.dumps(fitting.to_json(self.figures["fit"]), indent=1) + "\n",
+                          options.record_path: json.dumps(self.record, indent=1, default=str) + "\n",
+                          options.out: clusters.cluster_text(self.cluster, header)}, _check_written(options))
 
 
 def _find(figures: dict[str, Any], prefix: str, required: bool = True) -> Any:
