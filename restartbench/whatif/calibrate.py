@@ -285,7 +285,7 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
     the GPU's peak and MFU, the slowdown during an asynchronous save) cited, from clusters/h100-pfs.yaml. With the
     shared probe's figures (``--slurm``): storage ``shared``, its aggregate and one client's figure as measured from
     the Slurm nodes, and the nodes Slurm has."""
-    storage, copy = limits["storage"], limits["host_copy"]
+    storage = limits["storage"]
     write, read = storage["write"], storage["read"]
     made = f"calibration ({when}, python -m restartbench.whatif --calibrate)"
     measured = (f"{storage['jobs']} writers at once (the calibration runs' checkpoint concurrency), "
@@ -318,31 +318,39 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
             fields["cpu_cores_per_node"] = (max(1, (os.cpu_count() or 1) // nodes), "calibration",
                                             f"{made}: os.cpu_count() where the calibration ran ({os.cpu_count()}) "
                                             f"over its {nodes} Slurm nodes, which are that one host")
+    fields |= _copy_fields(options, d2h, limits["host_copy"], made) | _cited_fields()
+    return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s}
+                                          for k, (v, b, s) in fields.items()}, str(options.out))
+
+
+def _copy_fields(options: Options, d2h: dict[str, Any] | None, copy: dict[str, Any],
+                 made: str) -> dict[str, tuple[Any, str, str]]:
+    """GPUs per node and the device-to-host and pinning rates: the D2H probe's where a GPU was visible, else the
+    host copy's (the term is 0 on cpu)."""
     if d2h:
-        gpus = options.gpus_per_node or d2h["gpus"]
-        fields["gpus_per_node"] = (gpus, "calibration", f"{made}: " + (
-            "--gpus-per-node" if options.gpus_per_node else "torch.cuda.device_count()"))
         how = f"{made}: {d2h['method']}; {d2h['bytes'] / 1e9:.2g} GB, {d2h['gpu']}"
-        for name in ("d2h_pinned_GBps", "d2h_pageable_GBps", "pin_GBps"):
-            fields[name] = (d2h[name], "calibration", how)
-    else:
-        gpus = options.gpus_per_node or 8
-        fields["gpus_per_node"] = (gpus, "calibration", f"{made}: " + (
-            "--gpus-per-node" if options.gpus_per_node else "the most ranks the study runs on one CPU machine "
-            "(FACTS.md: 8 ranks as a slow smoke test on 2 cores); the calibration ran 2 and 4"))
-        rate = copy["MBps"]["median"] / 1e3
-        how = (f"{made}: host memcpy, {copy['jobs']} at once ({copy['method']}), "
-               f"{probes.spread_text(copy['MBps'])}; no GPU: the term is 0 on cpu")
-        for name in ("d2h_pinned_GBps", "d2h_pageable_GBps", "pin_GBps"):
-            fields[name] = (rate, "calibration", how)
-    cited = clusters.load_cluster(CLUSTER_EXAMPLE)
+        return {"gpus_per_node": (options.gpus_per_node or d2h["gpus"], "calibration", f"{made}: " + (
+                    "--gpus-per-node" if options.gpus_per_node else "torch.cuda.device_count()")),
+                **{name: (d2h[name], "calibration", how) for name in ("d2h_pinned_GBps", "d2h_pageable_GBps",
+                                                                      "pin_GBps")}}
+    how = (f"{made}: host memcpy, {copy['jobs']} at once ({copy['method']}), "
+           f"{probes.spread_text(copy['MBps'])}; no GPU: the term is 0 on cpu")
+    return {"gpus_per_node": (options.gpus_per_node or 8, "calibration", f"{made}: " + (
+                "--gpus-per-node" if options.gpus_per_node else "the most ranks the study runs on one CPU machine "
+                "(FACTS.md: 8 ranks as a slow smoke test on 2 cores); the calibration ran 2 and 4")),
+            **{name: (copy["MBps"]["median"] / 1e3, "calibration", how) for name in ("d2h_pinned_GBps",
+                                                                                   "d2h_pageable_GBps", "pin_GBps")}}
+
+
+def _cited_fields() -> dict[str, tuple[Any, str, str]]:
+    """The constants no single machine measures, cited from clusters/h100-pfs.yaml."""
+    cited, fields = clusters.load_cluster(CLUSTER_EXAMPLE), {}
     for name in ("dist_init_anchor_ranks", "dist_init_anchor_s", "async_slowdown_fraction", "gpu_peak_tflops", "mfu"):
         basis, source = cited.sources[name]
         fields[name] = (getattr(cited, name), basis, source if name not in ("gpu_peak_tflops", "mfu") else
                         f"clusters/h100-pfs.yaml's ({source}): not calibrated; give --iteration-s, or edit it for "
                         "this machine's GPU")
-    return clusters.cluster_from_mapping({k: {"value": v, "basis": b, "source": s}
-                                          for k, (v, b, s) in fields.items()}, str(options.out))
+    return fields
 
 
 def write_atomically(files: dict[Path, str], check: Callable[[dict[Path, Path]], None] | None = None) -> None:
