@@ -201,6 +201,8 @@ class CopyProgress:
         self._end = plan.buffer_bytes
         self._sync_end = plan.sync_bytes
         self._chunk = chunk
+        self._marks: list[tuple[int, Any]] | None = None
+        """CUDA: (buffer offset, the event recorded once the bytes below it are copied), per chunk."""
         if stream is not None:
             self._marks = self._enqueue_cuda(stream)
         else:
@@ -252,7 +254,7 @@ class CopyProgress:
 
     def wait(self, offset: int | None = None) -> None:
         offset = self._end if offset is None else offset
-        if hasattr(self, "_marks"):
+        if self._marks is not None:
             next(event for end, event in self._marks if end >= offset).synchronize()
             return
         with self._cond:
@@ -263,7 +265,7 @@ class CopyProgress:
     @property
     def on_gpu(self) -> bool:
         """The copies run on a CUDA side stream (else a host thread copies)."""
-        return hasattr(self, "_marks")
+        return self._marks is not None
 
     def gate(self, stream: Any) -> GpuWait:
         """Make ``stream`` (the compute stream, at the optimizer step) wait for every copy on the GPU, the host going
@@ -271,7 +273,7 @@ class CopyProgress:
         return GpuWait(stream, self._marks[-1][1])
 
     def done(self) -> bool:
-        if hasattr(self, "_marks"):
+        if self._marks is not None:
             return self._marks[-1][1].query()
         with self._cond:
             return self._done >= self._end or self.error is not None
