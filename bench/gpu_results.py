@@ -243,6 +243,7 @@ def restart_figures(row) -> dict:
     return {"verdict": _value(row, "verdict"), "exact": _value(row, "exact"), "restart_s": _value(row, "restart_s"),
             "restart_less_checks_s": _value(row, "restart_less_checks_s"), "restart_parts_s": parts,
             "harness_checks_s": checks, "prefetched": prefetched, "prefetch_wait_s": _value(row, "prefetch_wait_s"),
+            "ds_init_stages_s": _value(row, "ds_init_parts"),
             "restore_s": _value(row, "prefetch_read_s") if prefetched else parts.get("ckpt_load"),
             "cache": _value(row, "cache"),
             "restore_MBps": _value(row, "read_MBps"), "bytes_read": _value(row, "bytes_read"),
@@ -414,10 +415,12 @@ def runs_markdown(runs: list[dict]) -> list[str]:
     lines += ["", *(f"- {r['run']}: {r['status']}: {r['reason']}" for r in partial)] if partial else []
     parts = [r for r in runs if r.get("restart_parts_s")]
     if parts:
-        lines += ["", "Restart parts, s (max over ranks; `imports` ... `dist_init` hold the CUDA context and NCCL's "
-                  "init):", ""]
+        lines += ["", "Restart parts, s (max over ranks; `dist_init` holds the process group and the CUDA context, "
+                  "made by torch.cuda.set_device; NCCL makes its communicators at their first collectives, in "
+                  "`ds_init`):", ""]
         lines += [f"- {r['run']}: " + ", ".join(f"{k} {_f(v)}" for k, v in r["restart_parts_s"].items()
                                                  if v is not None)
+                  + ds_init_clause(r.get("ds_init_stages_s"))
                   + (f" (prefetched: the read ran from before the model build, {_f(r.get('restore_s'))} s, and "
                      f"the load waited {_f(r.get('prefetch_wait_s'))} s of it)" if r.get("prefetched") else "")
                   + "; the harness's checks on the critical path: "
@@ -428,6 +431,15 @@ def runs_markdown(runs: list[dict]) -> list[str]:
                   "the tensors out" if any(r.get("prefetched") for r in runs) else "")
     lines += ["", FIGURES_SAID + prefetched, ""]
     return lines
+
+
+def ds_init_clause(stages: dict | None, shown: int = 3) -> str:
+    """The largest stages of the restart's ``deepspeed.initialize`` (restartbench.ds_init_timing, max over ranks),
+    where the run recorded them: what its ds_init part is made of."""
+    if not stages:
+        return ""
+    largest = sorted(stages.items(), key=lambda item: -item[1])[:shown]
+    return f" (ds_init's largest stages: {', '.join(f'{name} {_f(value)}' for name, value in largest)})"
 
 
 FIGURES_SAID = (

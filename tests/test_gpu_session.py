@@ -386,7 +386,11 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
     assert set(checks) == {"check files", "cache", "verify"} and all(v > 0 for v in checks.values())
     assert run["restart_less_checks_s"] < run["restart_s"] and "less_checks" not in run["restart_parts_s"]
     assert run["train_peak_rss_bytes"] > 0 and run["restore_peak_rss_bytes"] > 0  # host peaks, training's included
+    stages = run["ds_init_stages_s"]  # what the restart's ds_init part is made of, its three largest in the text
+    assert "basic_optimizer" in stages and "collective wait" in stages
+    largest = sorted(stages.items(), key=lambda item: -item[1])[:3]
     md = (results / "2026-11-26-h100-gpu-engines-1B-lazy.md").read_text()
+    assert f"(ds_init's largest stages: {', '.join(f'{k} {v:.2f}' for k, v in largest)})" in md
     assert "stall ÷ D2H floor" in md and "D2H floor = the rank's checkpoint bytes" in md and "**ok**" in md
     assert json.loads((results / "2026-11-26-h100-gpu-probe.json").read_text())["limits"]["write_MBps"] == 1000.0
     summary = json.loads((results / "2026-11-26-h100-gpu-engines-1B.json").read_text())
