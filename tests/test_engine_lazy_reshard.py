@@ -279,3 +279,37 @@ def test_version_1_files_load_in_their_layout_and_are_refused_in_another(tmp_pat
     with pytest.raises(fmt.LazyRestoreError, match=r"format version 1 does not record what a load in another layout "
                        r"needs; restore checkpoint step1 in the layout it was saved in \(tp1pp1dp1\)"):
         files.header("model_pp00_tp00.lazy")
+
+
+class _Files:
+    """A stand-in for one saved optimizer file's header and entries: piece_runs reads only these."""
+
+    def __init__(self, entries: dict, tensors: dict):
+        self._entries, self._header = entries, {"zero": [{"tensors": tensors}]}
+
+    def header(self, file):
+        return self._header, 100
+
+    def entries(self, file):
+        return self._entries
+
+
+def test_an_optimizer_piece_reads_its_range_of_each_saved_tensor_and_refuses_one_it_cannot(tmp_path):
+    """The read of a saved partition's range lands in the target's elements; a tensor the file lacks or holds in
+    another dtype, and a range past the saved tensor's end (a damaged header), are refused naming the file."""
+    target = torch.zeros(8, dtype=torch.float32)
+    piece = reshard.Piece(file="f.lazy", group=0, element=2, target_group=0, target_element=4, count=3)
+    entry = {"name": "exp_avg", "dtype": "float32", "offset": 40, "nbytes": 4 * 6, "shape": [6]}
+    files = _Files({"exp_avg": entry}, {"exp_avg": "exp_avg"})
+    [run] = reshard.piece_runs(files, tmp_path, piece, {"exp_avg": target})
+    assert run.offset == 100 + 40 + 2 * 4 and run.view.nbytes == 3 * 4
+    run.view[:] = np.arange(3, dtype=np.float32).tobytes()
+    assert target.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
+    with pytest.raises(fmt.LazyRestoreError, match="f.lazy: no exp_avg of group 0 in torch.bfloat16"):
+        reshard.piece_runs(files, tmp_path, piece, {"exp_avg": target.to(torch.bfloat16)})
+    with pytest.raises(fmt.LazyRestoreError, match="no exp_avg_sq of group 0"):
+        reshard.piece_runs(files, tmp_path, piece, {"exp_avg_sq": target})
+    short = _Files({"exp_avg": {**entry, "nbytes": 4 * 4}}, {"exp_avg": "exp_avg"})
+    with pytest.raises(fmt.LazyRestoreError, match=r"exp_avg holds \[6\] elements, the plan reads up to 5 "
+                                                   r"\(a damaged header\?\)"):
+        reshard.piece_runs(short, tmp_path, piece, {"exp_avg": target})

@@ -373,29 +373,11 @@ def load_resharded(ds_engine: Any, layout: RankLayout, folder: Path, sizes: tupl
     mirrors: list[tuple[torch.Tensor, torch.Tensor]] = []
     runs: dict[str, list[Run]] = defaultdict(list)
     if not dp_read_once or layout.dp == 0:
-        for name, source in sources.items():
-            target = host(tensors[name], mirrors, zero=False)
-            for j, element_runs in source.runs.items():
-                file = model_file(source.stage, j)
-                entry, data_offset = files.entries(file)[f"module.{name}"], files.header(file)[1]
-                base, size = data_offset + entry["offset"], target.element_size()
-                runs[file] += [Run(base + src * size, bytes_of(target, dst, count)) for src, dst, count in element_runs]
+        _module_runs(files, sources, tensors, mirrors, runs)
     elementwise, scalars = optimizer_targets(ds_engine.optimizer, groups, files, values_file)
     hosts = [{key: host(tensor, mirrors, zero=True) for key, tensor in targets.items()} for targets in elementwise]
     for piece in pieces:
-        header, data_offset = files.header(piece.file)
-        saved = header["zero"][piece.group]["tensors"]
-        entries = files.entries(piece.file)
-        for key, target in hosts[piece.target_group].items():
-            entry = entries[saved[key]] if key in saved else None
-            if entry is None or entry["dtype"] != str(target.dtype).removeprefix("torch."):
-                raise LazyRestoreError(f"{folder / piece.file}: no {key} of group {piece.group} in "
-                                       f"{target.dtype} to restore from")
-            if (piece.element + piece.count) * target.element_size() > entry["nbytes"]:
-                raise LazyRestoreError(f"{folder / piece.file}: {entry['name']} holds {entry['shape']} elements, the "
-                                       f"plan reads up to {piece.element + piece.count} (a damaged header?)")
-            runs[piece.file].append(Run(data_offset + entry["offset"] + piece.element * target.element_size(),
-                                        bytes_of(target, piece.target_element, piece.count)))
+        runs[piece.file] += piece_runs(files, folder, piece, hosts[piece.target_group])
     data_offset = files.header(values_file)[1]
     for entry, target in scalars:
         runs[values_file].append(Run(data_offset + entry["offset"], bytes_of(host(target, mirrors, zero=False), 0,
@@ -407,6 +389,39 @@ def load_resharded(ds_engine: Any, layout: RankLayout, folder: Path, sizes: tupl
     if dp_read_once and layout.dp_size > 1:
         broadcast_tensors(list(tensors.values()), layout.dp_src, layout.dp_group, chunk)
     return files.records()
+
+
+def _module_runs(files: SavedFiles, sources: dict[str, Source], tensors: dict[str, torch.Tensor],
+                 mirrors: list[tuple[torch.Tensor, torch.Tensor]], runs: dict[str, list[Run]]) -> None:
+    """Add to ``runs`` the reads of every module tensor's saved slices into its host target (a mirror where the
+    tensor is on a device, copied over after the reads)."""
+    for name, source in sources.items():
+        target = host(tensors[name], mirrors, zero=False)
+        for j, element_runs in source.runs.items():
+            file = model_file(source.stage, j)
+            entry, data_offset = files.entries(file)[f"module.{name}"], files.header(file)[1]
+            base, size = data_offset + entry["offset"], target.element_size()
+            runs[file] += [Run(base + src * size, bytes_of(target, dst, count)) for src, dst, count in element_runs]
+
+
+def piece_runs(files: SavedFiles, folder: Path, piece: Piece, targets: dict[str, torch.Tensor]) -> list[Run]:
+    """The reads of one optimizer piece (a range of a saved ZeRO partition) into each of its group's host targets
+    (the fp32 weights and Adam's moments), each checked against the file's header first."""
+    header, data_offset = files.header(piece.file)
+    saved = header["zero"][piece.group]["tensors"]
+    entries = files.entries(piece.file)
+    runs = []
+    for key, target in targets.items():
+        entry = entries[saved[key]] if key in saved else None
+        if entry is None or entry["dtype"] != str(target.dtype).removeprefix("torch."):
+            raise LazyRestoreError(f"{folder / piece.file}: no {key} of group {piece.group} in "
+                                   f"{target.dtype} to restore from")
+        if (piece.element + piece.count) * target.element_size() > entry["nbytes"]:
+            raise LazyRestoreError(f"{folder / piece.file}: {entry['name']} holds {entry['shape']} elements, the "
+                                   f"plan reads up to {piece.element + piece.count} (a damaged header?)")
+        runs.append(Run(data_offset + entry["offset"] + piece.element * target.element_size(),
+                        bytes_of(target, piece.target_element, piece.count)))
+    return runs
 
 
 def optimizer_targets(optimizer: Any, groups: list[ZeroGroup], files: SavedFiles, values_file: str
