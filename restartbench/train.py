@@ -92,6 +92,9 @@ class RankRun:
     # -- start-up: each part is a restart phase -----------------------------------------
 
     def start(self) -> None:
+        """Start-up as a relaunch after a failure does it, each part its own span: imports, distributed init, the
+        model, deepspeed.initialize and the checkpoint engine's set-up (a prefetching engine's read before the
+        model)."""
         with self.log.span(Event.STARTUP_IMPORTS):
             import deepspeed  # noqa: F401
             import torch  # noqa: F401
@@ -99,8 +102,23 @@ class RankRun:
             from restartbench import runtime
         if self.plan.device == "cuda":
             self.watch.watch_cuda(int(os.environ.get("LOCAL_RANK", "0")))
+        self._note_workarounds(runtime)
         from restartbench.faults import hang_before_init
 
+        hang_before_init(self.log)
+        with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
+            runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
+        self._prefetch_checkpoint()
+        self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend}); building the model")
+        self._initialize(self._build_model(runtime))
+        self._set_up_engine()
+        self.pending: tuple[int, str, harness.SaveStart, str | None] | None = None
+        self.dp_rank = self.engine.grid.get_data_parallel_rank()
+        if self.rank == 0 and self.phase == "train":
+            runtime.write_runtime_info(self.run_dir, self.plan.world_size)
+
+    def _note_workarounds(self, runtime: Any) -> None:
+        """What the harness changes in the environment before DeepSpeed starts, each recorded as a workaround."""
         runtime.skip_shm_comm_build()
         arch_note = runtime.make_cuda_arch_list_parsable()
         if arch_note:
@@ -110,18 +128,20 @@ class RankRun:
         if proof_note:
             self.log.emit(Event.STARTUP_WORKAROUND, note=proof_note)
         self.log.emit(Event.STARTUP_WORKAROUND, note=runtime.time_out_new_groups(self.cfg.launch.collective_timeout_s))
-        hang_before_init(self.log)
-        with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
-            runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
-        self._prefetch_checkpoint()
-        self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend}); building the model")
+
+    def _build_model(self, runtime: Any) -> Any:
         with self.log.span(Event.STARTUP_MODEL_BUILD):
             from restartbench.layout import Layout
             from restartbench.model import build_pipeline_module
 
             layout = Layout(**self.plan.layout)
-            module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
-                                           activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
+            return build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
+                                         activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
+
+    def _initialize(self, module: Any) -> None:
+        """deepspeed.initialize, its stages and collectives timed (restartbench.ds_init_timing)."""
+        import deepspeed
+
         with self.log.span(Event.STARTUP_DS_INITIALIZE) as initialized:
             from restartbench.ds_init_timing import timed_stages
 
@@ -131,9 +151,12 @@ class RankRun:
                                                        config=ds_config)
                 self._settle_device()
             initialized.update(stages.fields())
+
+    def _set_up_engine(self) -> None:
+        """The checkpoint engine, set up outside the first stall (imports, groups, buffers)."""
         from restartbench.engines import create_engine, engine_for_target
 
-        with self.log.span(Event.STARTUP_ENGINE, engine=self.cfg.engine.engine) as setup:  # imports, groups, buffers
+        with self.log.span(Event.STARTUP_ENGINE, engine=self.cfg.engine.engine) as setup:
             self.ckpt_engine = engine_for_target(create_engine(self.cfg.engine), self.store)
             setup.update(self.ckpt_engine.prepare(self.engine, self.prefetched))
             setup.update(self._pinned())
@@ -141,10 +164,6 @@ class RankRun:
         # wait began (a CUDA wait is reported once the GPU has passed it, later: its time places it in its iteration)
         self.ckpt_engine.on_copy_wait = lambda tag, seconds, at: self.log.emit(
             Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds, time=at)
-        self.pending: tuple[int, str, harness.SaveStart, str | None] | None = None
-        self.dp_rank = self.engine.grid.get_data_parallel_rank()
-        if self.rank == 0 and self.phase == "train":
-            runtime.write_runtime_info(self.run_dir, self.plan.world_size)
 
     def _prefetch_checkpoint(self) -> None:
         """On a relaunch in the layout that saved, with an engine whose prefetcher the run enables
