@@ -19,78 +19,68 @@ def findings(table: pd.DataFrame) -> list[str]:
     ckpt = analysis.checkpoint_summary(table)
     rest = analysis.restart_summary(table)
     keys = [k for k in analysis.group_keys(table) if k != "engine"]
-    configs = list(dict.fromkeys([*map(tuple, ckpt[keys].astype(str).values),
-                                  *map(tuple, rest[keys].astype(str).values)]))
     out, winners = [], []
-    for values in configs:
-        c = ckpt[(ckpt[keys].astype(str) == list(values)).all(axis=1)].sort_values("stall_s", kind="stable")
-        r = rest[(rest[keys].astype(str) == list(values)).all(axis=1)]
-        ranks = pd.concat([c["ranks"], r["ranks"]]).max()
+    for values in _configurations(ckpt, rest, keys):
+        c = _matching(ckpt, keys, values).sort_values("stall_s", kind="stable")
+        r = _matching(rest, keys, values)
         sentences = []
         if not c.empty and pd.notna(c.iloc[0]["stall_s"]):
-            best = c.iloc[0]
-            winners.append(best["engine"])
-            text = (f"{best['engine']} stalls training least: {fmt_s(best['stall_s'])} per checkpoint (max over ranks, "
-                    f"median of {int(best['checkpoints'])}")
-            if pd.notna(best["stall_iterations"]):
-                text += f"; {best['stall_iterations']:.2g} iterations' worth"
-            text += f"), files durable after {fmt_s(best['durable_s'])}"
-            others = [f"{row['engine']} {fmt_s(row['stall_s'])} ({row['stall_s'] / best['stall_s']:.1f}×)"
-                      for _, row in c.iloc[1:].iterrows() if best["stall_s"] and pd.notna(row["stall_s"])]
-            sentences.append(text + (f"; then {', '.join(others)}." if others else "; the only engine measured here."))
-            sentences.extend(_whole_cost_sentences(c))
-            late = [row for _, row in c.iterrows() if pd.notna(row["durable_s"]) and row["stall_s"]
-                    and row["durable_s"] > 2 * row["stall_s"] and row["durable_s"] - row["stall_s"] > 0.005]
-            if late:
-                sentences.append(", ".join(f"{row['engine']} ({fmt_s(row['stall_s'])} stall, durable after "
-                                           f"{fmt_s(row['durable_s'])})" for row in late)
-                                 + (" returns" if len(late) == 1 else " return")
-                                 + " to training well before the files are durable (a synchronous engine leaves "
-                                   "them in the page cache until they are fsync'd; an asynchronous one goes on "
-                                   "writing in the background): a crash in that window loses the checkpoint.")
-        restoring = r[r["restores_checkpoint"].astype(bool) & r["restart_s"].notna()]
-        floor = r[~r["restores_checkpoint"].astype(bool) & r["restart_s"].notna()]
-        if not restoring.empty:
-            totals = ", ".join(f"{fmt_s(row['restart_s'])} ({row['engine']})" for _, row in restoring.iterrows())
-            loads = restoring["restart_ckpt_load_s"].dropna()
-            share = (restoring["restart_ckpt_load_s"] / restoring["restart_s"]).dropna()
-            caches = ", ".join(sorted({str(x) for x in restoring["cache"].dropna()})) or "unknown"
-            text = f"Restart takes {totals} from relaunch to the end of the first resumed iteration."
-            if not loads.empty:
-                span = (fmt_s(loads.min()) if loads.min() == loads.max()
-                        else f"{fmt_s(loads.min())}–{fmt_s(loads.max())}")
-                text += (f" Loading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; "
-                         f"{caches} page cache)")
-            text += _prefetch_clause(restoring)
-            path = [(label, restoring[column].median()) for column, label in analysis.PATH_COLUMNS
-                    if column in restoring
-                    and label not in ("ckpt load", "1st iter", "gaps", *analysis.HARNESS_PARTS)]
-            path = sorted([(label, v) for label, v in path if pd.notna(v)], key=lambda p: -p[1])[:3]
-            if path:
-                text += "; the time goes to start-up: " + ", ".join(f"{label} {fmt_s(v)}" for label, v in path)
-            text += "."
-            if not floor.empty:
-                base = floor.iloc[0]["restart_s"]
-                text += (f" A relaunch that restores nothing (engine none) takes {fmt_s(base)}: the start-up floor "
-                         "every restart pays.")
-            if "warm" in caches:
-                text += (" A warm cache means some of the checkpoint was in memory when the restore began, so reads "
-                         "may have come from memory, not storage.")
-            sentences.append(text)
-        elif not floor.empty:
-            sentences.append(f"Engine none relaunches without a checkpoint in {fmt_s(floor.iloc[0]['restart_s'])}: "
-                             "the start-up floor every restart pays.")
-        device = table.loc[(table[keys].astype(str) == list(values)).all(axis=1), "device"].dropna()
-        where = " · ".join(values) + f" ({int(ranks)} ranks" + (f", {device.iloc[0]}" if not device.empty else "") + ")"
-        out.append(f"{where}: " + " ".join(sentences))
+            winners.append(c.iloc[0]["engine"])
+            sentences.extend(_checkpoint_sentences(c))
+        sentences.extend(_restart_sentences(r))
+        ranks = pd.concat([c["ranks"], r["ranks"]]).max()
+        out.append(f"{_where(table, keys, values, ranks)}: " + " ".join(sentences))
     out.extend(_limit_findings(table, ckpt, rest, keys))
     if winners:
-        counts = pd.Series(winners).value_counts()
-        lead = counts.index[0]
-        out.insert(0, f"Least training stall: {lead} in {counts.iloc[0]} of {len(winners)} configuration(s)"
-                   + (f" (others: {', '.join(f'{e} {n}' for e, n in counts.iloc[1:].items())})." if len(counts) > 1
-                      else "."))
+        out.insert(0, _least_stall_overall(winners))
     return out
+
+
+def _configurations(ckpt: pd.DataFrame, rest: pd.DataFrame, keys: list[str]) -> list[tuple[str, ...]]:
+    """Every configuration (its ``keys`` as text) with a checkpoint or a restart summary row, in order of first
+    appearance."""
+    return list(dict.fromkeys([*map(tuple, ckpt[keys].astype(str).values),
+                               *map(tuple, rest[keys].astype(str).values)]))
+
+
+def _matching(frame: pd.DataFrame, keys: list[str], values: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of ``frame`` whose ``keys``, as text, are ``values`` (so that NaN matches its configuration's 'nan')."""
+    return frame[(frame[keys].astype(str) == list(values)).all(axis=1)]
+
+
+def _where(table: pd.DataFrame, keys: list[str], values: tuple[str, ...], ranks: float) -> str:
+    """A configuration as its findings name it: its keys, its ranks and, where recorded, its device."""
+    device = _matching(table, keys, values)["device"].dropna()
+    return " · ".join(values) + f" ({int(ranks)} ranks" + (f", {device.iloc[0]}" if not device.empty else "") + ")"
+
+
+def _least_stall_overall(winners: list[str]) -> str:
+    """The engine that stalls training least in the most configurations (``winners``: one engine per
+    configuration), and how often the others did."""
+    counts = pd.Series(winners).value_counts()
+    lead = counts.index[0]
+    return (f"Least training stall: {lead} in {counts.iloc[0]} of {len(winners)} configuration(s)"
+            + (f" (others: {', '.join(f'{e} {n}' for e, n in counts.iloc[1:].items())})." if len(counts) > 1
+               else "."))
+
+
+def _checkpoint_sentences(ckpt: pd.DataFrame) -> list[str]:
+    """One configuration's checkpoints (its checkpoint_summary rows by stall, the first one's stall measured): the
+    stall ranking, the whole cost where background work adds to it, and the engines durable long after the stall."""
+    return [_stall_ranking(ckpt), *_whole_cost_sentences(ckpt), *_late_durability(ckpt)]
+
+
+def _stall_ranking(ckpt: pd.DataFrame) -> str:
+    """The least stall, its iterations' worth and durability, then the other engines' stalls as multiples of it."""
+    best = ckpt.iloc[0]
+    text = (f"{best['engine']} stalls training least: {fmt_s(best['stall_s'])} per checkpoint (max over ranks, "
+            f"median of {int(best['checkpoints'])}")
+    if pd.notna(best["stall_iterations"]):
+        text += f"; {best['stall_iterations']:.2g} iterations' worth"
+    text += f"), files durable after {fmt_s(best['durable_s'])}"
+    others = [f"{row['engine']} {fmt_s(row['stall_s'])} ({row['stall_s'] / best['stall_s']:.1f}×)"
+              for _, row in ckpt.iloc[1:].iterrows() if best["stall_s"] and pd.notna(row["stall_s"])]
+    return text + (f"; then {', '.join(others)}." if others else "; the only engine measured here.")
 
 
 def _whole_cost_sentences(ckpt: pd.DataFrame) -> list[str]:
@@ -113,6 +103,73 @@ def _whole_cost_sentences(ckpt: pd.DataFrame) -> list[str]:
         out.append(f"The least whole cost (stall + slowdown) is {best['engine']}'s: {fmt_s(best['cost_s'])} per "
                    "checkpoint.")
     return out
+
+
+def _late_durability(ckpt: pd.DataFrame) -> list[str]:
+    """The engines of one configuration whose files are durable well after training resumed (more than twice the
+    stall, and more than 5 ms after it): the window in which a crash loses the checkpoint. Empty where none is."""
+    late = [row for _, row in ckpt.iterrows() if pd.notna(row["durable_s"]) and row["stall_s"]
+            and row["durable_s"] > 2 * row["stall_s"] and row["durable_s"] - row["stall_s"] > 0.005]
+    if not late:
+        return []
+    return [", ".join(f"{row['engine']} ({fmt_s(row['stall_s'])} stall, durable after {fmt_s(row['durable_s'])})"
+                      for row in late)
+            + (" returns" if len(late) == 1 else " return")
+            + " to training well before the files are durable (a synchronous engine leaves them in the page cache "
+              "until they are fsync'd; an asynchronous one goes on writing in the background): a crash in that "
+              "window loses the checkpoint."]
+
+
+def _restart_sentences(rest: pd.DataFrame) -> list[str]:
+    """One configuration's restarts (its restart_summary rows): what a restoring restart takes, or, where only
+    engine none relaunched, the start-up floor alone. Empty where no restart was timed."""
+    restores = rest["restores_checkpoint"].astype(bool)
+    restoring = rest[restores & rest["restart_s"].notna()]
+    floor = rest[~restores & rest["restart_s"].notna()]
+    if not restoring.empty:
+        return [_restoring_sentence(restoring, floor)]
+    if not floor.empty:
+        return [f"Engine none relaunches without a checkpoint in {fmt_s(floor.iloc[0]['restart_s'])}: the start-up "
+                "floor every restart pays."]
+    return []
+
+
+def _restoring_sentence(restoring: pd.DataFrame, floor: pd.DataFrame) -> str:
+    """The restarts that restore a checkpoint: their totals, the load's share, where the rest of the time goes,
+    engine none's floor (``floor``: its rows, if measured) and what a warm page cache means."""
+    totals = ", ".join(f"{fmt_s(row['restart_s'])} ({row['engine']})" for _, row in restoring.iterrows())
+    caches = ", ".join(sorted({str(x) for x in restoring["cache"].dropna()})) or "unknown"
+    text = (f"Restart takes {totals} from relaunch to the end of the first resumed iteration."
+            + _load_clause(restoring, caches) + _prefetch_clause(restoring) + _start_up_clause(restoring) + ".")
+    if not floor.empty:
+        text += (f" A relaunch that restores nothing (engine none) takes {fmt_s(floor.iloc[0]['restart_s'])}: the "
+                 "start-up floor every restart pays.")
+    if "warm" in caches:
+        text += (" A warm cache means some of the checkpoint was in memory when the restore began, so reads may have "
+                 "come from memory, not storage.")
+    return text
+
+
+def _load_clause(restoring: pd.DataFrame, caches: str) -> str:
+    """The checkpoint load's range over the engines, its largest share of the restart and the page cache it read
+    from (``caches``); empty where no load was timed."""
+    loads = restoring["restart_ckpt_load_s"].dropna()
+    if loads.empty:
+        return ""
+    share = (restoring["restart_ckpt_load_s"] / restoring["restart_s"]).dropna()
+    span = fmt_s(loads.min()) if loads.min() == loads.max() else f"{fmt_s(loads.min())}–{fmt_s(loads.max())}"
+    return f" Loading the checkpoint is {span} (at most {100 * share.max():.1f}% of it; {caches} page cache)"
+
+
+def _start_up_clause(restoring: pd.DataFrame) -> str:
+    """The three largest start-up parts of the critical path (medians over the engines), leaving out the load, the
+    first iteration, the gaps and the harness's own checks; empty where none was timed."""
+    path = [(label, restoring[column].median()) for column, label in analysis.PATH_COLUMNS
+            if column in restoring and label not in ("ckpt load", "1st iter", "gaps", *analysis.HARNESS_PARTS)]
+    path = sorted([(label, v) for label, v in path if pd.notna(v)], key=lambda p: -p[1])[:3]
+    if not path:
+        return ""
+    return "; the time goes to start-up: " + ", ".join(f"{label} {fmt_s(v)}" for label, v in path)
 
 
 def _limit_findings(table: pd.DataFrame, ckpt: pd.DataFrame, rest: pd.DataFrame, keys: list[str]) -> list[str]:

@@ -17,89 +17,118 @@ from restartbench.report.style import fmt_bytes, fmt_rate, fmt_s, fmt_share
 
 
 def figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: pd.DataFrame,
-                   files: pd.DataFrame) -> str:
+                  files: pd.DataFrame) -> str:
+    """The tables under figure ``name`` (``ranks``: the per-rank table, ``files``: the file table); empty for a figure
+    without tables of its own, or where no run was collected."""
     if table.empty:
         return ""
     if name == "checkpoint_cost":
-        summary = analysis.checkpoint_summary(table)
-        view = view_of(summary, {"runs": None, "checkpoints": None, "ranks": None, "stall_s": fmt_s,
-                               "slowdown_s": fmt_s, "cost_s": fmt_s, "overlapped_iterations": "{:.0f}",
-                               "seen_checkpoints": "{:.0f}",
-                               "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "durable_rank_spread_s": fmt_s,
-                               "committed_s": fmt_s, "iteration_s": fmt_s, "stall_overhead_pct": "{:.1f}%",
-                               "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate,
-                               "write_pct_of_storage": fmt_share, "write_limit": None})
-        spread = analysis.rank_spread(ranks)
-        spread = spread[spread["kind"] == "checkpoint"] if not spread.empty else spread
-        detail = view_of(spread.head(300), {"run_id": None, "tag": None, "stall_s_min": fmt_s, "stall_s_max": fmt_s,
-                                          "stall_s_slowest_rank": None, "durable_s_min": fmt_s,
-                                          "durable_s_max": fmt_s, "durable_s_slowest_rank": None,
-                                          "bytes_min": fmt_bytes, "bytes_max": fmt_bytes, "files_min": None,
-                                          "files_max": None}, keys=["preset", "layout", "engine"])
-        view = view.rename(columns={"cost_s": "whole cost"})
-        return ("<p>Per configuration (medians; <i>whole cost</i> = stall + slowdown, over the <i>seen "
-                "checkpoints</i>: those whose background work ended while training ran; <i>iteration</i> = the clean "
-                "median, iterations that overlapped no save's work; <i>rank spread</i> = slowest − fastest rank of a "
-                "checkpoint; <i>overhead</i> = stall / (save interval × iteration time + stall)):</p>"
-                + html_table(view)
-                + details(f"Per-rank spread of every checkpoint ({len(spread)} rows"
-                           + (", first 300" if len(spread) > 300 else "") + ")", html_table(detail)))
+        return _checkpoint_cost_tables(table, ranks)
     if name == "restart_phases":
-        summary = analysis.restart_summary(table)
-        fmt = {"runs": None, "restart_s": fmt_s, "restart_less_checks_s": fmt_s, "rank_spread_s": fmt_s,
-               **{column: fmt_s for column, _ in RESTART_PART_COLUMNS}, "bytes_read": fmt_bytes,
-               "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None, "cache": None,
-               "exact": None}
-        view = view_of(summary, fmt).rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
-        stages = analysis.ds_init_summary(table, column="path_ds_init_parts")
-        stage_view = view_of(stages, {c: fmt_s for c in stages.columns if c not in analysis.group_keys(table)})
-        return ("<p>Per configuration (medians over runs; each part max over ranks; <i>restart without checks</i> "
-                "= restart less the harness's own checks on the critical path: manifest check, page-cache eviction, "
-                "exactness proof):</p>" + html_table(view)
-                + details(f"deepspeed.initialize in its stages, the critical rank's (the strip; {len(stages)} rows)",
-                           html_table(stage_view)))
+        return _restart_phases_tables(table)
     if name == "restart_memory":
-        drawn = analysis.typical_restarts(table)
-        view = view_of(drawn, {"run_id": None, "attempt": "{:.0f}", "cache": None, "restart_s": fmt_s,
-                             "restore_peak_rss_bytes": fmt_bytes, "peak_rss_part": None,
-                             "train_peak_rss_bytes": fmt_bytes, "resume_spike": "{:.2f}×"},
-                     keys=analysis.group_keys(table))
-        return ("<p>The restarts drawn (per-rank samples in <code>restart_memory.csv</code>, each part's span and "
-                "peak in <code>restart_spans.csv</code>):</p>" + html_table(view))
+        return _restart_memory_table(table)
     if name == "files_per_rank":
-        summary = analysis.file_summary(files)
-        view = view_of(summary, {"kind": None, "files_per_checkpoint": "{:.0f}", "files_per_rank_max": None,
-                               "min_bytes": fmt_bytes, "median_bytes": fmt_bytes, "max_bytes": fmt_bytes,
-                               "bytes_per_checkpoint": fmt_bytes}, keys=["preset", "layout", "engine"])
-        overall = view[view["kind"] == "all"].drop(columns="kind")
-        return ("<p>Files per checkpoint, the most on one rank, and the file-size distribution (min / median / max):"
-                "</p>" + html_table(overall)
-                + details(f"The same per file kind: layer, model, optimizer, other ({len(view)} rows)",
-                           html_table(view)))
+        return _files_per_rank_tables(files)
     if name == "throughput":
-        baselines = table.dropna(subset=["baseline_tool"]) if "baseline_tool" in table else table.iloc[0:0]
-        if baselines.empty:
-            return ("<p><b>No baseline measured</b>: no <code>baseline.json</code> in any run folder or its parents. "
-                    "Write one with the storage's fio result, e.g. <code>{\"tool\": \"fio\", \"write_MBps\": 1830, "
-                    "\"read_MBps\": 2950, \"target\": \"/path\", \"block_size\": \"1M\", \"jobs\": 8, "
-                    "\"direct\": true}</code>.</p>")
-        view = limit_summary(baselines)
-        return ("<p>Storage limits the ratios are set against: per side, the method that won (the best of several "
-                "fio methods, its median the limit) and its spread over its passes (<i>min</i> / <i>max</i>: the "
-                "slowest and fastest pass of any run; <i>n</i>: passes per run). A throughput above the max is a "
-                "defect to investigate (the findings name each); a baseline without spread (an older "
-                "<code>baseline.json</code>) keeps the 105 % rule:</p>"
-                + html_table(view_of(view, {"method": None, "runs": None, "n": "{:.0f}", "min_MBps": fmt_rate,
-                                            "median_MBps": fmt_rate, "max_MBps": fmt_rate, "judged": None},
-                                     keys=["storage", "tool", "side"])))
+        return _throughput_table(table)
     if name == "checkpoint_size":
-        size = analysis.size_check(table, files)
-        fmt = {"params": "{:.0f}", "predicted_bytes": fmt_bytes, "measured_bytes": fmt_bytes,
-               "measured_vs_predicted": "×{:.3f}", "predicted_weights_bytes": fmt_bytes,
-               "measured_weights_bytes": fmt_bytes, "predicted_optimizer_bytes": fmt_bytes,
-               "measured_optimizer_bytes": fmt_bytes, "measured_other_bytes": fmt_bytes}
-        return html_table(view_of(size, fmt, keys=["preset", "layout", "dtype", "engine"]))
+        return html_table(view_of(analysis.size_check(table, files), _SIZE_FORMATS,
+                                  keys=["preset", "layout", "dtype", "engine"]))
     return ""
+
+
+#: How each table's columns are shown (None: as they are), by the figure it stands under.
+_CHECKPOINT_FORMATS = {"runs": None, "checkpoints": None, "ranks": None, "stall_s": fmt_s, "slowdown_s": fmt_s,
+                       "cost_s": fmt_s, "overlapped_iterations": "{:.0f}", "seen_checkpoints": "{:.0f}",
+                       "stall_rank_spread_s": fmt_s, "durable_s": fmt_s, "durable_rank_spread_s": fmt_s,
+                       "committed_s": fmt_s, "iteration_s": fmt_s, "stall_overhead_pct": "{:.1f}%",
+                       "bytes": fmt_bytes, "files": "{:.0f}", "write_MBps": fmt_rate, "write_pct_of_storage": fmt_share,
+                       "write_limit": None}
+_RANK_SPREAD_FORMATS = {"run_id": None, "tag": None, "stall_s_min": fmt_s, "stall_s_max": fmt_s,
+                        "stall_s_slowest_rank": None, "durable_s_min": fmt_s, "durable_s_max": fmt_s,
+                        "durable_s_slowest_rank": None, "bytes_min": fmt_bytes, "bytes_max": fmt_bytes,
+                        "files_min": None, "files_max": None}
+_RESTART_FORMATS = {"runs": None, "restart_s": fmt_s, "restart_less_checks_s": fmt_s, "rank_spread_s": fmt_s,
+                    **{column: fmt_s for column, _ in RESTART_PART_COLUMNS}, "bytes_read": fmt_bytes,
+                    "read_MBps": fmt_rate, "read_pct_of_storage": fmt_share, "read_limit": None, "cache": None,
+                    "exact": None}
+_RESTART_MEMORY_FORMATS = {"run_id": None, "attempt": "{:.0f}", "cache": None, "restart_s": fmt_s,
+                           "restore_peak_rss_bytes": fmt_bytes, "peak_rss_part": None,
+                           "train_peak_rss_bytes": fmt_bytes, "resume_spike": "{:.2f}×"}
+_FILE_FORMATS = {"kind": None, "files_per_checkpoint": "{:.0f}", "files_per_rank_max": None, "min_bytes": fmt_bytes,
+                 "median_bytes": fmt_bytes, "max_bytes": fmt_bytes, "bytes_per_checkpoint": fmt_bytes}
+_LIMIT_FORMATS = {"method": None, "runs": None, "n": "{:.0f}", "min_MBps": fmt_rate, "median_MBps": fmt_rate,
+                  "max_MBps": fmt_rate, "judged": None}
+_SIZE_FORMATS = {"params": "{:.0f}", "predicted_bytes": fmt_bytes, "measured_bytes": fmt_bytes,
+                 "measured_vs_predicted": "×{:.3f}", "predicted_weights_bytes": fmt_bytes,
+                 "measured_weights_bytes": fmt_bytes, "predicted_optimizer_bytes": fmt_bytes,
+                 "measured_optimizer_bytes": fmt_bytes, "measured_other_bytes": fmt_bytes}
+#: Where no run folder or its parents holds a baseline.json: what to write there.
+_NO_BASELINE = ("<p><b>No baseline measured</b>: no <code>baseline.json</code> in any run folder or its parents. "
+                "Write one with the storage's fio result, e.g. <code>{\"tool\": \"fio\", \"write_MBps\": 1830, "
+                "\"read_MBps\": 2950, \"target\": \"/path\", \"block_size\": \"1M\", \"jobs\": 8, "
+                "\"direct\": true}</code>.</p>")
+
+
+def _checkpoint_cost_tables(table: pd.DataFrame, ranks: pd.DataFrame) -> str:
+    """Per configuration, the checkpoint summary; folded beneath it, every checkpoint's spread over its ranks (the
+    first 300)."""
+    view = view_of(analysis.checkpoint_summary(table), _CHECKPOINT_FORMATS).rename(columns={"cost_s": "whole cost"})
+    spread = analysis.rank_spread(ranks)
+    spread = spread[spread["kind"] == "checkpoint"] if not spread.empty else spread
+    detail = view_of(spread.head(300), _RANK_SPREAD_FORMATS, keys=["preset", "layout", "engine"])
+    return ("<p>Per configuration (medians; <i>whole cost</i> = stall + slowdown, over the <i>seen "
+            "checkpoints</i>: those whose background work ended while training ran; <i>iteration</i> = the clean "
+            "median, iterations that overlapped no save's work; <i>rank spread</i> = slowest − fastest rank of a "
+            "checkpoint; <i>overhead</i> = stall / (save interval × iteration time + stall)):</p>"
+            + html_table(view)
+            + details(f"Per-rank spread of every checkpoint ({len(spread)} rows"
+                      + (", first 300" if len(spread) > 300 else "") + ")", html_table(detail)))
+
+
+def _restart_phases_tables(table: pd.DataFrame) -> str:
+    """Per configuration, the restart and its parts; folded beneath it, deepspeed.initialize's stages (the figure's
+    strip)."""
+    summary = analysis.restart_summary(table)
+    view = view_of(summary, _RESTART_FORMATS).rename(columns={c: label for c, label in RESTART_PART_COLUMNS})
+    stages = analysis.ds_init_summary(table, column="path_ds_init_parts")
+    stage_view = view_of(stages, {c: fmt_s for c in stages.columns if c not in analysis.group_keys(table)})
+    return ("<p>Per configuration (medians over runs; each part max over ranks; <i>restart without checks</i> "
+            "= restart less the harness's own checks on the critical path: manifest check, page-cache eviction, "
+            "exactness proof):</p>" + html_table(view)
+            + details(f"deepspeed.initialize in its stages, the critical rank's (the strip; {len(stages)} rows)",
+                      html_table(stage_view)))
+
+
+def _restart_memory_table(table: pd.DataFrame) -> str:
+    """The restarts the memory figure draws, with their peaks."""
+    view = view_of(analysis.typical_restarts(table), _RESTART_MEMORY_FORMATS, keys=analysis.group_keys(table))
+    return ("<p>The restarts drawn (per-rank samples in <code>restart_memory.csv</code>, each part's span and "
+            "peak in <code>restart_spans.csv</code>):</p>" + html_table(view))
+
+
+def _files_per_rank_tables(files: pd.DataFrame) -> str:
+    """The files of a checkpoint over all kinds; folded beneath it, the same per file kind."""
+    view = view_of(analysis.file_summary(files), _FILE_FORMATS, keys=["preset", "layout", "engine"])
+    overall = view[view["kind"] == "all"].drop(columns="kind")
+    return ("<p>Files per checkpoint, the most on one rank, and the file-size distribution (min / median / max):"
+            "</p>" + html_table(overall)
+            + details(f"The same per file kind: layer, model, optimizer, other ({len(view)} rows)",
+                      html_table(view)))
+
+
+def _throughput_table(table: pd.DataFrame) -> str:
+    """The storage limits the throughputs are judged against, or how to measure them where no run has one."""
+    baselines = table.dropna(subset=["baseline_tool"]) if "baseline_tool" in table else table.iloc[0:0]
+    if baselines.empty:
+        return _NO_BASELINE
+    view = view_of(limit_summary(baselines), _LIMIT_FORMATS, keys=["storage", "tool", "side"])
+    return ("<p>Storage limits the ratios are set against: per side, the method that won (the best of several "
+            "fio methods, its median the limit) and its spread over its passes (<i>min</i> / <i>max</i>: the "
+            "slowest and fastest pass of any run; <i>n</i>: passes per run). A throughput above the max is a "
+            "defect to investigate (the findings name each); a baseline without spread (an older "
+            "<code>baseline.json</code>) keeps the 105 % rule:</p>" + html_table(view))
 
 
 def setup_html(table: pd.DataFrame) -> str:

@@ -41,8 +41,29 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
     summary = analysis.restart_summary(table)
     keys = [k for k in analysis.group_keys(table) if k != "engine"]
     stages = _ds_init_stages(table, summary)
-    facets = list(summary.groupby(keys, dropna=False, sort=False).groups)
-    facets = [f if isinstance(f, tuple) else (f,) for f in facets]
+    facets = [f if isinstance(f, tuple) else (f,) for f in summary.groupby(keys, dropna=False, sort=False).groups]
+    shown = _facets_that_fit(summary, keys, facets)
+    path_columns = [(c, label) for c, label in analysis.PATH_COLUMNS if c in summary]
+    names = list(dict.fromkeys(name for row_stages in stages for name in row_stages))
+    ncol, header = _legend_layout(len(path_columns) + 1 + len(names))  # parts, total, stages
+    fig, axes = _facet_axes(summary, keys, shown, header, strips=bool(names))
+    xmax = _x_extent(summary, path_columns)
+    for ax, values in zip(axes[:, 0], shown):
+        rows = rows_of(summary, keys, values)
+        _draw_facet(ax, rows, [stages[i] for i in rows.index], path_columns, keys, xmax, strips=bool(names))
+    axes[-1, 0].set_xlabel("seconds from the relaunch (medians over runs)")
+    more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
+    strip = "; under ds init: its stages" if names else ""
+    figure_header(fig, "Where restart time goes: relaunch → end of the first resumed iteration",
+                  "the parts of the last rank ready to train (all ranks wait for it); orange: reading the checkpoint, "
+                  f"blue: start-up, hatched grey: the harness's own checks and the gaps{strip}{more}",
+                  _legend_handles(path_columns, names), ncol, 7.5, header)
+    return fig
+
+
+def _facets_that_fit(summary: pd.DataFrame, keys: list[str], facets: list[tuple]) -> list[tuple]:
+    """The first facets (configurations) whose rows add up to at most ``MAX_ROWS`` bars, at least one; the rest are
+    left to the tables."""
     shown, total_rows = [], 0
     for f in facets:
         n = len(rows_of(summary, keys, f))
@@ -50,70 +71,95 @@ def plot_restart_phases(table: pd.DataFrame) -> Figure:
             break
         shown.append(f)
         total_rows += n
-    path_columns = [(c, label) for c, label in analysis.PATH_COLUMNS if c in summary]
-    names = list(dict.fromkeys(name for row_stages in stages for name in row_stages))
-    legend = len(path_columns) + 1 + len(names)  # parts, total, stages
-    ncol = legend if legend <= 11 else math.ceil(legend / 3)
-    header = HEADER_IN + 0.2 * max(0, math.ceil(legend / ncol) - 2)  # a third row of the legend
-    row_height = 0.75 if names else 0.55  # room for the ds init strip beneath a bar
+    return shown
+
+
+def _legend_layout(entries: int) -> tuple[int, float]:
+    """The legend's columns (one row up to 11 entries, else three rows) and the header's height in inches, taller
+    for a third row."""
+    ncol = entries if entries <= 11 else math.ceil(entries / 3)
+    return ncol, HEADER_IN + 0.2 * max(0, math.ceil(entries / ncol) - 2)
+
+
+def _facet_axes(summary: pd.DataFrame, keys: list[str], shown: list[tuple], header: float,
+                strips: bool) -> tuple[Figure, np.ndarray]:
+    """One axes per facet, stacked, each as tall as its bars (taller with the ds init ``strips`` beneath them)."""
+    row_height = 0.75 if strips else 0.55
     heights = [row_height * len(rows_of(summary, keys, f)) + 0.75 for f in shown]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(11, sum(heights) + 0.5 + header), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    return plt.subplots(len(shown), 1, figsize=(11, sum(heights) + 0.5 + header), squeeze=False,
+                        gridspec_kw={"height_ratios": heights})
+
+
+def _x_extent(summary: pd.DataFrame, path_columns: list[tuple[str, str]]) -> float:
+    """The longest bar or total of any facet, so that every facet shares one scale (at least 1 ms)."""
     sums = summary[[c for c, _ in path_columns]].fillna(0).sum(axis=1) if path_columns else summary["restart_s"]
-    xmax = float(np.nanmax([*summary["restart_s"].to_numpy(dtype=float), *sums.to_numpy(dtype=float), 1e-3]))
-    for ax, values in zip(axes[:, 0], shown):
-        rows = rows_of(summary, keys, values)
-        part = rows.reset_index(drop=True)
-        y = np.arange(len(part))[::-1]
-        for yi, (_, row), row_stages in zip(y, part.iterrows(), [stages[i] for i in rows.index]):
-            left = 0.0
-            for column, label in path_columns:
-                width = row[column]
-                if width is None or pd.isna(width) or width <= 0:
-                    continue
-                bar = ax.barh(yi, width, left=left, color=PART_COLORS.get(label, "#bbbbbb"), height=0.62,
-                              edgecolor="white", linewidth=0.6, hatch="xx" if label in UNPAINTED else None)
-                bar.patches[0].set_gid(f"part:{label}")
-                if width >= 0.07 * xmax:
-                    ax.text(left + width / 2, yi, f"{label}\n{fmt_s(width)}", ha="center", va="center", fontsize=7,
-                            color="white" if label in DARK_PARTS else "black")
-                if label == "ds init" and row_stages:
-                    _ds_init_strip(ax, yi, left, width, row_stages, xmax)
-                left += width
-            if pd.notna(row["restart_s"]):
-                ax.plot([row["restart_s"]], [yi], marker="D", color="black", markersize=5, zorder=4)
-                ax.annotate(fmt_s(row["restart_s"]), (max(left, row["restart_s"]), yi), xytext=(6, 0),
-                            textcoords="offset points", va="center", fontsize=8.5, fontweight="bold")
-        labels = []
-        for _, row in part.iterrows():
-            if not row["restores_checkpoint"]:
-                labels.append(f"{row['engine']}: start-up floor\n(nothing restored)")
-            else:
-                load = fmt_s(row["restart_ckpt_load_s"])
-                labels.append(f"{row['engine']}\nckpt load {load}, {row['cache'] or '?'} cache")
-        ax.set_yticks(y, labels, fontsize=8.5)
-        floor = part.loc[~part["restores_checkpoint"].astype(bool), "restart_s"]
-        if not floor.empty and pd.notna(floor.iloc[0]):
-            ax.axvline(floor.iloc[0], color="black", ls="--", lw=0.9)
-            ax.text(floor.iloc[0], len(part) - 0.45, " start-up floor (engine none)", fontsize=7.5, va="bottom")
-        ax.set_xlim(0, xmax * 1.12)
-        ax.set_ylim(-0.75 if names else -0.6, len(part) - 0.2)
-        ax.set_title(f"{config_label(part.iloc[0], keys)} · {part.iloc[0]['ranks']} ranks", fontsize=10, loc="left")
-        ax.grid(axis="x", alpha=0.3)
-        ax.set_axisbelow(True)
-    axes[-1, 0].set_xlabel("seconds from the relaunch (medians over runs)")
+    return float(np.nanmax([*summary["restart_s"].to_numpy(dtype=float), *sums.to_numpy(dtype=float), 1e-3]))
+
+
+def _draw_facet(ax, rows: pd.DataFrame, row_stages: list[dict[str, float]], path_columns: list[tuple[str, str]],
+                keys: list[str], xmax: float, strips: bool) -> None:
+    """One configuration's engines, a bar each from the top, labelled with its load and cache, and engine none's
+    total as the start-up floor across them."""
+    part = rows.reset_index(drop=True)
+    y = np.arange(len(part))[::-1]
+    for yi, (_, row), stages in zip(y, part.iterrows(), row_stages):
+        _draw_restart(ax, yi, row, stages, path_columns, xmax)
+    ax.set_yticks(y, [_engine_label(row) for _, row in part.iterrows()], fontsize=8.5)
+    floor = part.loc[~part["restores_checkpoint"].astype(bool), "restart_s"]
+    if not floor.empty and pd.notna(floor.iloc[0]):
+        ax.axvline(floor.iloc[0], color="black", ls="--", lw=0.9)
+        ax.text(floor.iloc[0], len(part) - 0.45, " start-up floor (engine none)", fontsize=7.5, va="bottom")
+    ax.set_xlim(0, xmax * 1.12)
+    ax.set_ylim(-0.75 if strips else -0.6, len(part) - 0.2)
+    ax.set_title(f"{config_label(part.iloc[0], keys)} · {part.iloc[0]['ranks']} ranks", fontsize=10, loc="left")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _draw_restart(ax, yi: float, row: pd.Series, stages: dict[str, float], path_columns: list[tuple[str, str]],
+                  xmax: float) -> None:
+    """One restart at height ``yi``: its parts stacked from the left (the ds init part with its stages beneath),
+    then its total as a marker with its value."""
+    left = 0.0
+    for column, label in path_columns:
+        width = row[column]
+        if width is None or pd.isna(width) or width <= 0:
+            continue
+        _draw_part(ax, yi, left, width, label, xmax)
+        if label == "ds init" and stages:
+            _ds_init_strip(ax, yi, left, width, stages, xmax)
+        left += width
+    if pd.notna(row["restart_s"]):
+        ax.plot([row["restart_s"]], [yi], marker="D", color="black", markersize=5, zorder=4)
+        ax.annotate(fmt_s(row["restart_s"]), (max(left, row["restart_s"]), yi), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8.5, fontweight="bold")
+
+
+def _draw_part(ax, yi: float, left: float, width: float, label: str, xmax: float) -> None:
+    """One part of a restart's bar, its gid ``part:<label>``, labelled inside where it is wide enough."""
+    bar = ax.barh(yi, width, left=left, color=PART_COLORS.get(label, "#bbbbbb"), height=0.62, edgecolor="white",
+                  linewidth=0.6, hatch="xx" if label in UNPAINTED else None)
+    bar.patches[0].set_gid(f"part:{label}")
+    if width >= 0.07 * xmax:
+        ax.text(left + width / 2, yi, f"{label}\n{fmt_s(width)}", ha="center", va="center", fontsize=7,
+                color="white" if label in DARK_PARTS else "black")
+
+
+def _engine_label(row: pd.Series) -> str:
+    """A bar's tick label: the engine with its load and page cache, or engine none as the floor."""
+    if not row["restores_checkpoint"]:
+        return f"{row['engine']}: start-up floor\n(nothing restored)"
+    return f"{row['engine']}\nckpt load {fmt_s(row['restart_ckpt_load_s'])}, {row['cache'] or '?'} cache"
+
+
+def _legend_handles(path_columns: list[tuple[str, str]], names: list[str]) -> list:
+    """The parts as drawn, the total's marker, then the ds init stages (``names``, in the strips' order)."""
     handles = [Patch(facecolor=PART_COLORS[label], hatch="xx" if label in UNPAINTED else None,
                      edgecolor="white", label=label) for _, label in path_columns]
     handles.append(plt.Line2D([], [], marker="D", ls="", color="black", label="total"))
     handles.extend(Patch(label=STAGE_LABELS.get(name, name), **_stage_style(name, names.index(name)))
                    for name in names)
-    more = f"; {len(facets) - len(shown)} more configurations in the tables" if len(facets) > len(shown) else ""
-    strip = "; under ds init: its stages" if names else ""
-    figure_header(fig, "Where restart time goes: relaunch → end of the first resumed iteration",
-            "the parts of the last rank ready to train (all ranks wait for it); orange: reading the checkpoint, "
-            f"blue: start-up, hatched grey: the harness's own checks and the gaps{strip}{more}", handles, ncol, 7.5,
-            header)
-    return fig
+    return handles
 
 
 #: The ds init strip's work stages, slowest first (purples), the rest, and what was not work.
