@@ -216,7 +216,7 @@ def test_the_tables_show_the_method_and_its_spread(tmp_path):
     assert summary.loc["write", ["method", "runs", "n", "min_MBps", "median_MBps", "max_MBps"]].tolist() == [
         "write-direct-libaio-qd16-4M", 1, 5, 30.0, 40.0, 50.0]
     assert summary.loc["read", "method"] == "read-direct-libaio-qd32-1M"
-    html = figure_tables("throughput", found, table, found.rank_table(), found.file_table())
+    html = figure_tables("throughput", table, found.rank_table(), found.file_table())
     for text in ("write-direct-libaio-qd16-4M", "read-direct-libaio-qd32-1M", "30 MB/s", "50 MB/s", "190 MB/s"):
         assert text in html
     proc = subprocess.run([sys.executable, str(ROOT / "analysis" / "summarize.py"), str(tmp_path / "logs"), "--out",

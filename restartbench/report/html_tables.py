@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -16,26 +17,11 @@ from restartbench.report.goodput_figure import GOODPUT_FORMATS
 from restartbench.report.style import fmt_bytes, fmt_rate, fmt_s, fmt_share
 
 
-def figure_tables(name: str, collected: Collected, table: pd.DataFrame, ranks: pd.DataFrame,
-                  files: pd.DataFrame) -> str:
+def figure_tables(name: str, table: pd.DataFrame, ranks: pd.DataFrame, files: pd.DataFrame) -> str:
     """The tables under figure ``name`` (``ranks``: the per-rank table, ``files``: the file table); empty for a figure
     without tables of its own, or where no run was collected."""
-    if table.empty:
-        return ""
-    if name == "checkpoint_cost":
-        return _checkpoint_cost_tables(table, ranks)
-    if name == "restart_phases":
-        return _restart_phases_tables(table)
-    if name == "restart_memory":
-        return _restart_memory_table(table)
-    if name == "files_per_rank":
-        return _files_per_rank_tables(files)
-    if name == "throughput":
-        return _throughput_table(table)
-    if name == "checkpoint_size":
-        return html_table(view_of(analysis.size_check(table, files), _SIZE_FORMATS,
-                                  keys=["preset", "layout", "dtype", "engine"]))
-    return ""
+    tables = _FIGURE_TABLES.get(name)
+    return "" if table.empty or tables is None else tables(table, ranks, files)
 
 
 #: How each table's columns are shown (None: as they are), by the figure it stands under.
@@ -168,6 +154,22 @@ def relayout_html(table: pd.DataFrame) -> str:
             "<code>loss_diff</code> is iteration K+1's loss less the uninterrupted run's (the reduction order "
             "changes with tp and dp). A skipped restart says why the engine cannot make it.</p>"
             + html_table(summary))
+
+
+def _size_check_table(table: pd.DataFrame, files: pd.DataFrame) -> str:
+    return html_table(view_of(analysis.size_check(table, files), _SIZE_FORMATS,
+                              keys=["preset", "layout", "dtype", "engine"]))
+
+
+_FIGURE_TABLES: dict[str, Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame], str]] = {
+    "checkpoint_cost": lambda table, ranks, files: _checkpoint_cost_tables(table, ranks),
+    "restart_phases": lambda table, ranks, files: _restart_phases_tables(table),
+    "restart_memory": lambda table, ranks, files: _restart_memory_table(table),
+    "files_per_rank": lambda table, ranks, files: _files_per_rank_tables(files),
+    "throughput": lambda table, ranks, files: _throughput_table(table),
+    "checkpoint_size": lambda table, ranks, files: _size_check_table(table, files),
+}
+"""Figure name -> its tables (the study table, the per-rank table, the file table -> HTML)."""
 
 
 def excluded_html(collected: Collected) -> str:

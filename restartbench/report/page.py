@@ -161,7 +161,7 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
                      f"(Also <code>{name}.svg</code> and <code>{name}.png</code> next to this report.)"
                      f"</figcaption></figure>")
         parts.append(goodput_html(goodput_rows, assumptions) if name == "goodput"
-                     else figure_tables(name, collected, table, ranks, files))
+                     else figure_tables(name, table, ranks, files))
     parts.append(relayout_html(table))
     parts.append(excluded_html(collected))
     if collected.warnings:
