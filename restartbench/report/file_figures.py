@@ -53,6 +53,27 @@ def plot_files_per_rank(files: pd.DataFrame, table: pd.DataFrame | None = None) 
     return fig
 
 
+def _size_bars(ax, size: pd.DataFrame, x: np.ndarray) -> None:
+    """Each configuration's predicted (hatched, left) and measured (right) bytes, stacked by weights, optimizer and
+    other files where the file kinds tell, else whole."""
+    if not {"measured_weights_bytes", "measured_optimizer_bytes"} <= set(size.columns):
+        ax.bar(x - 0.2, size["predicted_bytes"] / MB, 0.38, color="#777777", alpha=0.4, hatch="///")
+        ax.bar(x + 0.2, size["measured_bytes"] / MB, 0.38, color="#777777")
+        return
+    bottom = np.zeros(len(size))
+    for column, color in (("predicted_weights_bytes", "#4C72B0"), ("predicted_optimizer_bytes", "#DD8452")):
+        values = size[column].to_numpy(float) / MB
+        ax.bar(x - 0.2, values, 0.38, bottom=bottom, color=color, alpha=0.4, hatch="///", edgecolor=color)
+        bottom += np.nan_to_num(values)
+    bottom = np.zeros(len(size))
+    for column, color in (("measured_weights_bytes", "#4C72B0"), ("measured_optimizer_bytes", "#DD8452"),
+                          ("measured_other_bytes", "#999999")):
+        if column in size:
+            values = size[column].fillna(0).to_numpy(float) / MB
+            ax.bar(x + 0.2, values, 0.38, bottom=bottom, color=color)
+            bottom += values
+
+
 def plot_size_check(size: pd.DataFrame) -> Figure:
     """Predicted checkpoint bytes (P·(w + 12)) against measured, per preset/layout/engine, split into weights and
     optimizer state where the file kinds tell."""
@@ -61,23 +82,7 @@ def plot_size_check(size: pd.DataFrame) -> Figure:
     size = size.reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(max(7.5, 1.3 * len(size) + 2), 3.6 + HEADER_IN))
     x = np.arange(len(size))
-    has_parts = {"measured_weights_bytes", "measured_optimizer_bytes"} <= set(size.columns)
-    if has_parts:
-        bottom = np.zeros(len(size))
-        for column, color in (("predicted_weights_bytes", "#4C72B0"), ("predicted_optimizer_bytes", "#DD8452")):
-            values = size[column].to_numpy(float) / MB
-            ax.bar(x - 0.2, values, 0.38, bottom=bottom, color=color, alpha=0.4, hatch="///", edgecolor=color)
-            bottom += np.nan_to_num(values)
-        bottom = np.zeros(len(size))
-        for column, color in (("measured_weights_bytes", "#4C72B0"), ("measured_optimizer_bytes", "#DD8452"),
-                              ("measured_other_bytes", "#999999")):
-            if column in size:
-                values = size[column].fillna(0).to_numpy(float) / MB
-                ax.bar(x + 0.2, values, 0.38, bottom=bottom, color=color)
-                bottom += values
-    else:
-        ax.bar(x - 0.2, size["predicted_bytes"] / MB, 0.38, color="#777777", alpha=0.4, hatch="///")
-        ax.bar(x + 0.2, size["measured_bytes"] / MB, 0.38, color="#777777")
+    _size_bars(ax, size, x)
     for xi, (_, row) in zip(x, size.iterrows()):
         top = np.nanmax([row["predicted_bytes"], row["measured_bytes"]]) / MB
         ratio = row["measured_vs_predicted"]
