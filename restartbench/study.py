@@ -167,11 +167,24 @@ def execute(run_dir: Path) -> int:
     if issue:
         say(f"note: engine {cfg.engine.engine} {issue}")
         meta["engine_known_issue"] = issue
+    _measure_storage(run_dir, cfg, plan)
+    status, error = _run_phases(run_dir, cfg, plan, launcher, meta)
+    return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
+
+
+def _measure_storage(run_dir: Path, cfg: RunConfig, plan: RunPlan) -> None:
+    """The storage baseline the run's throughput is judged against (none with --baseline-mib 0)."""
     if cfg.storage.baseline_mib > 0 and plan.remote:
         storage.record_remote_baseline(run_dir, plan.checkpoint_dir, plan.remote, cfg.storage.baseline_mib)
     elif cfg.storage.baseline_mib > 0:
         record_for_run(run_dir, plan, cfg.storage.baseline_mib)
-    status, error = "complete", None
+
+
+def _run_phases(run_dir: Path, cfg: RunConfig, plan: RunPlan, launcher: Launcher,
+                meta: dict[str, Any]) -> tuple[str, str | None]:
+    """Train, then restore (each recorded in ``meta`` as it ends); the run's status and its error. The restore is
+    skipped where it is on another layout and the engine cannot reshard, and not launched after a failed train or
+    one that committed no checkpoint."""
     relayout = {"restore_layout": cfg.launch.restore_layout} if cfg.launch.restore_layout else {}
     for phase in PHASES:
         if phase == "restore" and relayout and not engines.engine_info(cfg.engine.engine).reshards:
@@ -186,12 +199,10 @@ def execute(run_dir: Path) -> int:
         if phase == "restore":
             meta["restarts"] = [restart_record(run_dir, 1, result, relayout)]
         if result["exit_code"] != 0:
-            status, error = "failed", f"phase {phase} failed: {result['error']}"
-            break
+            return "failed", f"phase {phase} failed: {result['error']}"
         if phase == "train" and _nothing_committed(cfg, plan):
-            status, error = "failed", "phase train committed no checkpoint, so the restore phase was not launched"
-            break
-    return 0 if _finalize(run_dir, meta, status, error) == "complete" else 1
+            return "failed", "phase train committed no checkpoint, so the restore phase was not launched"
+    return "complete", None
 
 
 def _phase_launch(run_dir: Path, plan: RunPlan, phase: str, relayout: dict[str, str]

@@ -92,6 +92,20 @@ def test_an_engine_that_cannot_restart_on_another_layout_is_a_skipped_attempt_wi
     assert "skipped" in done.stdout + done.stderr and not list((copy / "events").glob(f"restore-{entry['attempt']}-*"))
 
 
+@pytest.mark.multirank
+def test_a_run_asked_to_restore_on_a_layout_its_engine_cannot_load_trains_and_records_the_restore_skipped(tmp_path):
+    """config-n-run.py --restore-layout with an engine that cannot restart on another layout: phase 1 runs and
+    commits, the restore is not launched, and the run is complete with its restart recorded as skipped and why."""
+    proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--engine", "torchsnapshot", "--iters", "2",
+                              "--save-interval", "2", "--baseline-mib", "0", "--restore-layout", "dp1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    [entry] = meta["restarts"]
+    assert meta["status"] == "complete" and entry["verdict"] == "skipped" and "rank-local" in entry["reason"]
+    assert list(meta["phases"]) == ["train"] and not list((run_dir / "events").glob("restore-*"))
+    assert "restore on tp1pp1dp1: skipped, engine torchsnapshot" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(("layout", "message"), [
     ("dp3", "global batch is 4 micro-batches"),
     ("tp2pp2", "is the run's own layout"),
