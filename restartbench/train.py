@@ -108,9 +108,12 @@ class RankRun:
         hang_before_init(self.log)
         with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
             runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
+        self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend})")
         self._prefetch_checkpoint()
-        self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend}); building the model")
-        self._initialize(self._build_model(runtime))
+        module = self._build_model(runtime)
+        self._say(f"{self.phase}: model built; deepspeed.initialize")
+        self._initialize(module)
+        self._say(f"{self.phase}: DeepSpeed ready; setting up the {self.cfg.engine.engine} engine")
         self._set_up_engine()
         self.pending: tuple[int, str, harness.SaveStart, str | None] | None = None
         self.dp_rank = self.engine.grid.get_data_parallel_rank()
@@ -191,6 +194,8 @@ class RankRun:
     def _choose_checkpoint(self) -> tuple[str, dict[str, Any]]:
         """The checkpoint to restore (its files checked against its manifest) and the page cache's state once it is
         evicted (or not: ``--restore-cache``). Collectives."""
+        if self.cfg.launch.check_files:
+            self._say(f"{self.phase}: checking the checkpoint's files against its manifest")
         tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
         return tag, harness.page_cache_before_load({self.rank: self.log}, self.store, tag,
                                                    self.cfg.launch.restore_cache)
@@ -242,7 +247,9 @@ class RankRun:
         self._commit_pending()
         tag = f"step{step}"
         hang_before_save(self.log, tag)
-        self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})")
+        self._say(f"train: checkpoint {tag} -> {self.ckpt_dir} ({self.cfg.engine.engine})"
+                  + ("; the proof's digest first (the harness's, not timed as the save)" if self.cfg.launch.verify
+                     else ""))
         arm_save_fault(self.log, tag)
         if self.cfg.launch.verify:  # the state the save writes, digested before it: outside its spans and its window
             self._digest_saved_state(tag)
@@ -295,6 +302,7 @@ class RankRun:
         step, tag, save_start, error = self.pending
         self.pending = None
         if error is None:
+            self._say(f"train: checkpoint {tag}: waiting until durable, then its files' checksums for its manifest")
             share = harness.durable_share(self.log, self.store, self.rank, step, tag, save_start,
                                           self.ckpt_engine.wait_until_durable, self.ckpt_engine.written,
                                           background_done=self.ckpt_engine.background_done())
@@ -332,6 +340,8 @@ class RankRun:
             return self._restore_on_another_layout(tag, cache)
         harness.timed_load(self.log, tag, cache, lambda: self._load(tag), self.ckpt_engine.load_fields,
                            engine=self.cfg.engine.engine)
+        if self.cfg.launch.verify:
+            self._say(f"restore: {tag} loaded; the proof's digest of the restored state")
         problems = self._verify_restored(tag) if self.cfg.launch.verify else []
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:

@@ -66,6 +66,28 @@ def test_train_checkpoint_relaunch_restore_is_exact(study_runs, layout, tp, pp, 
     assert "restore exact" in proc.stdout
 
 
+def test_the_terminal_names_each_long_part_before_it_runs(study_runs):
+    """A person watching reads what the run is doing before each part that grows with the model (tens of seconds
+    each at 1B on a GPU): the model build, deepspeed.initialize, the engine's set-up, the proof's digests, the wait
+    until durable with the manifest's checksums, the files' check before a restore, and the load."""
+    proc, _ = study_runs["tp2pp2"]
+    said = [line.split(" ", 2)[2] for line in proc.stdout.splitlines() if line.startswith("[restartbench]")]
+    expected = ["train: 4 ranks up (gloo)", "train: model built; deepspeed.initialize",
+                "train: DeepSpeed ready; setting up the torch engine",
+                "train: checkpoint step2 -> ", "the proof's digest first",
+                "train: checkpoint step2: waiting until durable, then its files' checksums for its manifest",
+                "train: checkpoint step2 durable on every rank and committed",
+                "restore: 4 ranks up (gloo)", "restore: model built; deepspeed.initialize",
+                "restore: DeepSpeed ready; setting up the torch engine",
+                "restore: checking the checkpoint's files against its manifest", "restore: loading step4 ",
+                "restore: step4 loaded; the proof's digest of the restored state", "restore: resumed at iteration 5"]
+    position = 0
+    for phrase in expected:  # each in order, the digest's clause on the checkpoint's own line
+        position = next((i for i in range(max(0, position - 1), len(said)) if phrase in said[i]), None)
+        assert position is not None, f"{phrase!r} not said in order:\n" + "\n".join(said)
+        position += 1
+
+
 @pytest.mark.parametrize("layout", ["tp2pp2", "tp1pp1dp2"])
 def test_parallel_run_computes_the_single_process_loss(study_runs, layout):
     """Iteration 1's loss on the real multi-rank run equals the same model's loss in one process (fp32)."""
