@@ -362,6 +362,8 @@ class RankRun:
         from restartbench.engines import converter
 
         step, conversion = _step_of(tag), converter(self.cfg.engine.engine)
+        if conversion:
+            self._say(f"restore: converting {tag} for {self.plan.layout_name} (the engine's offline pass)")
         load_tag = harness.convert(self.log, conversion, self.ckpt_dir, tag) if conversion else tag
         if conversion:  # the load reads what the conversion has just written
             cache = {**cache, "cache": "converted", "resident_fraction": None}
@@ -388,6 +390,7 @@ class RankRun:
             self._say(f"restore: {tag} is not verified on {self.plan.layout_name}: phase 1 recorded no consolidated "
                       "digest (run it with --consolidated-digest)")
             return [], False
+        self._say(f"restore: {tag} loaded on {self.plan.layout_name}; the proof's consolidated digest")
         with self.log.span(Event.RESTORE_VERIFY, tag=tag, consolidated=True):
             return compare(read_consolidated(self.run_dir, tag), consolidated_digest(self.engine)), True
 
