@@ -37,6 +37,13 @@ RESTART_PARTS = (
     (Event.RESTORE_LOAD, "ckpt load"),
     (Event.TRAIN_ITERATION, "1st iter"),
 )
+HARNESS_CHECKS = (
+    (Event.RESTORE_CHECK_FILES, "check files"),  # the checkpoint's files against its manifest
+    (Event.RESTORE_CACHE, "cache"),  # the page cache's eviction and measure before the load
+    (Event.RESTORE_VERIFY, "verify"),  # the exactness proof's digest of the restored state
+)
+"""The spans of a restart that are the harness checking itself, on its path but not what a training job's restart
+costs (the analysis subtracts them: ``restart_less_checks_s``)."""
 
 _KINDS = (
     (re.compile(r"^layer_\d+-.*model_states\.pt"), "layer"),
@@ -86,6 +93,21 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"] or 0)
 
 
+def harness_checks(restore: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each of the harness's checks (``HARNESS_CHECKS``) on one restore attempt's path: per rank the sum of its
+    spans that began before the rank's first resumed iteration (a fallback checks two checkpoints' files), the max
+    over ranks; None where no rank made it."""
+    first = {e["rank"]: e["start"] for e in restore
+             if e["event"] == Event.TRAIN_ITERATION and e.get("first_after_restore")}
+    labels = dict(HARNESS_CHECKS)
+    per_rank: dict[str, dict[int, float]] = {label: {} for label in labels.values()}
+    for e in restore:
+        label = labels.get(e["event"])
+        if label is not None and (e["rank"] not in first or e["start"] < first[e["rank"]]):
+            per_rank[label][e["rank"]] = per_rank[label].get(e["rank"], 0.0) + e["duration_s"]
+    return {label: max(times.values(), default=None) for label, times in per_rank.items()}
+
+
 def since_checkpoint_start(event: dict[str, Any]) -> float:
     """A durable or commit event's time on its checkpoint's clock (the rank's own save start in older records)."""
     return event.get("since_checkpoint_start_s", event["since_save_start_s"])
@@ -114,6 +136,7 @@ def restart(events: list[dict[str, Any]], attempt: int = 1) -> dict[str, Any] | 
         "attempt": attempt,
         "total_s": max(ends, default=None),
         "parts": parts,
+        "checks": harness_checks(restore),
         "tag": loads[0]["tag"] if loads else None,
         "fell_back_from": fallbacks[0]["wanted"] if fallbacks else None,
         "bytes_read": sum(e.get("bytes", 0) for e in loads),
@@ -464,6 +487,9 @@ def summarize_run(run_dir: Path) -> list[str]:
         if info["prefetch_read_s"] is not None:
             parts += (f"; the read ran from before the model build (prefetch): {info['prefetch_read_s']:.2f} s, "
                       f"of which the load waited {info['prefetch_wait_s']:.2f} s")
+        checks = ", ".join(f"{label} {value:.2f}" for label, value in info["checks"].items() if value is not None)
+        if checks:
+            parts += f"; besides them the harness's own checks, which a job's restart does not make: {checks}"
         lines.append(f"restart {source}: {info['total_s']:.2f} s from launch to end of first iteration "
                      f"(max over ranks); parts (s, max over ranks): {parts}")
         lines.append(exact)

@@ -180,6 +180,7 @@ def test_restart_is_the_slowest_rank_and_each_part_its_max_over_ranks(run):
     info = results.restart(read_events(run))
     assert info["total_s"] == pytest.approx(8.41)  # rank 2, launched with node b at 1000.5
     assert info["parts"] == pytest.approx(RESTART_PARTS)
+    assert info.pop("checks") == pytest.approx({"check files": 0.10, "cache": None, "verify": 0.20})
     assert {k: v for k, v in info.items() if k not in ("total_s", "parts")} == pytest.approx({
         "attempt": 1, "tag": RESTORED, "fell_back_from": None, "bytes_read": 13_000_000, "files_read": 17,
         "process_bytes_read": None,
@@ -213,7 +214,8 @@ def test_the_study_prints_the_rules_figures(run):
         "0.950 s",
         "restart from step6 (warm page cache): 8.41 s from launch to end of first iteration (max over ranks); "
         "parts (s, max over ranks): launch 1.50, imports 2.50, dist init 0.30, model build 0.40, ds init 3.20, "
-        "engine setup 0.05, ckpt load 0.90, 1st iter 0.90",
+        "engine setup 0.05, ckpt load 0.90, 1st iter 0.90; besides them the harness's own checks, which a job's "
+        "restart does not make: check files 0.10, verify 0.20",
         "restore exact (state and resumed loss verified)",
     ]
 
@@ -284,6 +286,7 @@ def test_the_harness_checks_are_path_parts_and_left_out_of_restart_less_checks()
     assert {key: ranks[0][key] for key in ("check_files_s", "cache_s", "verify_s", "restart_s", "ready_s")} \
         == pytest.approx({"check_files_s": 0.75, "cache_s": 1.5, "verify_s": 0.75, "restart_s": 12.0,
                           "ready_s": 10.0})
+    assert results.harness_checks(events) == pytest.approx({"check files": 0.75, "cache": 1.5, "verify": 0.75})
     path = analysis.critical_path(ranks, 12.0)
     parts = {label: path[column] for column, label in analysis.PATH_COLUMNS if path[column] is not None}
     assert parts == pytest.approx({"launch": 1.0, "imports": 2.0, "engine setup": 0.5, "check files": 0.75,
@@ -561,7 +564,8 @@ def test_a_restart_without_a_checkpoint_reads_nothing_and_is_not_verified(tmp_pa
                     "attempt": 1, "tag": None, "fell_back_from": None, "bytes_read": 0, "files_read": 0, "cache": None,
                     "process_bytes_read": None,
                     "resident_fraction": None, "exact": None, "verdict": "not verified", "peak_rss_bytes": None,
-                    "peak_rss_part": None, "ds_init": None, **NO_RELAYOUT}
+                    "peak_rss_part": None, "ds_init": None,
+                    "checks": {"check files": None, "cache": None, "verify": None}, **NO_RELAYOUT}
     assert results.summarize_run(run_dir) == [
         ("restart without a checkpoint (engine none): 5.50 s from launch to end of first iteration "
          "(max over ranks); parts (s, max over ranks): launch 1.00, imports 2.00, dist init 0.25, model build 0.50, "

@@ -4,7 +4,7 @@ the setup columns that may vary within a configuration, and the units."""
 
 from __future__ import annotations
 
-from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS
+from restartbench.results import HARNESS_CHECKS, RELAYOUT_CONVERSION, RESTART_PARTS
 
 MB = 1e6
 MiB = 2**20
@@ -20,7 +20,7 @@ PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engin
               "convert", "ckpt load", "verify", "gaps", "1st iter")
 #: The critical path's parts that are the harness checking itself, not what a training job's restart costs: a job
 #: that checks nothing takes ``restart_less_checks_s`` (restart_s less these).
-HARNESS_PARTS = ("check files", "cache", "verify")
+HARNESS_PARTS = tuple(label for _event, label in HARNESS_CHECKS)
 PATH_COLUMNS = [(f"path_{label.replace(' ', '_')}_s", label) for label in PATH_PARTS]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from restartbench.analysis.columns import HARNESS_PARTS, MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
 from restartbench.events import Event
-from restartbench.results import RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
+from restartbench.results import HARNESS_CHECKS, RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
 
 
 def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,8 +99,7 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
 
 
 #: The harness's own spans of a restore -> the per-rank column of their time (the path's ``HARNESS_PARTS``).
-_HARNESS_SPANS = {Event.RESTORE_CHECK_FILES: "check_files_s", Event.RESTORE_CACHE: "cache_s",
-                  Event.RESTORE_VERIFY: "verify_s"}
+_HARNESS_SPANS = {event: f"{label.replace(' ', '_')}_s" for event, label in HARNESS_CHECKS}
 _HARNESS_LABELS = dict(zip(_HARNESS_SPANS.values(), HARNESS_PARTS))
 
 
