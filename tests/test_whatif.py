@@ -284,9 +284,11 @@ def _events(folder: Path, records: dict[int, list[dict]]) -> None:
 
 
 def _rank_events(pid: int, start: float, save: float, durable: float, wait: float = 0.0) -> list[dict]:
-    out = [{"event": "process.start", "pid": pid, "time": 0.0},
-           {"event": "checkpoint.save", "tag": "step1", "start": start, "time": start + save, "duration_s": save},
-           {"event": "checkpoint.durable", "tag": "step1", "time": start + durable, "since_save_start_s": durable}]
+    out = [{"event": "process.start", "pid": pid, "start": -1.0, "duration_s": 1.0, "time": 0.0},
+           {"event": "checkpoint.save", "tag": "step1", "step": 1, "start": start, "time": start + save,
+            "duration_s": save},
+           {"event": "checkpoint.durable", "tag": "step1", "time": start + durable, "since_save_start_s": durable,
+            "bytes": 1000, "n_files": 1}]
     if wait:
         out.insert(2, {"event": "checkpoint.copy_wait", "tag": "step1", "time": start + save, "duration_s": wait})
     return out

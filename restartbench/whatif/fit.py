@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
-from restartbench.events import Event
+from restartbench.events import Event, read_events
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
 from restartbench.whatif.terms import (
@@ -228,20 +228,7 @@ def emulated_own_times(run_dir: Path, engine: str) -> dict[str, dict[str, float]
       rank that arrived first waits in the collective for the last: both are counted from the last rank's save
       start.
     """
-    saves, waits, durable, process = {}, {}, {}, {}
-    for path in sorted((Path(run_dir) / "events").glob("train-rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e.get("phase") != "train":
-                continue
-            if e["event"] == Event.PROCESS_START:
-                process[e["rank"]] = e.get("pid", e["rank"])
-            elif e["event"] == Event.CHECKPOINT_SAVE:
-                saves[e["tag"], e["rank"]] = (e["start"], e["time"])
-            elif e["event"] == Event.CHECKPOINT_COPY_WAIT:
-                waits[e["tag"], e["rank"]] = waits.get((e["tag"], e["rank"]), 0.0) + e["duration_s"]
-            elif e["event"] == Event.CHECKPOINT_DURABLE:
-                durable[e["tag"], e["rank"]] = e["since_save_start_s"]
+    saves, waits, durable, process = _save_records(read_events(run_dir, record="train"))
     out: dict[str, dict[str, float]] = {}
     for tag in sorted({t for t, _ in saves}):
         ranks = [r for t, r in saves if t == tag and (t, r) in durable]
@@ -259,6 +246,22 @@ def emulated_own_times(run_dir: Path, engine: str) -> dict[str, dict[str, float]
             done = max(busy.values())
         out[tag] = {"stall": stall, "durable": max(stall, done)}
     return out
+
+
+def _save_records(events: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict]:
+    """From a run's training events: (tag, rank) -> (save start, save end); (tag, rank) -> copy wait summed;
+    (tag, rank) -> its durable time since its save start; rank -> its process (pid)."""
+    saves, waits, durable, process = {}, {}, {}, {}
+    for e in events:
+        if e["event"] == Event.PROCESS_START:
+            process[e["rank"]] = e.get("pid", e["rank"])
+        elif e["event"] == Event.CHECKPOINT_SAVE:
+            saves[e["tag"], e["rank"]] = (e["start"], e["time"])
+        elif e["event"] == Event.CHECKPOINT_COPY_WAIT:
+            waits[e["tag"], e["rank"]] = waits.get((e["tag"], e["rank"]), 0.0) + e["duration_s"]
+        elif e["event"] == Event.CHECKPOINT_DURABLE:
+            durable[e["tag"], e["rank"]] = e["since_save_start_s"]
+    return saves, waits, durable, process
 
 
 def with_own_times(table: pd.DataFrame) -> pd.DataFrame:
