@@ -93,19 +93,28 @@ def checkpoints(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"] or 0)
 
 
-def harness_checks(restore: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Each of the harness's checks (``HARNESS_CHECKS``) on one restore attempt's path: per rank the sum of its
-    spans that began before the rank's first resumed iteration (a fallback checks two checkpoints' files), the max
-    over ranks; None where no rank made it."""
+def rank_harness_checks(restore: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per rank of one restore attempt, each of the harness's checks (``HARNESS_CHECKS``) on its path: the sum of its
+    spans that began before the rank's first resumed iteration (a fallback checks two checkpoints' files; a verify
+    after that iteration began is not on the path). A check the rank did not make is absent."""
     first = {e["rank"]: e["start"] for e in restore
              if e["event"] == Event.TRAIN_ITERATION and e.get("first_after_restore")}
     labels = dict(HARNESS_CHECKS)
-    per_rank: dict[str, dict[int, float]] = {label: {} for label in labels.values()}
+    per_rank: dict[int, dict[str, float]] = {}
     for e in restore:
         label = labels.get(e["event"])
         if label is not None and (e["rank"] not in first or e["start"] < first[e["rank"]]):
-            per_rank[label][e["rank"]] = per_rank[label].get(e["rank"], 0.0) + e["duration_s"]
-    return {label: max(times.values(), default=None) for label, times in per_rank.items()}
+            checks = per_rank.setdefault(e["rank"], {})
+            checks[label] = checks.get(label, 0.0) + e["duration_s"]
+    return per_rank
+
+
+def harness_checks(restore: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each of the harness's checks on one restore attempt's path (``rank_harness_checks``), the max over ranks;
+    None where no rank made it."""
+    ranks = rank_harness_checks(restore).values()
+    return {label: max((checks[label] for checks in ranks if label in checks), default=None)
+            for _event, label in HARNESS_CHECKS}
 
 
 def since_checkpoint_start(event: dict[str, Any]) -> float:

@@ -11,7 +11,13 @@ import numpy as np
 
 from restartbench.analysis.columns import HARNESS_PARTS, MB, PATH_COLUMNS, PATH_PARTS, RESTART_PART_COLUMNS, MiB
 from restartbench.events import Event
-from restartbench.results import HARNESS_CHECKS, RELAYOUT_CONVERSION, RESTART_PARTS, attempt_events, ds_init_breakdown
+from restartbench.results import (
+    RELAYOUT_CONVERSION,
+    RESTART_PARTS,
+    attempt_events,
+    ds_init_breakdown,
+    rank_harness_checks,
+)
 
 
 def restart_row(info: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,14 +69,14 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
     labels = dict(RESTART_PARTS)
     columns = {label: column for column, label in RESTART_PART_COLUMNS}
     rows: dict[int, dict[str, Any]] = {}
-    for e in attempt_events(events, attempt):
+    restore = attempt_events(events, attempt)
+    for e in restore:
         row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "attempt": attempt, "rank": e["rank"],
                                           "restart_s": None,
                                           "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
                                           "check_files_s": None, "cache_s": None, "verify_s": None,
                                           "bytes_read": None, "files_read": None,
-                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None,
-                                          "_checks": []})
+                                          "read_deserialize_s": None, "ds_init_parts": None, "_launch": None})
         name = e["event"]
         if name == Event.TRAIN_ITERATION and not e.get("first_after_restore"):
             continue
@@ -83,24 +89,19 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
         elif name == Event.RESTORE_LOAD:
             row.update(tag=e.get("tag"), bytes_read=e.get("bytes"), files_read=e.get("n_files"),
                        read_deserialize_s=e.get("read_deserialize_s"))
-        elif name in _HARNESS_SPANS:
-            row["_checks"].append(e)
         elif name == Event.STARTUP_DS_INITIALIZE:
             row["ds_init_parts"] = ds_init_breakdown([e])
-    for row in rows.values():
+    checks = rank_harness_checks(restore)
+    for rank, row in rows.items():
         launch, first, end = row.pop("_launch"), row.pop("_first", None), row.pop("_end", None)
         row["restart_s"] = end - launch if launch is not None and end is not None else None
         row["ready_s"] = first - launch if launch is not None and first is not None else None
-        for e in row.pop("_checks"):  # a fallback checks several checkpoints' files: their times add up
-            if first is None or e["start"] < first:  # one after the first resumed iteration began is not on the path
-                key = _HARNESS_SPANS[e["event"]]
-                row[key] = (row[key] or 0.0) + e["duration_s"]
+        row.update({key: checks.get(rank, {}).get(label) for key, label in _HARNESS_LABELS.items()})
     return [rows[rank] for rank in sorted(rows)]
 
 
-#: The harness's own spans of a restore -> the per-rank column of their time (the path's ``HARNESS_PARTS``).
-_HARNESS_SPANS = {event: f"{label.replace(' ', '_')}_s" for event, label in HARNESS_CHECKS}
-_HARNESS_LABELS = dict(zip(_HARNESS_SPANS.values(), HARNESS_PARTS))
+#: The per-rank column of each of the harness's own checks -> its label (the path's ``HARNESS_PARTS``).
+_HARNESS_LABELS = {f"{label.replace(' ', '_')}_s": label for label in HARNESS_PARTS}
 
 
 #: The spans of a restore the memory figure marks: the restart's parts and the harness's exactness check.
