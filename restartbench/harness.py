@@ -262,6 +262,7 @@ def _checked_tag(logs: Logs, store: Store, launch: LaunchConfig, tag: str, say: 
     committed = committed_tags(store)
     damaged: list[str] = []
     for candidate in [tag] + [t for t in committed if tag_step(t) < tag_step(tag)]:
+        say(f"restore: checking {candidate}'s files against its manifest")
         problems = check_files(logs, store, candidate)
         if not problems:
             if candidate != tag:

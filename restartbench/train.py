@@ -194,8 +194,6 @@ class RankRun:
     def _choose_checkpoint(self) -> tuple[str, dict[str, Any]]:
         """The checkpoint to restore (its files checked against its manifest) and the page cache's state once it is
         evicted (or not: ``--restore-cache``). Collectives."""
-        if self.cfg.launch.check_files:
-            self._say(f"{self.phase}: checking the checkpoint's files against its manifest")
         tag = harness.restore_tag({self.rank: self.log}, self.store, self.cfg.launch, self.requested_tag, self._say)
         return tag, harness.page_cache_before_load({self.rank: self.log}, self.store, tag,
                                                    self.cfg.launch.restore_cache)
@@ -340,9 +338,10 @@ class RankRun:
             return self._restore_on_another_layout(tag, cache)
         harness.timed_load(self.log, tag, cache, lambda: self._load(tag), self.ckpt_engine.load_fields,
                            engine=self.cfg.engine.engine)
+        problems = []
         if self.cfg.launch.verify:
             self._say(f"restore: {tag} loaded; the proof's digest of the restored state")
-        problems = self._verify_restored(tag) if self.cfg.launch.verify else []
+            problems = self._verify_restored(tag)
         loss = self._iteration(step + 1, first_after_restore=True)
         if self.cfg.launch.verify:
             problems += self._verify_resumed(step + 1, loss)
@@ -361,12 +360,11 @@ class RankRun:
         order changes with tp and dp)."""
         from restartbench.engines import converter
 
-        step, conversion = _step_of(tag), converter(self.cfg.engine.engine)
+        step, conversion, load_tag = _step_of(tag), converter(self.cfg.engine.engine), tag
         if conversion:
             self._say(f"restore: converting {tag} for {self.plan.layout_name} (the engine's offline pass)")
-        load_tag = harness.convert(self.log, conversion, self.ckpt_dir, tag) if conversion else tag
-        if conversion:  # the load reads what the conversion has just written
-            cache = {**cache, "cache": "converted", "resident_fraction": None}
+            load_tag = harness.convert(self.log, conversion, self.ckpt_dir, tag)
+            cache = {**cache, "cache": "converted", "resident_fraction": None}  # the load reads what it just wrote
         harness.timed_load(self.log, tag, cache, lambda: self._load(load_tag), engine=self.cfg.engine.engine,
                            restore_layout=self.plan.layout_name, saved_layout=self.saved_layout)
         problems, verified = self._verify_consolidated(tag)

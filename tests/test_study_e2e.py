@@ -79,7 +79,7 @@ def test_the_terminal_names_each_long_part_before_it_runs(study_runs):
                 "train: checkpoint step2 durable on every rank and committed",
                 "restore: 4 ranks up (gloo)", "restore: model built; deepspeed.initialize",
                 "restore: DeepSpeed ready; setting up the torch engine",
-                "restore: checking the checkpoint's files against its manifest", "restore: loading step4 ",
+                "restore: checking step4's files against its manifest", "restore: loading step4 ",
                 "restore: step4 loaded; the proof's digest of the restored state", "restore: resumed at iteration 5"]
     position = 0
     for phrase in expected:  # each in order, the digest's clause on the checkpoint's own line
