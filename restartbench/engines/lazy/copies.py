@@ -13,6 +13,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -90,22 +91,28 @@ def pinned_length(nbytes: int, page: int = PAGE) -> int:
 
 
 class PinnedPages:
-    """``nbytes`` of anonymous host memory (an ``mmap`` of ``length`` bytes: page-aligned, and shared, Python's default
-    for ``mmap.mmap(-1, ...)``, so the kernel backs it with shmem pages), page-locked with ``cudaHostRegister`` from its
-    first byte: the tensor's storage starts on the first locked page, so torch's own ``is_pinned`` (which looks at the
-    storage's start) says so. The first H100 visit (2026-11-26) found that a ``torch.empty`` block pinned from its first
-    page boundary inward was locked but not ``is_pinned``.
+    """``nbytes`` of anonymous host memory (an ``mmap`` of ``length`` bytes, page-aligned), page-locked with
+    ``cudaHostRegister`` from its first byte: the tensor's storage starts on the first locked page, so torch's own
+    ``is_pinned`` (which looks at the storage's start) says so. The first H100 visit (2026-11-26) found that a
+    ``torch.empty`` block pinned from its first page boundary inward was locked but not ``is_pinned``.
 
     Its pages are faulted in by ``fault_in`` (``fault_threads`` threads) before they are registered; ``fault_s`` and
-    ``register_s`` time the two steps. ``prefault=False`` leaves the faulting to ``cudaHostRegister``, on one thread,
-    as before (``fault_threads`` 0). ``huge_pages`` maps private memory instead, advised to the kernel for
-    transparent huge pages (``MADV_HUGEPAGE``: a fault zero-fills 2 MiB at once where the kernel allows it, else
-    this is plain private memory) and not inherited by a forked child (``MADV_DONTFORK``, as RDMA libraries do for
-    registered memory). On this study's CPU machine one thread faulted 2 GiB of it in at 0.2-0.75 s/GiB, all of it in
-    huge pages, against 1.3-1.5 s/GiB for the shared mapping; whether it pins and copies as well is for a GPU visit
-    to show: ``bench/gpu_probe.py`` times all three ways, and the engine keeps the shared mapping until then."""
+    ``register_s`` time the two steps. ``prefault=False`` leaves the faulting to ``cudaHostRegister``, on one thread
+    (``fault_threads`` 0). By default (``huge_pages``) the memory is private, advised to the kernel for transparent
+    huge pages (``MADV_HUGEPAGE``: a fault zero-fills 2 MiB at once where the kernel allows it, else this is plain
+    private memory) and not inherited by a forked child (``MADV_DONTFORK``, as RDMA libraries do for registered
+    memory). The third H100 visit's probe (bench/results/2026-11-27-h100-gpu-probe, 4 GiB, 16 threads) pinned it at
+    0.05 s/GiB, against 0.31 s/GiB for a shared mapping (Python's ``mmap.mmap(-1, ...)``, shmem pages, which the
+    engine used before), and copied into either at 55 GB/s: for a 1B rank's 19.5 GiB, about 1 s of set-up instead
+    of 6. ``huge_pages=False`` keeps the shared mapping (``bench/gpu_probe.py`` times both).
 
-    def __init__(self, nbytes: int, prefault: bool = True, huge_pages: bool = False):
+    The pages stay registered until ``unpin``, or until this object is collected: a registration outliving its
+    mapping is not harmless. The same visit's GPU tests dropped engines without unpinning, and CUDA took a later
+    mapping at the same address for memory it had already locked: ``cudaHostRegister`` of it failed (error 712,
+    already registered), and in a later test the digest of a CUDA tensor, copied to the host through a fresh
+    buffer, no longer matched its host copy's, as a copy into the old locked pages instead of the new ones would."""
+
+    def __init__(self, nbytes: int, prefault: bool = True, huge_pages: bool = True):
         self.length = pinned_length(nbytes)
         """Bytes page-locked: ``nbytes`` rounded up to whole pages."""
         self._block: mmap.mmap | None = private_huge(self.length) if huge_pages else mmap.mmap(-1, self.length)
@@ -116,10 +123,14 @@ class PinnedPages:
         self.fault_s = time.perf_counter() - start
         _cuda_call("cudaHostRegister", self.address, self.length, 0)  # 0: cudaHostRegisterDefault
         self.register_s = time.perf_counter() - start - self.fault_s
+        # Runs once: at unpin, or when this object is collected, while it still holds the mapping (not at exit,
+        # where the process's end frees both).
+        self._unregister = weakref.finalize(self, _cuda_call, "cudaHostUnregister", self.address)
+        self._unregister.atexit = False
 
     def unpin(self) -> None:
         """Unlock the pages and drop this object's hold on them: the mapping is unmapped once no tensor views it."""
-        _cuda_call("cudaHostUnregister", self.address)
+        self._unregister()
         self._block = self.tensor = None
 
 
@@ -131,11 +142,11 @@ def private_huge(length: int) -> mmap.mmap:
     return block
 
 
-def pin_pages(nbytes: int, prefault: bool = True, huge_pages: bool = False) -> PinnedPages:
-    """Allocate ``nbytes`` of host memory and page-lock exactly its pages (CUDA only). On the first H100 visit, without
-    ``fault_in``, this took about 0.39 s per GiB (21 GB: 8.2 s at set-up in training, 7.7 s in the restart), while
-    registering pages already touched took 0.05 s per GiB (``bench/gpu_probe.py``'s ``pin``): the next visit's probe
-    measures both steps here (``engine_pin``), and the private huge-page mapping (``huge_pages``)."""
+def pin_pages(nbytes: int, prefault: bool = True, huge_pages: bool = True) -> PinnedPages:
+    """Allocate ``nbytes`` of host memory and page-lock exactly its pages (CUDA only). On the first H100 visit, a
+    shared mapping without ``fault_in`` took about 0.39 s per GiB (21 GB: 8.2 s at set-up in training, 7.7 s in the
+    restart); on the third, with it, 0.31 s per GiB, and private huge-page memory with it 0.05 s per GiB
+    (``bench/gpu_probe.py``'s ``engine_pin``): the default since."""
     return PinnedPages(nbytes, prefault, huge_pages)
 
 
