@@ -136,12 +136,12 @@ def engine_block(where: Where, label: str) -> Block:
                           *options_of(label))
     slow = {"fastpersist": "; + its async_io op's JIT build on a fresh machine (about 120 s)",
             "datastates": " (its package built by datastates-build)"}.get(engine, "")
-    return Block(name, 360 if engine == "fastpersist" else 240,
+    return Block(name, 320 if engine == "fastpersist" else 200,
                  "1B bf16, 21 GB per checkpoint. The first H100 visit (b87956b): torch's block 344 s, of which about "
                  "120 s the harness's checks; the second (6cd9271): lazy's 275 s and dcp-async's 315 s, of which "
-                 "about 110 s the checks (digests of 16-17 s, commit checksums of 19-20 s and a restore check of 19 "
-                 "s, the 18 GB optimizer file hashed on one thread). Since then the files are hashed in 64 MiB chunks "
-                 "on every core and each digest copies into reused buffers: about 240 s" + slow, (command,),
+                 "about 110 s the checks. Since then the files are hashed in 64 MiB chunks on every core and each "
+                 "digest copies into reused buffers: on the third (dd0987e), lazy-direct's block took 181 s and "
+                 "dcp's 175 s: about 200 s" + slow, (command,),
                  needs=("setup", "datastates-build") if engine == "datastates" else ("setup",),
                  cleanup=(("rm", "-rf", str(ckpt)),))
 

@@ -33,6 +33,11 @@ ENGINES_THEN = ("dcp", "torchsnapshot", "decoupled")
 VARIANTS = {"lazy-direct": ("lazy", ("--lazy-direct-io",)),
             "lazy-direct-prefetch": ("lazy", ("--lazy-direct-io", "--lazy-prefetch"))}
 """Engine blocks that run an engine with options: the block's label -> (the engine, config-n-run.py's options)."""
+ENGINE_OPTIONS = {"datastates": ("--host-cache-gb", "20")}
+"""Options an engine's own 1B block gives it. DataStates' pinned host cache (GiB: DataStates multiplies by 2**30) is
+sized to hold the rank's whole state, as the lazy engine's pinned buffer does: 20,978,831,360 bytes at 1B tp1pp1
+(the third H100 visit's runs) = 19.54 GiB, so 20. Its default, 4, does not even hold the 1B's largest tensor (the
+fp32 partition, 5.58 GiB): that visit's run stopped at its first save with the harness's DataStatesConfigError."""
 
 
 def engine_of(label: str) -> str:
@@ -41,8 +46,8 @@ def engine_of(label: str) -> str:
 
 
 def options_of(label: str) -> tuple[str, ...]:
-    """config-n-run.py's options an engine block's label adds (``VARIANTS``; none for a plain engine)."""
-    return VARIANTS.get(label, (label, ()))[1]
+    """config-n-run.py's options an engine block's label adds (``VARIANTS``, ``ENGINE_OPTIONS``; else none)."""
+    return VARIANTS[label][1] if label in VARIANTS else ENGINE_OPTIONS.get(label, ())
 
 DONE = ("ok", "failed")
 """Outcomes that count as a block's result: a failure (as shipped) is a result; a time-out or a skip is not."""
@@ -280,6 +285,13 @@ def _over(value: float | None, limit: float | None) -> float | None:
     return value / limit if value is not None and limit else None
 
 
+def block_options(meta: dict) -> list[str]:
+    """The options an engine block's run was given beyond every block's own (``VARIANTS``, ``ENGINE_OPTIONS``), as
+    its command line held in ``meta`` says: the words after its ``--checkpoint-dir`` and that folder."""
+    words = shlex.split((meta.get("commands") or [""])[0])
+    return words[words.index("--checkpoint-dir") + 2:] if "--checkpoint-dir" in words else []
+
+
 def engines_summary(results: Path, ledger: dict) -> dict | None:
     """Every engine's latest 1B figures held in ``results`` for this machine (just written included), side by side,
     each with the commit it ran (visits run other code), with the headline for lazy judged; None when there is none."""
@@ -293,7 +305,8 @@ def engines_summary(results: Path, ledger: dict) -> dict | None:
         run = next((r for r in json.loads(path.read_text()).get("runs", []) if r.get("engine") == engine_of(engine)),
                    {})
         rows.append({"status": meta["status"], "error": meta.get("error"), "file": path.name,
-                     "commit": meta.get("code", {}).get("commit"), **run, "engine": engine})  # the block's label
+                     "commit": meta.get("code", {}).get("commit"), "options": block_options(meta), **run,
+                     "engine": engine})  # the block's label
         dates.append(meta["date"])
     if not rows:
         return None
@@ -468,7 +481,9 @@ def engines_markdown(result: dict) -> str:
              "--keep-checkpoints 1` run (two saves, a cold restore, proved exact), its own "
              "`gpu-engines-1B-<engine>` file"
              + "".join(f"; {label} is {engine} with `{' '.join(options)}`" for label, (engine, options) in
-                       VARIANTS.items() if any(r["engine"] == label for r in result["engines"])) + ".", ""]
+                       VARIANTS.items() if any(r["engine"] == label for r in result["engines"]))
+             + "".join(f"; {r['engine']} ran with `{' '.join(r['options'])}`" for r in result["engines"]
+                       if r.get("options") and r["engine"] not in VARIANTS) + ".", ""]
     lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
                             for r in result["engines"]])
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}

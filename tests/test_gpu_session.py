@@ -5,6 +5,7 @@ the kept one restored exactly)."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from restartbench.config import build_parser
+from restartbench.config import build_parser, config_from_args
+from restartbench.estimate import checkpoint_bytes
 from restartbench.events import read_events
 from restartbench.integrity import committed_tags
 
@@ -161,6 +163,30 @@ def test_the_engines_summary_takes_each_engines_latest_result_and_says_when_thei
     text = gr.engines_markdown(summary)
     assert summary["variant_headlines"]["lazy-direct"]["judged"] and "## Headline: lazy with --lazy-direct-io" in text
     assert "lazy-direct is lazy with `--lazy-direct-io`" in text
+
+
+def test_an_engine_blocks_own_options_are_read_from_its_command_and_named_with_the_engines(tmp_path):
+    results = tmp_path / "results"
+    where = gb.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    for name, commit in (("engines-1B-datastates", "aaaa"), ("engines-1B-torch", "aaaa")):
+        held(results, name, commit, 60)
+        path = results / f"2026-11-20-cpu2-gpu-{name}.json"
+        command = gb.engine_block(where, name.removeprefix("engines-1B-")).commands[0]
+        meta = {**json.loads(path.read_text())["meta"], "commands": [shlex.join(command)]}
+        path.write_text(json.dumps({"meta": meta}))
+    ledger = {"session": {"machine": "cpu2", "code": {"tree": "a", "commit": "a", "files": 1, "paths": []}}}
+    summary = gr.engines_summary(results, ledger)
+    assert {r["engine"]: r["options"] for r in summary["engines"]} == {"torch": [],
+                                                                        "datastates": ["--host-cache-gb", "20"]}
+    assert "; datastates ran with `--host-cache-gb 20`." in gr.engines_markdown(summary)
+
+
+def test_datastates_host_cache_holds_a_1b_ranks_whole_state():
+    """ENGINE_OPTIONS' 20 GiB: at least the 1B tp1pp1 rank's checkpoint as the plan predicts it (19.54 GiB), as the
+    lazy engine's pinned buffer holds it: DataStates' 4 GB default stopped the third H100 visit's run."""
+    flags = gr.ENGINE_OPTIONS["datastates"]
+    cfg = config_from_args(["1B", "tp1pp1", "--device", "cuda", "--dtype", "bf16", "--engine", "datastates", *flags])
+    assert checkpoint_bytes(cfg) <= cfg.engine.host_cache_gb * 2**30 < checkpoint_bytes(cfg) + 2**30
 
 
 def test_a_block_whose_need_failed_is_blocked(tmp_path):
