@@ -50,13 +50,30 @@ def test_pinned_buffer_is_its_pages_and_goes_back_to_the_system():
     assert held - before >= 250 * MiB and in_use - after >= 250 * MiB and buffer.pinned_bytes == 0
 
 
-def _copies_of(source: torch.Tensor) -> tuple[copies.CopyProgress, torch.Tensor]:
+def test_buffers_dropped_unreleased_leave_no_registration_behind():
+    """The third H100 visit: engines dropped without ``release`` left their pages registered after the memory was
+    unmapped, so pinning a new buffer at the same address failed (cudaHostRegister: error 712, already registered)
+    and a later device-to-host copy read wrong bytes. A buffer's pages are now unregistered when it is collected."""
+    for _ in range(3):  # the same size each time: the kernel tends to map it where the last one was
+        buffer = copies.HostBuffer()
+        assert buffer.get(64 * MiB, pinned=True).is_pinned()
+        del buffer
+    values = torch.arange(16 * MiB, dtype=torch.int32, device="cuda")
+    host = torch.empty(16 * MiB, dtype=torch.int32)  # pageable, perhaps where a pinned buffer was
+    host.copy_(values)
+    assert torch.equal(host, torch.arange(16 * MiB, dtype=torch.int32))
+
+
+def _copies_of(source: torch.Tensor) -> tuple[copies.CopyProgress, torch.Tensor, copies.HostBuffer]:
+    """The copies of ``source`` into a pinned buffer, the copy's bytes there, and the buffer's owner: keep it while
+    the copies run (its pages are unpinned when it is collected)."""
     spec = fmt.TensorSpec("w", "float32", tuple(source.shape), "cuda")
     plan = fmt.make_plan([("optim.lazy", "optim", [(spec, False)])])
-    buffer = copies.HostBuffer().get(plan.buffer_bytes, pinned=True)
+    owner = copies.HostBuffer()
+    buffer = owner.get(plan.buffer_bytes, pinned=True)
     progress = copies.CopyProgress(plan, {"w": source}, buffer, 64 * MiB, torch.cuda.Stream())
     entry = next(e for _, e in plan.entries())
-    return progress, buffer[entry.buffer_offset:entry.buffer_offset + spec.nbytes].view(torch.float32)
+    return progress, buffer[entry.buffer_offset:entry.buffer_offset + spec.nbytes].view(torch.float32), owner
 
 
 def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
@@ -64,7 +81,7 @@ def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
     add) does not reach the bytes being copied, and the GPU's wait is most of the copy."""
     source = torch.ones(512 * MiB, device="cuda")
     torch.cuda.synchronize()
-    progress, host = _copies_of(source)
+    progress, host, _owner = _copies_of(source)
     start = time.perf_counter()
     wait = progress.gate(torch.cuda.current_stream())
     gated_s = time.perf_counter() - start
@@ -75,7 +92,7 @@ def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
     assert 0.01 < waited < 1.0
 
     torch.cuda.synchronize()
-    progress, _ = _copies_of(source)
+    progress, _, _owner = _copies_of(source)
     progress.wait()  # the copies are done before the step: nothing to wait for on the GPU
     assert progress.gate(torch.cuda.current_stream()).seconds() < 0.001
 
