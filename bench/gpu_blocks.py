@@ -155,10 +155,10 @@ def datastates_build_block(where: Where) -> Block:
         return Block("datastates-build", 15, "built earlier on this machine from this source and torch (its stamp "
                      f"in {where.site}/datastates/BUILT): the script checks it and imports it", command,
                      needs=("setup",))
-    return Block("datastates-build", 180, "g++ on the 5 .cpp files of a torch CUDAExtension against CUDA's headers "
-                 "(nvcc is asked only its version), in parallel: engine.cpp and py_datastates_llm.cpp took 113 and "
-                 "103 s on the 2-core CPU machine, the others seconds, the whole script 212 s there at MAX_JOBS=2 "
-                 "(bench/results/2026-11-27-cpu2-datastates-build); pip's install and the import check around it",
+    return Block("datastates-build", 90, "g++ on the 5 .cpp files of a torch CUDAExtension against CUDA's headers "
+                 "(nvcc is asked only its version), in parallel, pip's install and the import check around it: the "
+                 "whole block took 67 s on the H100 (the third visit, 16 cores), and the script 212 s on the 2-core "
+                 "CPU machine at MAX_JOBS=2 (bench/results/2026-11-27-cpu2-datastates-build)",
                  command, needs=("setup",), env={"MAX_JOBS": "16"})
 
 

@@ -520,7 +520,7 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     source's files and torch's version) and plans seconds for it, not a build; a stamp of other source or torch is
     no build."""
     where = gb.Where(work=tmp_path / "w", site=tmp_path / "site", wheels=tmp_path / "whl")
-    assert gb.datastates_build_block(where).expected_s == 180
+    assert gb.datastates_build_block(where).expected_s == 90
     script = str(ROOT / "scripts/build-datastates.sh")
     stamp = subprocess.run(["bash", script, "--stamp"], env={"PATH": "/usr/bin:/bin", "PYTHON": PY},
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -530,4 +530,4 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     block = gb.datastates_build_block(where)
     assert block.expected_s == 15 and "built earlier" in block.basis
     (where.site / "datastates" / "BUILT").write_text("0" * 64 + "\n")  # another source or another torch
-    assert gb.datastates_build_block(where).expected_s == 180
+    assert gb.datastates_build_block(where).expected_s == 90
