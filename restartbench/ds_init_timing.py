@@ -12,9 +12,9 @@ that the figures add up and none is counted twice):
   ``engine_init`` (the rest of ``DeepSpeedEngine.__init__``: sanity checks, hooks, timers), ``distributed_model``
   (``_configure_distributed_model``: the module to its device, data-parallel groups), ``broadcast_model``
   (``_broadcast_model``, without its broadcasts), ``configure_optimizer`` (``_configure_optimizer``: choosing and
-  wrapping the optimizer), ``basic_optimizer`` (``_configure_basic_optimizer``: the torch or DeepSpeed Adam; torch.optim's first optimizer
-  in a process imports ``torch._dynamo``: 2.4 s of constructing a torch AdamW in a fresh process on the 2-core CPU
-  machine),
+  wrapping the optimizer), ``basic_optimizer`` (``_configure_basic_optimizer``: the torch or DeepSpeed Adam;
+  torch.optim's first optimizer in a process imports ``torch._dynamo``: 2.4 s of constructing a torch AdamW in a
+  fresh process on the 2-core CPU machine),
   ``optimizer_sanity_check`` (``_do_optimizer_sanity_check``; in DeepSpeed 0.19.8 it imports the ZeRO Muon optimizer,
   whose ``torch.compile`` decorators import ``torch._inductor``: about 1 s of imports inside the call, seen on the
   tiny model),
