@@ -50,10 +50,29 @@ AT_LEAST_0 = Allowed(low=0)
 
 
 def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str, ...] | None = None,
-        allowed: Allowed | None = None) -> Any:
-    """A config field with its documentation, how it appears on the command line, and the values it accepts."""
+        allowed: Allowed | None = None, by_device: dict[str, Any] | None = None, before: Any = None) -> Any:
+    """A config field with its documentation, how it appears on the command line, and the values it accepts.
+
+    ``by_device``: for a field whose default is None, what None stands for on each device the run's state lives on
+    (``{"cpu": False, "cuda": True}``). ``before``: what a run had before the field existed, where that is not what
+    its default says now (a run folder's config.json written then lacks the key)."""
     return field(default=default, metadata={"doc": doc, "positional": positional, "choices": choices,
-                                            "allowed": allowed})
+                                            "allowed": allowed, "by_device": by_device, "before": before})
+
+
+def device_default(leaf: Any, device: str | None) -> Any:
+    """The value a field's default stands for on ``device`` (``opt``'s ``by_device``; else the default itself)."""
+    by_device = leaf.metadata.get("by_device")
+    return by_device.get(device, leaf.default) if by_device and leaf.default is None else leaf.default
+
+
+def saved_value(leaf: Any, section: dict[str, Any], device: str | None) -> Any:
+    """What a run had for a field, as its saved config section says, on the device it ran on: the value saved, or,
+    where the section lacks the key (written before the field existed), ``opt``'s ``before`` or the default; a None
+    as ``device_default`` says."""
+    before = leaf.metadata.get("before")
+    value = section[leaf.name] if leaf.name in section else leaf.default if before is None else before
+    return device_default(leaf, device) if value is None else value
 
 
 def flag(name: str, negated: bool = False) -> str:

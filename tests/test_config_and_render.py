@@ -11,6 +11,7 @@ import pytest
 
 from restartbench import engines
 from restartbench.config import RunConfig, build_parser, config_from_args
+from restartbench.engines.lazy.options import direct_io
 from restartbench.study import StudyError, plan_run, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,16 +124,34 @@ def test_every_engine_option_is_read_by_some_engine_and_every_engine_reads_only_
     assert read["torch"] == read["dcp"] == read["none"] == ()
 
 
-def test_a_runs_engine_options_are_said_as_the_command_line_words_that_set_them(monkeypatch):
+def test_a_runs_engine_options_are_said_as_the_command_line_words_that_set_them():
     section = {"engine": "lazy", "lazy_direct_io": True, "lazy_chunk_mb": 8, "lazy_io_threads": 4,
                "io_buffer_mb": 16}  # io_buffer_mb is not lazy's: not said
-    assert engines.options_set("lazy", section) == "--lazy-chunk-mb 8 --lazy-direct-io"
-    assert engines.options_set("lazy", {"engine": "lazy"}) == ""  # keys it lacks predate their options: defaults
-    assert engines.options_set("fastpersist", {"io_buffer_mb": 16}) == "--io-buffer-mb 16"
-    assert engines.options_set("toy", {"toy_file_prefix": "mine"}) == ""  # not registered here
-    monkeypatch.setattr(engines, "option_defaults", lambda: {**dict(RunConfig().to_dict()["engine"]),
-                                                             "lazy_direct_io": True})
-    assert engines.options_set("lazy", {"lazy_direct_io": False}) == "--no-lazy-direct-io"
+    assert engines.options_set("lazy", section, "cpu") == "--lazy-chunk-mb 8 --lazy-direct-io"
+    assert engines.options_set("lazy", {"engine": "lazy"}, "cpu") == ""  # keys it lacks predate their options
+    assert engines.options_set("fastpersist", {"io_buffer_mb": 16}, "cuda") == "--io-buffer-mb 16"
+    assert engines.options_set("toy", {"toy_file_prefix": "mine"}, "cpu") == ""  # not registered here
+
+
+@pytest.mark.parametrize("saved, device, said", [
+    (None, "cpu", ""), (False, "cpu", ""), (True, "cpu", "--lazy-direct-io"),
+    (None, "cuda", ""), (True, "cuda", ""), (False, "cuda", "--no-lazy-direct-io"),
+    ("lacking", "cpu", ""), ("lacking", "cuda", "--no-lazy-direct-io"),
+])
+def test_lazy_direct_io_is_said_against_its_default_on_the_runs_device(saved, device, said):
+    """On by default on CUDA, off on the CPU (since 2026-11-27's fourteenth session): a run is named by what it did
+    against what a run there does by default. A config.json that lacks the key was written before the option
+    existed, when every run read and wrote buffered: on CUDA that is now --no-lazy-direct-io."""
+    section = {"engine": "lazy"} if saved == "lacking" else {"engine": "lazy", "lazy_direct_io": saved}
+    assert engines.options_set("lazy", section, device) == said
+
+
+@pytest.mark.parametrize("words, chosen, cpu, cuda", [
+    ([], None, False, True), (["--lazy-direct-io"], True, True, True), (["--no-lazy-direct-io"], False, False, False)])
+def test_lazy_direct_io_is_chosen_on_the_command_line_or_by_the_device(words, chosen, cpu, cuda):
+    options = config_from_args(["tiny", "dp1", "--engine", "lazy", *words]).engine
+    assert options.lazy_direct_io is chosen
+    assert (direct_io(options, "cpu"), direct_io(options, "cuda"), direct_io(options, "cuda:3")) == (cpu, cuda, cuda)
 
 
 def test_memory_check_refuses_a_preset_too_big_for_this_machine(tmp_path):

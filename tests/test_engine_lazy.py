@@ -250,7 +250,7 @@ def test_direct_io_on_a_file_system_without_it_says_what_to_do(tmp_path, monkeyp
     source, saver = fake_engine(), LazyEngine(options(lazy_direct_io=True))
     train_step(source, 1)
     saver.save(source, str(tmp_path), "step1")
-    with pytest.raises(OSError, match="refuses O_DIRECT .* run without --lazy-direct-io"):
+    with pytest.raises(OSError, match="refuses O_DIRECT .* run with --no-lazy-direct-io"):
         saver.wait_until_durable()
 
 
@@ -262,7 +262,7 @@ def test_buffer_allocated_at_set_up_fits_the_saves_to_come(tmp_path, amsgrad):
     engine.optimizer = torch.optim.AdamW(engine.module.parameters(), lr=1e-2, amsgrad=amsgrad)
     engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda step: 1.0)
     setup = saver.prepare(engine)
-    assert saver.buffer.allocations == 1 and setup["host_buffer_pinned"] is False
+    assert saver.buffer.allocations == 1 and setup["host_buffer_pinned"] is False and setup["direct_io"] is False
     for step in (1, 2):
         train_step(engine, step)
         saver.save(engine, str(tmp_path), f"step{step}")
@@ -552,6 +552,7 @@ def test_two_data_parallel_ranks_restore_exactly(tmp_path):
     for rank, written in durable.items():
         assert 0.9 * written <= setups["train", rank]["host_buffer_bytes"] <= written
         assert setups["train", rank]["host_buffer_pinned"] is False  # CPU
+        assert setups["train", rank]["direct_io"] is False  # the CPU's default: buffered
 
 
 @pytest.mark.multirank

@@ -40,7 +40,7 @@ def test_config_py_declares_no_engine_option():
 def test_the_engine_section_keeps_its_keys_order_and_defaults():
     assert RunConfig().to_dict()["engine"] == {
         "engine": "torch", "io_buffer_mb": 64, "writer_data_parallel": "replica", "host_cache_gb": 4.0,
-        "dp_read_once": False, "lazy_chunk_mb": 64, "lazy_io_threads": 4, "lazy_direct_io": False,
+        "dp_read_once": False, "lazy_chunk_mb": 64, "lazy_io_threads": 4, "lazy_direct_io": None,
         "lazy_prefetch": False}
     assert list(RunConfig().to_dict()["engine"]) == [
         "engine", "io_buffer_mb", "writer_data_parallel", "host_cache_gb", "dp_read_once", "lazy_chunk_mb",

@@ -97,11 +97,11 @@ def test_the_step_waits_on_the_gpu_for_the_copies_and_the_host_goes_on():
     assert progress.gate(torch.cuda.current_stream()).seconds() < 0.001
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("direct", [False, True, None], ids=["buffered", "direct", "default"])
 def test_a_cuda_state_restores_exactly_through_the_pinned_buffer(tmp_path, direct):
     """Save on CUDA (side-stream copies into the pinned buffer), then load into a fresh CUDA model and optimizer whose
     engine pinned its buffer at set-up, as a relaunch does: buffered scatter reads, or --lazy-direct-io's O_DIRECT
-    reads of whole regions with each tensor copied to the device once its last chunk is in."""
+    reads of whole regions with each tensor copied to the device once its last chunk is in (the default on CUDA)."""
     source = fake_engine(hidden=2**16, device="cuda")
     for step in (1, 2):
         train_step(source, step)
@@ -110,7 +110,8 @@ def test_a_cuda_state_restores_exactly_through_the_pinned_buffer(tmp_path, direc
     saver.wait_until_durable()
     fresh = fake_engine(seed=1, hidden=2**16, device="cuda")
     loader = LazyEngine(options(lazy_direct_io=direct))
-    assert loader.prepare(fresh)["host_buffer_pinned"]
+    setup = loader.prepare(fresh)
+    assert setup["host_buffer_pinned"] and setup["direct_io"] is (direct is not False)
     loader.load(fresh, str(tmp_path), "step2")
     assert training_state_digest(fresh) == training_state_digest(source)
     train_step(fresh, 3)

@@ -321,13 +321,15 @@ def test_every_blocks_command_lines_parse(tmp_path):
     blocks = gb.plan_blocks(where, free_bytes=60 * gb.GiB)
     commands = [c for b in blocks for c in b.commands + b.cleanup]
     runs = [c for c in commands if c[1:2] == (str(ROOT / "config-n-run.py"),)]
-    assert len(runs) == 2 + 10  # smoke: torch and lazy; 8 engines, lazy-direct and lazy-direct-prefetch
+    assert len(runs) == 2 + 11  # smoke: torch and lazy; 8 engines, lazy-direct, lazy-direct-prefetch, lazy-buffered
     for command in runs:
         config = build_parser().parse_args(list(command[2:]))
         assert vars(config)["launch.device"] == "cuda"
     direct, prefetch = [vars(build_parser().parse_args(list(c[2:]))) for c in runs if "--lazy-direct-io" in c]
     assert direct["engine.engine"] == "lazy" and direct["engine.lazy_direct_io"] is True
     assert not direct["engine.lazy_prefetch"] and prefetch["engine.lazy_prefetch"] and prefetch["engine.lazy_direct_io"]
+    buffered, = [vars(build_parser().parse_args(list(c[2:]))) for c in runs if "--no-lazy-direct-io" in c]
+    assert buffered["engine.engine"] == "lazy" and buffered["engine.lazy_direct_io"] is False
     probe = next(c for c in commands if c[1:2] == (str(ROOT / "bench/gpu_probe.py"),))
     assert gpu_probe.parser().parse_args(list(probe[2:])).json.endswith("copies.json")
     limits = next(c for c in commands if c[1:2] == (str(ROOT / "bench/limits.py"),))

@@ -46,9 +46,9 @@ TABLE_COLUMNS: dict[str, str] = {
     "kind": "checkpoint (one row per checkpoint tag) or restart (one row per restore attempt of a run)",
     "preset": "model preset", "layout": "canonical parallel layout", "tp": "tensor parallel",
     "pp": "pipeline parallel", "dp": "data parallel", "engine": "checkpoint engine",
-    "engine_options": "the engine's own options the run set away from their defaults, as config-n-run.py's words "
-                      "('--lazy-direct-io'; '' for none): runs of one engine with other options are other "
-                      "configurations",
+    "engine_options": "the engine's own options the run set away from their defaults on its device, as "
+                      "config-n-run.py's words ('--lazy-chunk-mb 8'; '--no-lazy-direct-io' for a buffered lazy run "
+                      "on CUDA; '' for none): runs of one engine with other options are other configurations",
     "dtype": "training precision", "storage": "checkpoint folder given by --checkpoint-dir, else 'run folder'",
     "client": "object-store client the checkpoints went through (s3torchconnector or fsspec); None for a folder",
     "ranks": "world size", "nodes": "nodes", "device": "cpu or cuda", "backend": "gloo or nccl",

@@ -26,7 +26,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from restartbench.config_fields import flag
+from restartbench.config_fields import device_default, flag, saved_value
 from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, Prefetcher, load
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
@@ -117,9 +117,14 @@ def prefetcher(name: str) -> Prefetcher | None:
     return load(ref) if ref else None
 
 
+def option_fields() -> dict[str, dataclasses.Field]:
+    """Every engine option (the engine folders' ``options.py``), by name."""
+    return {field.name: field for cls in engine_options().values() for field in dataclasses.fields(cls)}
+
+
 def option_defaults() -> dict[str, Any]:
-    """Every engine option (the engine folders' ``options.py``) and its default."""
-    return {field.name: field.default for cls in engine_options().values() for field in dataclasses.fields(cls)}
+    """Every engine option and its default."""
+    return {name: field.default for name, field in option_fields().items()}
 
 
 def ignored_options(options: EngineOptions) -> list[str]:
@@ -136,16 +141,17 @@ def ignored_options(options: EngineOptions) -> list[str]:
             for name, default in option_defaults().items() if name not in mine and getattr(options, name) != default]
 
 
-def options_set(engine: str, section: dict[str, Any]) -> str:
+def options_set(engine: str, section: dict[str, Any], device: str | None) -> str:
     """The engine's own options (``EngineInfo.options``) that a run's config.json ``engine`` section sets away from
-    their defaults, as config-n-run.py's words: ``--lazy-direct-io --lazy-chunk-mb 8``; '' where it sets none. A key
-    the section lacks was written before the option existed: the run had its default. An engine not registered here
-    has none."""
-    info, defaults = _REGISTRY.get(engine), option_defaults()
+    what a run on ``device`` has by default, as config-n-run.py's words: ``--lazy-chunk-mb 8``; '' where it sets
+    none. A key the section lacks was written before the option existed: the run had what it had then
+    (``config_fields.saved_value``); an option whose default depends on the device is compared with its default
+    there (``--no-lazy-direct-io`` on CUDA, nothing on the CPU). An engine not registered here has none."""
+    info, fields = _REGISTRY.get(engine), option_fields()
     words = []
     for name in info.options if info else ():
-        value = section.get(name, defaults[name])
-        if value != defaults[name]:
+        value, usual = saved_value(fields[name], section, device), device_default(fields[name], device)
+        if value != usual:
             words.append(flag(name) if value is True else flag(name, negated=True) if value is False
                          else f"{flag(name)} {value}")
     return " ".join(words)

@@ -64,6 +64,7 @@ from restartbench.engines.lazy.capture import Capture, RankLayout, capture, file
 from restartbench.engines.lazy.copies import CopyProgress, GpuWait, HostBuffer
 from restartbench.engines.lazy.flush import Flush
 from restartbench.engines.lazy.format import LazyRestoreError, SavePlan, encode_header, make_plan, plan_signature
+from restartbench.engines.lazy.options import direct_io
 from restartbench.engines.lazy.prefetch import Prefetch
 from restartbench.engines.lazy.reshard import layout_name, load_resharded, saved_sizes
 from restartbench.engines.lazy.restore import (
@@ -87,7 +88,7 @@ class LazyEngine(CheckpointEngine):
         self.options = options
         self.chunk = max(1, options.lazy_chunk_mb) * 2**20
         self.io_threads = max(1, options.lazy_io_threads)
-        self.buffer = HostBuffer(page_aligned=options.lazy_direct_io)
+        self.buffer = HostBuffer(page_aligned=direct_io(options, "cpu"))  # a pageable buffer: the CPU's
         self.plan: SavePlan | None = None
         self.plans_made = 0
         self._padded_for: SavePlan | None = None
@@ -110,11 +111,12 @@ class LazyEngine(CheckpointEngine):
     # -- save ----------------------------------------------------------------------
 
     def prepare(self, ds_engine: Any, prefetched: Prefetch | None = None) -> dict[str, Any]:
-        """At engine set-up, out of the first save's stall: the host buffer (pinned when the state is on CUDA:
-        about 0.5 s per GiB) and the side stream. The buffer is sized for the state as the first save will find
-        it: the optimizer's moments do not exist before its first step (``state_to_come``). A relaunch's prefetch
-        (``--lazy-prefetch``) is setting the buffer up on its own thread: it becomes the engine's, and is grown to
-        that size, if it must be, after the load has copied the prefetched bytes out."""
+        """At engine set-up, out of the first save's stall: the host buffer (pinned when the state is on CUDA) and
+        the side stream; what it returns is recorded with the set-up, O_DIRECT or not (``direct_io``) among it. The
+        buffer is sized for the state as the first save will find it: the optimizer's moments do not exist before
+        its first step (``state_to_come``). A relaunch's prefetch (``--lazy-prefetch``) is setting the buffer up on
+        its own thread: it becomes the engine's, and is grown to that size, if it must be, after the load has copied
+        the prefetched bytes out."""
         state = capture(ds_engine, rank_layout(ds_engine))
         cuda = any(t.is_cuda for t in state.tensors.values())
         *others, (name, kind, specs) = state.groups  # the optimizer file's group comes last
@@ -127,7 +129,8 @@ class LazyEngine(CheckpointEngine):
         if cuda:
             self._side_stream(state)
         return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda,
-                "host_buffer_by_prefetch": prefetched is not None}
+                "host_buffer_by_prefetch": prefetched is not None,
+                "direct_io": direct_io(self.options, "cuda" if cuda else "cpu")}
 
     def pinned_host_bytes(self) -> int | None:
         """The host buffer's bytes when it is pinned (on CUDA), else 0: the lazy engine pins nothing else. None while
@@ -162,7 +165,7 @@ class LazyEngine(CheckpointEngine):
         if plan.sync_bytes:
             self._copies.wait(plan.sync_bytes)
         self._flush = Flush(plan, heads, buffer, self._copies, folder, self.chunk, self.io_threads,
-                            save_fault(_global_rank(), tag), direct=self.options.lazy_direct_io)
+                            save_fault(_global_rank(), tag), direct=direct_io(self.options, "cuda" if cuda else "cpu"))
 
     def _plan_for(self, state: Capture) -> SavePlan:
         if self.plan is None or self.plan.signature != plan_signature(state.groups):
@@ -300,7 +303,8 @@ class LazyEngine(CheckpointEngine):
     def _read_files(self, jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]]
                     ) -> list[FileRecord]:
         """Read the files into their tensors: O_DIRECT through the host buffer, or buffered scatter reads."""
-        if not self.options.lazy_direct_io:
+        cuda = any(t.is_cuda for *_, targets in jobs for t in targets.values())
+        if not direct_io(self.options, "cuda" if cuda else "cpu"):
             return read_into(jobs, self.io_threads, self.chunk, self.buffer)
         self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
         return read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)

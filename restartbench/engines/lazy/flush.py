@@ -103,9 +103,9 @@ def open_direct(path: Path, access: int = os.O_WRONLY) -> int:
     try:
         return os.open(path, access | os.O_DIRECT)
     except OSError as error:
-        raise OSError(error.errno, f"{path}: the file system refuses O_DIRECT ({error.strerror}): run without "
-                      "--lazy-direct-io, or put the checkpoints on a file system that takes it (tmpfs does not)",
-                      str(path)) from None
+        raise OSError(error.errno, f"{path}: the file system refuses O_DIRECT ({error.strerror}): run with "
+                      "--no-lazy-direct-io (on CUDA it is on by default), or put the checkpoints on a file system "
+                      "that takes it (tmpfs does not)", str(path)) from None
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from restartbench.config_fields import AT_LEAST_1, opt
+
+DIRECT_IO_BY_DEVICE = {"cpu": False, "cuda": True}
+"""--lazy-direct-io's default by where the state lives. On CUDA the host buffer is pinned, so page-aligned, either
+way, and the third H100 visit's 1B run (bench/results/2026-11-27-h100-gpu-engines-1B) was durable after 10.8 s with
+O_DIRECT, at the disk's write speed, against 21.6 s buffered; its cold restore took as long either way. On the CPU
+O_DIRECT needs a page-aligned buffer faulted in before the restart's reads (bench/results/2026-11-27-cpu2-lazy-io:
+about 1 s per 2 GB more at set-up, for a durable 6.7 times faster). Before 2026-11-27 (the fourteenth session) the
+default was off on every device."""
+
+
+def direct_io(options: Any, device: str) -> bool:
+    """Whether the lazy engine reads and writes its files' data regions with O_DIRECT where the state is on
+    ``device`` ('cpu', 'cuda' or 'cuda:N'): as --lazy-direct-io or --no-lazy-direct-io say, else by device."""
+    chosen = options.lazy_direct_io
+    return DIRECT_IO_BY_DEVICE.get(device.split(":")[0], False) if chosen is None else bool(chosen)
 
 
 @dataclass
@@ -16,10 +32,11 @@ class LazyOptions:
     lazy_chunk_mb: int = opt(64, "lazy: size of each streamed write and of each read batch, MiB.", allowed=AT_LEAST_1)
     lazy_io_threads: int = opt(4, "lazy: threads issuing writes (save) and reads (restore) per rank.",
                                allowed=AT_LEAST_1)
-    lazy_direct_io: bool = opt(
-        False, "lazy: write and read each file's data region with O_DIRECT, between the host buffer and the device "
+    lazy_direct_io: bool | None = opt(
+        None, "lazy: write and read each file's data region with O_DIRECT, between the host buffer and the device "
         "without the page cache (the header stays buffered; a load in another layout reads buffered). The file "
-        "system must take O_DIRECT (tmpfs does not).",
+        "system must take O_DIRECT (tmpfs does not). Default: on where the state is on CUDA, off on the CPU.",
+        by_device=DIRECT_IO_BY_DEVICE, before=False,
     )
     lazy_prefetch: bool = opt(
         False, "lazy: on a relaunch in the layout that saved, read this rank's files into the host buffer from just "

@@ -25,6 +25,7 @@ import torch
 from restartbench.engines.base import FileRecord, RankPlace
 from restartbench.engines.lazy.capture import model_file_name, optim_file_name
 from restartbench.engines.lazy.copies import HostBuffer
+from restartbench.engines.lazy.options import direct_io
 from restartbench.engines.lazy.restore import checked_header, read_regions, region_bases, region_of
 
 
@@ -113,10 +114,10 @@ class LazyPrefetcher:
         names = [optim_file_name(place.pp, place.tp, place.dp)]
         if not options.dp_read_once or place.dp == 0:
             names.append(model_file_name(place.pp, place.tp))
-        return Prefetch(Path(folder), tag, names, HostBuffer(page_aligned=options.lazy_direct_io),
+        return Prefetch(Path(folder), tag, names, HostBuffer(page_aligned=direct_io(options, "cpu")),
                         pinned=place.device.startswith("cuda"), device=place.device,
                         io_threads=max(1, options.lazy_io_threads), chunk=max(1, options.lazy_chunk_mb) * 2**20,
-                        direct=options.lazy_direct_io)
+                        direct=direct_io(options, place.device))
 
 
 PREFETCHER = LazyPrefetcher()
