@@ -127,6 +127,28 @@ def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
         assert records[0].bytes >= a.nbytes + b.nbytes
 
 
+def test_a_direct_load_that_outgrows_a_pinned_buffer_reads_into_a_pinned_one(tmp_path, monkeypatch):
+    """On CUDA O_DIRECT is the default and the engine's pageable buffers are not page-aligned: a load needing more
+    than the pinned buffer its set-up made (a data-parallel replica reads the module file it did not save) must
+    stay pinned, so page-aligned, or its O_DIRECT reads are refused."""
+    cudart = RecordingCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    a = torch.arange(3 * copies.PAGE, dtype=torch.float32)
+    plan = fmt.make_plan([("f.lazy", "optim", [(fmt.tensor_spec("a", a), False)])])
+    buffer = torch.zeros(plan.buffer_bytes, dtype=torch.uint8)
+    copies.typed_slice(buffer, next(plan.entries())[1].buffer_offset, fmt.tensor_spec("a", a)).copy_(a)
+    head, _ = fmt.encode_header(plan.files[0], {}, {})
+    path = tmp_path / "f.lazy"
+    path.write_bytes(head + buffer.numpy().tobytes())
+    header, offset = fmt.read_header(path)
+    staging = copies.HostBuffer()  # as the engine makes it on CUDA by default: pageable buffers not page-aligned
+    staging.get(copies.PAGE, pinned=True)  # the set-up's pinned buffer, smaller than the load
+    target = torch.empty_like(a)
+    restore.read_into_direct([(path, offset, header, {"a": target})], 2, 1 << 20, staging)
+    assert torch.equal(target, a) and staging.pinned and staging.tensor.numel() >= plan.buffer_bytes
+    staging.release()
+
+
 # -- one process, a real model and optimizer -----------------------------------------------------------------
 
 

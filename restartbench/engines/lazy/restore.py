@@ -292,14 +292,17 @@ def read_into_direct(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch
     flight; each tensor is copied from the buffer into its target (a device or a CPU tensor) by the reader thread
     that completes the last piece covering it, so the copies overlap the other reads. O_DIRECT needs the region
     (FILE_ALIGN-aligned and padded by the format), the pieces (whole MiB) and the buffer (page-aligned: pinned, or
-    the engine's mapping under this option) aligned; the alignment padding between tensors is read too."""
+    the engine's mapping under this option) aligned; the alignment padding between tensors is read too. A pinned
+    buffer too small for the load (a data-parallel replica that saved only its partition reads the module file
+    too) is replaced by a pinned one, page-aligned as the reads need: on CUDA, where O_DIRECT is the default, the
+    engine's pageable buffers are not."""
     bases, total = region_bases([header for _, _, header, _ in jobs])
     regions = []
     for (path, data_offset, header, targets), base in zip(jobs, bases, strict=True):
         places = [Place(entry["offset"], entry["nbytes"], target, base + entry["offset"])
                   for entry, target in _checked_targets(path, header, targets)]
         regions.append(region_of(path, data_offset, header, base, places, direct=True))
-    buffer = staging.get(total, pinned=False)
+    buffer = staging.get(total, pinned=staging.pinned)
     records = read_regions(regions, buffer, chunk, io_threads, direct=True)
     if any(place.target.device.type != "cpu" for *_, places in regions for place in places):
         torch.cuda.synchronize()
