@@ -477,6 +477,11 @@ def _gb(value) -> str:
     return "—" if value is None else f"{value / 1e9:.1f}"
 
 
+LAZY_DEFAULT_NOTE = ("The lazy row ran as its commit's lazy did by default: buffered before 7c7cc1a (2026-11-27), "
+                     "with O_DIRECT on CUDA from it on; lazy-buffered is lazy with `--no-lazy-direct-io`.")
+"""Said under every engines table: what a plain lazy block ran depends on its commit."""
+
+
 def engines_markdown(result: dict) -> str:
     meta, head = result["meta"], result["headline"]
     lines = [f"# Engines at 1B bf16 on one GPU — {meta['machine']}, {meta['date']}", "", *_meta_lines(meta), "",
@@ -486,7 +491,8 @@ def engines_markdown(result: dict) -> str:
              + "".join(f"; {label} is {engine} with `{' '.join(options)}`" for label, (engine, options) in
                        VARIANTS.items() if any(r["engine"] == label for r in result["engines"]))
              + "".join(f"; {r['engine']} ran with `{' '.join(r['options'])}`" for r in result["engines"]
-                       if r.get("options") and r["engine"] not in VARIANTS) + ".", ""]
+                       if r.get("options") and r["engine"] not in VARIANTS) + ".",
+             "", LAZY_DEFAULT_NOTE, ""]
     lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
                             for r in result["engines"]])
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}
