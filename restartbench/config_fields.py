@@ -60,19 +60,28 @@ def opt(default: Any, doc: str, *, positional: bool = False, choices: tuple[str,
                                             "allowed": allowed, "by_device": by_device, "before": before})
 
 
+def for_device(value: Any, by_device: dict[str, Any] | None, device: str | None) -> Any:
+    """``value``; where it is None, what ``by_device`` (``opt``'s) says for ``device`` ('cuda:1' counts as 'cuda'),
+    None for a device it does not name."""
+    if value is not None or not by_device:
+        return value
+    return by_device.get((device or "").split(":")[0])
+
+
 def device_default(leaf: Any, device: str | None) -> Any:
-    """The value a field's default stands for on ``device`` (``opt``'s ``by_device``; else the default itself)."""
-    by_device = leaf.metadata.get("by_device")
-    return by_device.get(device, leaf.default) if by_device and leaf.default is None else leaf.default
+    """The value a field's default stands for on ``device`` (``for_device``)."""
+    return for_device(leaf.default, leaf.metadata.get("by_device"), device)
 
 
 def saved_value(leaf: Any, section: dict[str, Any], device: str | None) -> Any:
-    """What a run had for a field, as its saved config section says, on the device it ran on: the value saved, or,
-    where the section lacks the key (written before the field existed), ``opt``'s ``before`` or the default; a None
-    as ``device_default`` says."""
-    before = leaf.metadata.get("before")
-    value = section[leaf.name] if leaf.name in section else leaf.default if before is None else before
-    return device_default(leaf, device) if value is None else value
+    """What a run had for a field, as its saved config section says, on the device it ran on (``for_device``): the
+    value saved; where the section lacks the key (written before the field existed), ``opt``'s ``before``, else
+    the default."""
+    if leaf.name in section:
+        value = section[leaf.name]
+    else:
+        value = leaf.default if leaf.metadata.get("before") is None else leaf.metadata["before"]
+    return for_device(value, leaf.metadata.get("by_device"), device)
 
 
 def flag(name: str, negated: bool = False) -> str:

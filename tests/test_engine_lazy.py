@@ -110,16 +110,22 @@ def test_values_round_trip_types_tensors_and_objects():
     assert isinstance(decoded["zero_stage"], fmt.Opaque) and "one" in decoded["zero_stage"].repr
 
 
-def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
-    a, b = torch.arange(10, dtype=torch.float32), torch.arange(7, dtype=torch.int64) * 3
-    plan = fmt.make_plan([("f.lazy", "optim", [(fmt.tensor_spec("a", a), False), (fmt.tensor_spec("b", b), False)])])
+def lazy_file(path, tensors):
+    """One lazy file at ``path`` holding ``tensors`` (name -> tensor), as a save lays it out: its header, then its
+    data region from the plan's buffer; (its header as read back, its data offset, the region's bytes)."""
+    plan = fmt.make_plan([(path.name, "optim", [(fmt.tensor_spec(name, t), False) for name, t in tensors.items()])])
     buffer = torch.zeros(plan.buffer_bytes, dtype=torch.uint8)
     for _, entry in plan.entries():
-        copies.typed_slice(buffer, entry.buffer_offset, entry.spec).copy_({"a": a, "b": b}[entry.spec.name])
-    head, data_offset = fmt.encode_header(plan.files[0], {}, {})
-    path = tmp_path / "f.lazy"
+        copies.typed_slice(buffer, entry.buffer_offset, entry.spec).copy_(tensors[entry.spec.name])
+    head, _ = fmt.encode_header(plan.files[0], {}, {})
     path.write_bytes(head + buffer.numpy().tobytes())
-    header, offset = fmt.read_header(path)
+    return (*fmt.read_header(path), plan.buffer_bytes)
+
+
+def test_scatter_reads_fill_targets_and_padding_is_skipped(tmp_path):
+    a, b = torch.arange(10, dtype=torch.float32), torch.arange(7, dtype=torch.int64) * 3
+    path = tmp_path / "f.lazy"
+    header, offset, _ = lazy_file(path, {"a": a, "b": b})
     targets = {"a": torch.empty_like(a), "b": torch.empty_like(b)}
     for chunk in (8, 1 << 20):  # one read per tensor, and one read for both
         records = restore.read_into([(path, offset, header, targets)], 2, chunk, copies.HostBuffer())
@@ -134,18 +140,13 @@ def test_a_direct_load_that_outgrows_a_pinned_buffer_reads_into_a_pinned_one(tmp
     cudart = RecordingCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
     a = torch.arange(3 * copies.PAGE, dtype=torch.float32)
-    plan = fmt.make_plan([("f.lazy", "optim", [(fmt.tensor_spec("a", a), False)])])
-    buffer = torch.zeros(plan.buffer_bytes, dtype=torch.uint8)
-    copies.typed_slice(buffer, next(plan.entries())[1].buffer_offset, fmt.tensor_spec("a", a)).copy_(a)
-    head, _ = fmt.encode_header(plan.files[0], {}, {})
     path = tmp_path / "f.lazy"
-    path.write_bytes(head + buffer.numpy().tobytes())
-    header, offset = fmt.read_header(path)
+    header, offset, region_bytes = lazy_file(path, {"a": a})
     staging = copies.HostBuffer()  # as the engine makes it on CUDA by default: pageable buffers not page-aligned
     staging.get(copies.PAGE, pinned=True)  # the set-up's pinned buffer, smaller than the load
     target = torch.empty_like(a)
     restore.read_into_direct([(path, offset, header, {"a": target})], 2, 1 << 20, staging)
-    assert torch.equal(target, a) and staging.pinned and staging.tensor.numel() >= plan.buffer_bytes
+    assert torch.equal(target, a) and staging.pinned and staging.tensor.numel() >= region_bytes
     staging.release()
 
 

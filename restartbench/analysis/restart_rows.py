@@ -74,7 +74,7 @@ def rank_restarts(events: list[dict[str, Any]], attempt: int = 1) -> list[dict[s
         row = rows.setdefault(e["rank"], {"kind": "restart", "tag": None, "attempt": attempt, "rank": e["rank"],
                                           "restart_s": None,
                                           "ready_s": None, **{c: None for c, _ in RESTART_PART_COLUMNS},
-                                          "check_files_s": None, "cache_s": None, "verify_s": None,
+                                          **dict.fromkeys(_HARNESS_LABELS),
                                           "bytes_read": None, "files_read": None,
                                           "read_deserialize_s": None, "ds_init_parts": None, "_launch": None})
         name = e["event"]

@@ -88,7 +88,7 @@ def _dcp_rank_file(setup: ShardSetup, planner: Any, plan: Any, scratch: str,
     name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
     tensors = [item for item in plan.items if item.type != WriteItemType.BYTE_IO]
     if smallest_first:
-        tensors.sort(key=lambda item: math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize)
+        tensors.sort(key=lambda item: _tensor_bytes(item.tensor_data))
     ordered = [item for item in plan.items if item.type == WriteItemType.BYTE_IO] + tensors
     offset, payload, results = 0, 0, []
     for item in ordered:
@@ -97,11 +97,17 @@ def _dcp_rank_file(setup: ShardSetup, planner: Any, plan: Any, scratch: str,
         else:
             data = item.tensor_data
             length = _tensor_saved_size(data.properties.dtype, tuple(data.size), scratch)
-            payload += math.prod(data.size) * data.properties.dtype.itemsize
+            payload += _tensor_bytes(data)
         results.append(WriteResult(index=item.index, size_in_bytes=length,
                                    storage_data=_StorageInfo(name, offset, length)))
         offset += length
     return PlannedFile(f"{setup.tag}/{name}", -1, "data", payload, offset), results
+
+
+def _tensor_bytes(data: Any) -> int:
+    """A write item's tensor bytes (its ``tensor_data``: size and dtype), as FileSystemWriter's ``_item_size``
+    counts them."""
+    return math.prod(data.size) * data.properties.dtype.itemsize
 
 
 _TENSOR_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}

@@ -130,7 +130,7 @@ class LazyEngine(CheckpointEngine):
             self._side_stream(state)
         return {"host_buffer_bytes": sizing.buffer_bytes, "host_buffer_pinned": cuda,
                 "host_buffer_by_prefetch": prefetched is not None,
-                "direct_io": direct_io(self.options, "cuda" if cuda else "cpu")}
+                "direct_io": self._direct_io(cuda)}
 
     def pinned_host_bytes(self) -> int | None:
         """The host buffer's bytes when it is pinned (on CUDA), else 0: the lazy engine pins nothing else. None while
@@ -165,7 +165,11 @@ class LazyEngine(CheckpointEngine):
         if plan.sync_bytes:
             self._copies.wait(plan.sync_bytes)
         self._flush = Flush(plan, heads, buffer, self._copies, folder, self.chunk, self.io_threads,
-                            save_fault(_global_rank(), tag), direct=direct_io(self.options, "cuda" if cuda else "cpu"))
+                            save_fault(_global_rank(), tag), direct=self._direct_io(cuda))
+
+    def _direct_io(self, cuda: bool) -> bool:
+        """O_DIRECT or not for a state on CUDA (``cuda``) or on the CPU (``lazy.options.direct_io``)."""
+        return direct_io(self.options, "cuda" if cuda else "cpu")
 
     def _plan_for(self, state: Capture) -> SavePlan:
         if self.plan is None or self.plan.signature != plan_signature(state.groups):
@@ -303,8 +307,7 @@ class LazyEngine(CheckpointEngine):
     def _read_files(self, jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor]]]
                     ) -> list[FileRecord]:
         """Read the files into their tensors: O_DIRECT through the host buffer, or buffered scatter reads."""
-        cuda = any(t.is_cuda for *_, targets in jobs for t in targets.values())
-        if not direct_io(self.options, "cuda" if cuda else "cpu"):
+        if not self._direct_io(any(t.is_cuda for *_, targets in jobs for t in targets.values())):
             return read_into(jobs, self.io_threads, self.chunk, self.buffer)
         self._padded_for = None  # the buffer now holds the files' bytes in their order: the next save pads again
         return read_into_direct(jobs, self.io_threads, self.chunk, self.buffer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from restartbench.config_fields import AT_LEAST_1, opt
+from restartbench.config_fields import AT_LEAST_1, for_device, opt
 
 DIRECT_IO_BY_DEVICE = {"cpu": False, "cuda": True}
 """--lazy-direct-io's default by where the state lives. On CUDA the host buffer is pinned, so page-aligned, either
@@ -19,8 +19,7 @@ default was off on every device."""
 def direct_io(options: Any, device: str) -> bool:
     """Whether the lazy engine reads and writes its files' data regions with O_DIRECT where the state is on
     ``device`` ('cpu', 'cuda' or 'cuda:N'): as --lazy-direct-io or --no-lazy-direct-io say, else by device."""
-    chosen = options.lazy_direct_io
-    return DIRECT_IO_BY_DEVICE.get(device.split(":")[0], False) if chosen is None else bool(chosen)
+    return bool(for_device(options.lazy_direct_io, DIRECT_IO_BY_DEVICE, device))
 
 
 @dataclass
