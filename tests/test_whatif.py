@@ -13,8 +13,8 @@ from whatif_cases import H100, JOB, h100_cluster, h100_raw
 from restartbench.layout import Layout
 from restartbench.whatif import cli, terms
 from restartbench.whatif.cluster import ClusterError, cluster_from_mapping, load_cluster
-from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, write_fit
-from restartbench.whatif.predict import Shape, WhatIfError, check_fits, job_for
+from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, from_json, to_json, write_fit
+from restartbench.whatif.predict import Shape, WhatIfError, check_fits, device_note, job_for, whatif
 from restartbench.whatif.terms import GB, Line
 
 # -- terms ------------------------------------------------------------------------------------------------------
@@ -324,3 +324,19 @@ def test_the_table_keeps_real_runs_and_the_clock(tmp_path):
                            "stall_max_s": 0.1, "durable_rank_max_s": 1.3}])
     out = with_own_times(table)
     assert list(out["durable_rank_max_s"]) == [pytest.approx(0.6), 1.3] and list(out["durable_clock_s"]) == [1.3, 1.3]
+
+
+def test_a_fit_of_another_device_than_the_clusters_marks_every_figure_assumed():
+    cpu_fit = fit_table(_synthetic("lazy"), LIMITS)  # a table without a device column: a CPU calibration
+    cuda_fit = fit_table(_synthetic("lazy").assign(device="cuda"), LIMITS)
+    assert (cpu_fit.device, cuda_fit.device) == ("cpu", "cuda")
+    assert from_json(json.loads(json.dumps(to_json(cuda_fit)))).device == "cuda"
+    assert from_json({k: v for k, v in to_json(cuda_fit).items() if k != "device"}).device == "cpu"  # older files
+    cluster = h100_cluster(storage="local")  # cuda; nothing on local storage is cited
+    mismatched = whatif("tiny", "tp1pp1dp2", ["lazy"], cluster, cpu_fit, iteration_s=0.5)
+    matched = whatif("tiny", "tp1pp1dp2", ["lazy"], cluster, cuda_fit, iteration_s=0.5)
+    figures = [*mismatched["engines"][0]["checkpoint"].values(), *mismatched["engines"][0]["restart"].values()]
+    assert all(f["assumed"] for f in figures)
+    assert "runs were on cpu, this cluster is cuda" in mismatched["assumed"]["calibration"]
+    assert not matched["engines"][0]["checkpoint"]["stall"]["assumed"] and "calibration" not in matched["assumed"]
+    assert device_note(cpu_fit, h100_cluster(device="cpu")) is None

@@ -88,6 +88,11 @@ class Fit:
     """The calibrating machine's CPU cores per node, by which each run's CPU share factor was taken (the stall and the
     CPU-bound start-up parts divided by it); None: not divided (a fit file written before 2026-11-26, or a fit given
     no core count), its constants as measured, as if every calibration process had had a core of its own."""
+    device: str = "cpu"
+    """Where the calibration runs held their state: ``cpu`` or ``cuda`` (``+``-joined where they differ). A fit file
+    without it was written before 2026-11-27 by bench/whatif_validation.py on the CPU machine, the only calibration
+    until then: ``cpu``. A prediction for a cluster of another device says its figures rest on this one's
+    (``restartbench.whatif.predict.device_note``)."""
 
     def engine(self, name: str) -> dict[str, Line]:
         if name in self.unfitted:
@@ -346,7 +351,7 @@ def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] |
     checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {}, cores_per_node)
     real = [r for r in restarts if not r["engine"].endswith("-emulated")]
     result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
-                 runs=sorted(set(table["run_id"])), cores_per_node=cores_per_node)
+                 runs=sorted(set(table["run_id"])), cores_per_node=cores_per_node, device=_devices(table))
     for engine in sorted({r["engine"] for r in checkpoints}):
         try:
             result.engines[engine] = _engine_terms(engine, [r for r in checkpoints if r["engine"] == engine],
@@ -355,6 +360,12 @@ def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] |
             result.unfitted[engine] = str(error)
     result.startup = _startup_terms(real)
     return result
+
+
+def _devices(table: pd.DataFrame) -> str:
+    """The calibration runs' devices, ``+``-joined (a table without the column: ``cpu``)."""
+    found = sorted({str(d) for d in table["device"].dropna()}) if "device" in table else []
+    return "+".join(found) or "cpu"
 
 
 def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) -> dict[str, Line]:
@@ -442,7 +453,7 @@ def _maybe_line(term: str, rows: list[dict], regressors: tuple[str, ...], target
 
 def to_json(fit: Fit) -> dict[str, Any]:
     return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
-            "unfitted": fit.unfitted, "cores_per_node": fit.cores_per_node,
+            "unfitted": fit.unfitted, "cores_per_node": fit.cores_per_node, "device": fit.device,
             "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
             "startup": {t: asdict(line) for t, line in fit.startup.items()}}
 
@@ -454,7 +465,7 @@ def from_json(data: dict[str, Any]) -> Fit:
     return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
                {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
                {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}),
-               data.get("cores_per_node"))
+               data.get("cores_per_node"), data.get("device", "cpu"))
 
 
 def write_fit(fit: Fit, path: Path) -> None:

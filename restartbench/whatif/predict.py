@@ -231,10 +231,24 @@ def goodput_at(cost: float, restart: float, gpus: int, failures_per_gpu_hour: fl
             "goodput_pct": 100 * budget.goodput}
 
 
+def device_note(fit: Fit, cluster: Cluster) -> str | None:
+    """Why a prediction's figures are assumed where the fit's runs held their state on another device than the
+    cluster's (None where they match)."""
+    if fit.device == cluster.device:
+        return None
+    return (f"the fit's runs were on {fit.device}, this cluster is {cluster.device}: every line is the calibration "
+            "machine's, so every figure is marked assumed (where the model is built, initialised and copied out "
+            "differs with the device: bench/whatif_gpu.py sets a CPU fit against real H100 runs); calibrate on the "
+            "target for measured lines (python -m restartbench.whatif --calibrate)")
+
+
 def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
                    failures_per_gpu_hour: float) -> dict[str, Any]:
     checkpoint = checkpoint_parts(engine, job, fit, cluster)
     restart = restart_parts(engine, job, fit, cluster, iteration_s)
+    if device_note(fit, cluster):
+        for figure in (*checkpoint.values(), *restart.values()):
+            figure["assumed"] = True
     rates = {key: goodput_at(checkpoint["cost"][key], restart["total"][key], job.ranks, failures_per_gpu_hour,
                              iteration_s) for key in ("s", "low_s", "high_s")}
     return {"engine": engine, "ranks": job.ranks, "nodes": job.nodes, "bytes_per_rank": job.bytes_rank,
@@ -282,7 +296,7 @@ def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: 
     return {"preset": preset, "layout": resolved.name, "cluster": cluster.name, "cluster_file": cluster.path,
             "device": cluster.device, "storage": cluster.storage, "dtype": dtype,
             "iteration_s": iteration, "iteration_basis": how, "failures_per_gpu_hour": failures_per_gpu_hour,
-            "assumed": assumed_fields(cluster), "engines": results,
+            "assumed": assumed_fields(cluster, fit), "engines": results,
             "scale": scale_sweep(preset, resolved, shapes, cluster, fit, failures_per_gpu_hour, iteration_s)}
 
 
@@ -309,7 +323,10 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
     return rows
 
 
-def assumed_fields(cluster: Cluster) -> dict[str, str]:
-    """The cluster's cited constants, each with its source."""
-    return {name: source for name, (basis, source) in cluster.sources.items()
-            if basis == "cited" and name in NUMBER_FIELDS}
+def assumed_fields(cluster: Cluster, fit: Fit | None = None) -> dict[str, str]:
+    """The cluster's cited constants, each with its source; and the calibration, where its device is not the
+    cluster's (``device_note``)."""
+    cited = {name: source for name, (basis, source) in cluster.sources.items()
+             if basis == "cited" and name in NUMBER_FIELDS}
+    note = device_note(fit, cluster) if fit is not None else None
+    return {**cited, "calibration": note} if note else cited
