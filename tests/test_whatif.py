@@ -14,7 +14,15 @@ from restartbench.layout import Layout
 from restartbench.whatif import cli, terms
 from restartbench.whatif.cluster import ClusterError, cluster_from_mapping, load_cluster
 from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, from_json, to_json, write_fit
-from restartbench.whatif.predict import Shape, WhatIfError, check_fits, device_note, job_for, whatif
+from restartbench.whatif.predict import (
+    Shape,
+    WhatIfError,
+    check_fits,
+    checkpoint_parts,
+    device_note,
+    job_for,
+    whatif,
+)
 from restartbench.whatif.terms import GB, Line
 
 # -- terms ------------------------------------------------------------------------------------------------------
@@ -33,8 +41,9 @@ def test_stall_is_the_pageable_copy_for_torch_plus_the_host_line():
     line = Line(0.5, {"files": 0.1, "bytes": 1 / (0.8 * GB)})
     # 2 GB at 11 GB/s pageable + 0.5 + 3 * 0.1 + 2 GB at 0.8 GB/s
     assert terms.stall_s(line, "torch", JOB, cluster) == pytest.approx(2 / 11 + 0.5 + 0.3 + 2 / 0.8)
-    # the lazy engine stages into pinned memory: 2 GB at 53.5 GB/s
-    assert terms.stall_s(line, "lazy", JOB, cluster) == pytest.approx(2 / 53.5 + 0.5 + 0.3 + 2 / 0.8)
+    # the lazy engine copies into pinned memory on a side stream: on cuda the save blocks for its fixed costs only
+    assert terms.stall_s(line, "lazy", JOB, cluster) == pytest.approx(0.5 + 0.3)
+    assert terms.stall_s(line, "lazy", JOB, h100_cluster(device="cpu")) == pytest.approx(0.5 + 0.3 + 2 / 0.8)
     assert terms.stall_s(line, "torch", JOB, h100_cluster(device="cpu")) == pytest.approx(0.5 + 0.3 + 2 / 0.8)
 
 
@@ -69,6 +78,22 @@ def test_engine_setup_pins_the_lazy_buffer_on_cuda_only():
 def test_slowdown_only_for_asynchronous_engines_and_iteration_estimate():
     assert terms.slowdown_s(0.1, "lazy", 1.0, 21.0) == pytest.approx(2.0)
     assert terms.slowdown_s(0.1, "torch-emulated", 1.0, 21.0) == 0.0
+    # a side stream's D2H copy, whole, and σ of the background time beyond it
+    assert terms.slowdown_s(0.1, "lazy", 1.0, 21.0, copies=5.0) == pytest.approx(5.0 + 0.1 * 15.0)
+
+
+def test_on_cuda_the_lazy_engines_d2h_is_slowdown_not_stall():
+    cuda, cpu = h100_cluster(storage="local"), h100_cluster(storage="local", device="cpu")
+    fit = fit_table(_synthetic("lazy"), LIMITS)
+    d2h = terms.d2h_s("lazy", JOB, cuda)
+    on_gpu, on_cpu = checkpoint_parts("lazy", JOB, fit, cuda), checkpoint_parts("lazy", JOB, fit, cpu)
+    line = fit.engines["lazy"]["stall"]
+    assert on_gpu["stall"]["s"] == pytest.approx(line(files=JOB.files_rank, bytes=0.0))
+    assert on_cpu["stall"]["s"] == pytest.approx(line(files=JOB.files_rank, bytes=JOB.bytes_rank))
+    assert on_gpu["slowdown"]["s"] >= d2h and on_gpu["slowdown"]["bound"].startswith("D2H")
+    assert on_gpu["cost"]["s"] == pytest.approx(on_gpu["stall"]["s"] + on_gpu["slowdown"]["s"])
+    torch = checkpoint_parts("torch", JOB, fit_table(_synthetic("torch"), LIMITS), cuda)
+    assert torch["stall"]["s"] > terms.d2h_s("torch", JOB, cuda) and torch["slowdown"]["s"] == 0.0
     cluster = h100_cluster(gpu_peak_tflops=1000.0, mfu=0.5)
     assert terms.iteration_estimate_s(1e9, 1e6, 8, cluster) == pytest.approx(6e15 / (8 * 5e14))
 

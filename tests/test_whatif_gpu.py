@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from restartbench.whatif.cluster import cluster_from_mapping
+from restartbench.whatif.cluster import cluster_from_mapping, load_cluster
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -53,3 +54,10 @@ def test_a_runs_measured_parts_are_the_models_names_without_the_checks():
     assert parts["ckpt load"] == run["restart_parts_s"]["ckpt_load"]
     assert parts["restart total"] == run["restart_less_checks_s"] < run["restart_s"]
     assert parts["whole cost"] == run["cost_s"]
+
+
+def test_the_shipped_h100_local_cluster_is_what_the_bench_writes_from_the_latest_probe():
+    probe = bench.latest_probe()
+    shipped = yaml.safe_load(bench.WRITTEN.read_text())
+    assert shipped == bench.cluster_fields(probe, *bench.pinning(probe, huge=True))
+    assert load_cluster(bench.WRITTEN).calibration == "cpu2-fit.json"  # beside it in clusters/

@@ -160,17 +160,21 @@ def checkpoint_parts(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[
     stall = terms.stall_s(lines["stall"], engine, job, cluster)
     durable = max(stall, terms.durable_s(lines["durable"], engine, job, cluster))
     fraction, sigma_line, sigma_assumed = _slowdown_fraction(engine, lines, cluster)
-    slowdown = terms.slowdown_s(fraction, engine, stall, durable)
+    beside = terms.side_stream(engine, cluster)
+    slowdown = terms.slowdown_s(fraction, engine, stall, durable, copies=d2h if beside else 0.0)
     limit = terms.node_write_limit(cluster, job.nodes)
-    stall_bound = "D2H" if d2h > stall - d2h else "host CPU (the engine's blocking path)"
+    in_stall = 0.0 if beside else d2h
+    stall_bound = "D2H" if in_stall > stall - in_stall else "host CPU (the engine's blocking path)"
+    slowdown_bound = "D2H beside training (side stream)" if beside else "interference with training"
     shared = cluster.storage == "shared" and limit.resource != "network (NIC)"
-    parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=d2h),
+    parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=in_stall),
              "durable": part(durable, lines["durable"], limit.resource, assumed=shared and _cited_shared(cluster),
                              fixed=d2h),
-             "slowdown": part(slowdown, sigma_line, "interference with training", assumed=sigma_assumed)}
+             "slowdown": part(slowdown, sigma_line, slowdown_bound, assumed=sigma_assumed,
+                              fixed=d2h if beside else 0.0)}
     spread = {k: parts["stall"][k] + parts["slowdown"][k] for k in ("low_s", "high_s")}
     parts["cost"] = {"s": stall + slowdown, **spread,
-                     "bound": stall_bound if stall >= slowdown else "interference with training",
+                     "bound": stall_bound if stall >= slowdown else slowdown_bound,
                      "assumed": sigma_assumed}
     return parts
 

@@ -16,7 +16,9 @@ Checkpoint:
   plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ). An engine that
   saves one item per tensor (``PER_TENSOR``: DCP plans, deduplicates and ``torch.save``s each tensor on its own) adds
   ``+ t·tensors_written``, a cost per tensor the rank writes (``restartbench.whatif.tensors`` says why and how they
-  are counted).
+  are counted). A ``SIDE_STREAM`` engine on cuda (the lazy engine: its copies into its pinned buffer run on a CUDA
+  side stream, and only the optimizer step after them waits for them) blocks for ``c·(a + f·files_rank)`` alone: its
+  bytes go by the D2H copy, beside training, which is its host-side staging copy on cpu.
 - ``durable``: the node's bytes go to storage at the node's bandwidth ``L`` (``node_write_limit``: the local disk, or
   the least of the shared file system's aggregate share per node, its per-client cap and the NIC), of which the
   engine reaches a fraction ``η`` (fitted against this machine's measured limit), plus a cost per file and a cost
@@ -25,7 +27,11 @@ Checkpoint:
   For a synchronous engine this includes the stall. A ``PER_TENSOR`` engine adds ``+ t·k·tensors_written``: each
   rank's tensors cost their planning and serialisation on its own process, the ranks of one process in turn.
 - ``slowdown``: an asynchronous engine's background work slows the iterations it overlaps by a fraction ``σ``
-  of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits).
+  of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits). A ``SIDE_STREAM`` engine
+  on cuda adds its D2H copy whole, ``D2H + σ · (durable − stall − D2H)``: the copies share the GPU with the
+  iterations they overlap, and the first optimizer step after them waits for what is left (an upper bound where
+  the iteration's compute hides them: on one H100 at 1B, 1.0-1.2× the D2H at iterations of 0.18-0.20 s, 0.26× at
+  0.38 s; bench/results/*-h100-gpu-engines-1B-lazy*.json).
 - whole cost = stall + slowdown.
 
 CPU share (``cpu_share_factor``): the stall's host-side line and the start-up parts named in ``CPU_BOUND`` are CPU
@@ -159,6 +165,9 @@ PAGEABLE = ("torch", "fastpersist", "dcp", "torchsnapshot")
 COLLECTIVE = ("dcp", "dcp-async")
 #: Engines whose durable write runs in the background while training goes on.
 ASYNCHRONOUS = ("lazy", "dcp-async")
+#: Engines that copy device tensors into their pinned host buffer on a CUDA side stream while training goes on: on cuda
+#: their save blocks for its fixed host-side cost only and the copy is slowdown (``stall_s``, ``slowdown_s``).
+SIDE_STREAM = ("lazy",)
 #: Engines whose save and load handle one item per tensor (DCP: a WriteItem and a ``torch.save`` entry per tensor at
 #: a save, a ReadItem and a ``torch.load`` per tensor at a load), whose lines have a cost per tensor. The others'
 #: per-item costs are per file: DeepSpeed's engines write a file per layer, whose tensors go through one
@@ -195,10 +204,18 @@ def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
 def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
     """The training stall: D2H + ``c·(a + f·files_rank + bytes_rank·s)`` (``s`` = 1/r, the host-side rate with a
     core per process; ``c`` the CPU share factor, ``job_cpu_factor``), ``+ c·t·tensors_written`` where the line has
-    a per-tensor coefficient (``PER_TENSOR`` engines)."""
+    a per-tensor coefficient (``PER_TENSOR`` engines). A ``SIDE_STREAM`` engine on cuda: ``c·(a + f·files_rank)``
+    (its bytes go by the D2H copy beside training: ``slowdown_s``)."""
+    if side_stream(engine, cluster):
+        return job_cpu_factor(job, cluster) * line(files=job.files_rank, bytes=0.0, tensors=job.tensors_written)
     return d2h_s(engine, job, cluster) + job_cpu_factor(job, cluster) * line(files=job.files_rank,
                                                                              bytes=job.bytes_rank,
                                                                              tensors=job.tensors_written)
+
+
+def side_stream(engine: str, cluster: Cluster) -> bool:
+    """Whether ``engine`` copies out of the GPU beside training on ``cluster`` (``SIDE_STREAM``, on cuda)."""
+    return cluster.device == "cuda" and base_engine(engine) in SIDE_STREAM
 
 
 def write_seconds(job: Job, limit: Bound) -> float:
@@ -216,9 +233,12 @@ def durable_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
                                               tensors=job.tensors_written * job.sequential)
 
 
-def slowdown_s(fraction: float, engine: str, stall: float, durable: float) -> float:
-    """σ · (durable − stall) for an asynchronous engine, 0 for a synchronous one."""
-    return fraction * max(0.0, durable - stall) if base_engine(engine) in ASYNCHRONOUS else 0.0
+def slowdown_s(fraction: float, engine: str, stall: float, durable: float, copies: float = 0.0) -> float:
+    """σ · (durable − stall) for an asynchronous engine, 0 for a synchronous one; ``copies``: a ``SIDE_STREAM``
+    engine's D2H on cuda, added whole and taken out of the background time σ applies to."""
+    if base_engine(engine) not in ASYNCHRONOUS:
+        return 0.0
+    return copies + fraction * max(0.0, durable - stall - copies)
 
 
 def read_seconds(job: Job, limit: Bound) -> float:
