@@ -146,20 +146,31 @@ def engine_block(where: Where, label: str) -> Block:
                  cleanup=(("rm", "-rf", str(ckpt)),))
 
 
+#: The adapter's CUDA test on the build (tests/test_datastates.py): a state saved through DataStates' compiled engine,
+#: a CPU tensor changed in place after the save, the files waited for with wait_for_writes, loaded back equal.
+ADAPTER_TEST = "adapter_loads_back_equal"
+ADAPTER_TEST_BASIS = ("; then the adapter's CUDA test on it (pytest's start, DeepSpeed's import and a 0.25 GB pinned "
+                      "cache: about 20 s, assumed)")
+
+
 def datastates_build_block(where: Where) -> Block:
     """The build, or where this machine already holds one of this source and torch (a visit's second command finds
-    the first's: scripts/build-datastates.sh --check), its few seconds of checking it."""
+    the first's: scripts/build-datastates.sh --check), its few seconds of checking it; then the adapter's CUDA test
+    on it (``ADAPTER_TEST``)."""
     script = str(where.root / "scripts/build-datastates.sh")
-    command = (("bash", script, str(where.site)),)
+    test = (sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-m", "gpu",
+            "tests/test_datastates.py", "-k", ADAPTER_TEST)
+    commands = (("bash", script, str(where.site)), test)
+    env = {"DATASTATES_SITE": str(where.site)}
     if datastates_built(where):
-        return Block("datastates-build", 15, "built earlier on this machine from this source and torch (its stamp "
-                     f"in {where.site}/datastates/BUILT): the script checks it and imports it", command,
-                     needs=("setup",))
-    return Block("datastates-build", 90, "g++ on the 5 .cpp files of a torch CUDAExtension against CUDA's headers "
+        return Block("datastates-build", 35, "built earlier on this machine from this source and torch (its stamp "
+                     f"in {where.site}/datastates/BUILT): the script checks it and imports it" + ADAPTER_TEST_BASIS,
+                     commands, needs=("setup",), env=env)
+    return Block("datastates-build", 110, "g++ on the 5 .cpp files of a torch CUDAExtension against CUDA's headers "
                  "(nvcc is asked only its version), in parallel, pip's install and the import check around it: the "
                  "whole block took 67 s on the H100 (the third visit, 16 cores), and the script 212 s on the 2-core "
-                 "CPU machine at MAX_JOBS=2 (bench/results/2026-11-27-cpu2-datastates-build)",
-                 command, needs=("setup",), env={"MAX_JOBS": "16"})
+                 "CPU machine at MAX_JOBS=2 (bench/results/2026-11-27-cpu2-datastates-build)" + ADAPTER_TEST_BASIS,
+                 commands, needs=("setup",), env={"MAX_JOBS": "16", **env})
 
 
 def datastates_built(where: Where) -> bool:

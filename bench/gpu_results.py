@@ -40,7 +40,10 @@ ENGINE_OPTIONS = {"datastates": ("--host-cache-gb", "20")}
 """Options an engine's own 1B block gives it. DataStates' pinned host cache (GiB: DataStates multiplies by 2**30) is
 sized to hold the rank's whole state, as the lazy engine's pinned buffer does: 20,978,831,360 bytes at 1B tp1pp1
 (the third H100 visit's runs) = 19.54 GiB, so 20. Its default, 4, does not even hold the 1B's largest tensor (the
-fp32 partition, 5.58 GiB): that visit's run stopped at its first save with the harness's DataStatesConfigError."""
+fp32 partition, 5.58 GiB): that visit's run stopped at its first save. The harness's DataStatesConfigError was
+recorded, then DataStates' host tier, still writing the module's files into the folder the harness removed for the
+failed save, ended the process (host_tier.cpp's FATAL, in the run's train.stdout.log). A failed save now waits for
+those writes first (``DataStatesEngine``)."""
 
 
 def engine_of(label: str) -> str:

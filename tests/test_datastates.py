@@ -2,15 +2,18 @@
 the skip on a machine without CUDA, and the adapter that gives DeepSpeed 0.19.8 its ``datastates.CheckpointEngine``.
 The GPU tests at the end build it (unless built at /tmp/site) and run it for real on CUDA; they skip without a GPU."""
 
+import collections
 import concurrent.futures
 import hashlib
 import importlib
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,9 +23,10 @@ from conftest import ROOT, run_study
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from restartbench import engines
+from restartbench.config import EngineConfig
 from restartbench.engines import deepspeed as ds_folder
 from restartbench.engines.deepspeed import datastates_adapter as adapter
-from restartbench.engines.deepspeed.engine import DataStatesEngine
+from restartbench.engines.deepspeed.engine import DataStatesEngine, DeepSpeedEngine
 from restartbench.events import read_events
 from restartbench.rundir import RunPlan
 
@@ -209,6 +213,112 @@ def test_the_future_keeper_waits_for_every_queued_job_and_reports_the_failed_one
     assert pool._shutdown
 
 
+class _HostTierLike:
+    """DataStates' compiled engine as its host tier behaves (tiers/host_tier.cpp): what ``ckpt_tensor`` hands it is
+    written later, in order, on one thread, each write taking ``write_s``; the tensor's memory is read when written."""
+
+    def __init__(self, write_s: float = 0.05):
+        self.queue: queue.Queue = queue.Queue()
+        self.write_s = write_s
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def ckpt_tensor(self, version, tensor, size, offset, path):
+        self.queue.put((tensor, size, offset, path))
+
+    def _write(self):
+        while True:
+            tensor, size, offset, path = self.queue.get()
+            time.sleep(self.write_s)
+            mode = "r+b" if os.path.exists(path) else "wb"
+            with open(path, mode) as f:
+                f.seek(offset)
+                f.write(tensor.numpy().tobytes()[:size])
+
+
+class _CheckpointingLike:
+    """``datastates.llm.Checkpointing`` as the adapter uses it: ``save`` hands each tensor to the compiled engine,
+    ``wait`` returns at once (nothing on a GPU to wait for)."""
+
+    def __init__(self, host):
+        self.ckpt_engine = type("CkptEngine", (), {"ckpt_engine": host})()
+        self.saved = []
+
+    def save(self, state, path):
+        self.saved.append(state)
+        offset = 0
+        for tensor in (v for v in state.values() if torch.is_tensor(v)):
+            size = tensor.numel() * tensor.element_size()
+            self.ckpt_engine.ckpt_engine.ckpt_tensor(0, tensor, size, offset, path)
+            offset += size
+        return True
+
+    def wait(self):
+        return None
+
+
+def _adapter_over(inner, rank=0):
+    """The adapter around ``inner``, made as its __init__ would make it after importing DataStates."""
+    engine = object.__new__(adapter.CheckpointEngine)
+    engine.cache_bytes, engine.rank, engine.inner, engine.last_path = 1 << 30, rank, inner, None
+    engine.jobs = adapter.FutureKeeper(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    return engine
+
+
+def test_waiting_for_the_writes_returns_only_once_every_queued_file_is_written(tmp_path):
+    inner = _CheckpointingLike(_HostTierLike())
+    engine = _adapter_over(inner, rank=3)
+    engine.wait_for_writes()  # nothing saved yet: nothing to wait for
+    folder = tmp_path / "global_step2"
+    folder.mkdir()
+    tensors = {f"layer{i}": torch.full((1000,), float(i)) for i in range(4)}
+    for name, tensor in tensors.items():
+        engine.save({"w": tensor}, str(folder / f"{name}.pt"))
+    engine.wait_for_writes()
+    for name, tensor in tensors.items():
+        assert (folder / f"{name}.pt").read_bytes() == tensor.numpy().tobytes(), name
+    assert sorted(os.listdir(tmp_path)) == ["global_step2"]  # the marker's file, beside the folder, is removed
+    with pytest.raises(TimeoutError, match="did not write"):
+        adapter.wait_for_file(str(tmp_path / "never"), 1, timeout_s=0.05)
+
+
+def test_a_save_hands_datastates_copies_of_its_cpu_tensors_and_leaves_the_state_alone(tmp_path):
+    step, moment = torch.tensor(7.0), torch.empty(3, device="meta")  # meta stands in for a device tensor
+    state = {"optimizer": {"state": {0: {"step": step, "exp_avg": moment}}}, "list": [step], "n": 5}
+    copied = adapter.with_cpu_copies(state)
+    inner_state = copied["optimizer"]["state"][0]
+    assert inner_state["step"] is not step and torch.equal(inner_state["step"], step)
+    assert inner_state["exp_avg"] is moment and copied["list"][0] is not step and copied["n"] == 5
+    step += 1  # the next optimizer step, in place
+    assert inner_state["step"].item() == 7.0 and copied["list"][0].item() == 7.0
+    assert state["optimizer"]["state"][0]["step"] is step  # DeepSpeed's state is not changed
+    assert isinstance(adapter.with_cpu_copies(collections.OrderedDict(a=1)), collections.OrderedDict)
+    inner = _CheckpointingLike(_HostTierLike())
+    engine = _adapter_over(inner)
+    engine.save({"step": step}, str(tmp_path / "f.pt"))
+    assert inner.saved[0]["step"] is not step and engine.last_path == str(tmp_path / "f.pt")
+
+
+def test_datastates_durability_waits_for_the_writes_and_a_failed_save_for_what_it_queued(monkeypatch):
+    calls = []
+    engine = DataStatesEngine(EngineConfig(engine="datastates"))
+    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {
+        "wait_for_writes": lambda self, timeout_s=3600.0: calls.append(("writes", timeout_s))})())
+    monkeypatch.setattr(engine, "_commit", lambda: calls.append("commit"))
+    monkeypatch.setattr(DeepSpeedEngine, "wait_until_durable", lambda self: calls.append("fsync") or 1.0)
+    engine._ds_engine = object()
+    assert engine.wait_until_durable() == 1.0
+    assert calls == ["commit", ("writes", 3600.0), "fsync"]
+    calls.clear()
+
+    def failing_save(self, ds_engine, save_dir, tag):
+        raise adapter.DataStatesConfigError("too big")
+    monkeypatch.setattr(DeepSpeedEngine, "save", failing_save)
+    monkeypatch.setattr(engines.deepspeed.engine, "guard_optimizer_step", lambda *args: None)
+    with pytest.raises(adapter.DataStatesConfigError, match="too big"):
+        engine.save(object(), "/nowhere", "step1")
+    assert calls == [("writes", 600.0)]
+
+
 def test_the_build_script_installs_this_adapter_as_datastates_and_every_save_names_it():
     script = BUILD.read_text()
     module = re.search(r"from (restartbench\.[\w.]+) import CheckpointEngine", script)[1]
@@ -245,7 +355,8 @@ def test_on_cuda_a_state_saved_through_the_adapter_loads_back_equal(datastates_s
     os.makedirs(os.path.dirname(path))
     engine.save(state, path)
     engine.wait(persist=True)
-    del engine  # DataStates' host tier waits for its file writes only when it is destroyed
+    state["cpu"] += 100  # training goes on (Adam's step, in place): the file holds the value at the save
+    engine.wait_for_writes()  # the files are written before the engine is destroyed
     with open(path, "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     assert set(header) == {"w", "opt|0|m", "cpu", "datastates_metadata"}

@@ -339,9 +339,12 @@ def test_every_blocks_command_lines_parse(tmp_path):
     assert subprocess.run(["bash", "-n", build[1]]).returncode == 0
     collected = [subprocess.run([*line, "--collect-only"], cwd=ROOT, capture_output=True, text=True)
                  for line in commands if line[1:3] == ("-m", "pytest")]
-    assert len(collected) == 2 and all(c.returncode == 0 for c in collected)
-    assert "test_engine_restores_exactly_on_cuda" in collected[1].stdout
-    assert "test_flash_attention_backward_twice" in collected[0].stdout and " deselected" in collected[0].stdout
+    assert len(collected) == 3 and all(c.returncode == 0 for c in collected)
+    adapter_test, units, tests = collected  # datastates-build's, gpu-units', tests'
+    assert "test_on_cuda_a_state_saved_through_the_adapter_loads_back_equal" in adapter_test.stdout
+    assert "\n1/" in adapter_test.stdout  # that one test alone ("1/23 tests collected (22 deselected)")
+    assert "test_engine_restores_exactly_on_cuda" in tests.stdout
+    assert "test_flash_attention_backward_twice" in units.stdout and " deselected" in units.stdout
     smoke = [*runs[0], "--dry-run"]
     rendered = subprocess.run(smoke, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rendered.returncode == 0, rendered.stderr[-2000:]
@@ -522,7 +525,7 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     source's files and torch's version) and plans seconds for it, not a build; a stamp of other source or torch is
     no build."""
     where = gb.Where(work=tmp_path / "w", site=tmp_path / "site", wheels=tmp_path / "whl")
-    assert gb.datastates_build_block(where).expected_s == 90
+    assert gb.datastates_build_block(where).expected_s == 110
     script = str(ROOT / "scripts/build-datastates.sh")
     stamp = subprocess.run(["bash", script, "--stamp"], env={"PATH": "/usr/bin:/bin", "PYTHON": PY},
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -530,6 +533,7 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     (where.site / "datastates").mkdir(parents=True)
     (where.site / "datastates" / "BUILT").write_text(stamp + "\n")
     block = gb.datastates_build_block(where)
-    assert block.expected_s == 15 and "built earlier" in block.basis
+    assert block.expected_s == 35 and "built earlier" in block.basis
+    assert block.commands[-1][-2:] == ("-k", gb.ADAPTER_TEST) and block.env["DATASTATES_SITE"] == str(where.site)
     (where.site / "datastates" / "BUILT").write_text("0" * 64 + "\n")  # another source or another torch
-    assert gb.datastates_build_block(where).expected_s == 90
+    assert gb.datastates_build_block(where).expected_s == 110

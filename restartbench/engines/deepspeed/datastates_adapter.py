@@ -43,15 +43,33 @@ What this adapter does, and nothing more:
    ``Checkpointing.save`` as it is. The Checkpointing's thread pool is wrapped (``FutureKeeper``) so that the Future of
    the job ``save`` queues is kept; the job runs DataStates' code unchanged.
 3. ``wait(persist=True)`` waits for those jobs (a job that failed raises ``RuntimeError`` naming its file), then calls
-   ``Checkpointing.wait()``. ``persist`` is accepted and cannot be honoured further: when ``wait`` returns, every
+   ``Checkpointing.wait()``. ``persist`` is accepted and cannot be honoured there: when ``wait`` returns, every
    tensor has been copied to the host cache (training may change it), but its file may still be being written.
-4. ``load`` is ``Checkpointing.load``, unchanged.
+   DeepSpeed calls it before the next optimizer step too, where waiting for the files would add their writes to the
+   stall.
+4. ``wait_for_writes()`` is the wait for the files, which the harness calls once it waits for durability: DataStates'
+   host tier writes what it is handed in order, on one thread (``tiers/host_tier.cpp`` lines 35-58: seek, write,
+   flush and close, then the next), and the GPU tier hands it each tensor before ``Checkpointing.wait()`` returns
+   (``tiers/gpu_tier.cpp`` lines 52-54). So after ``wait``, one more small CPU tensor handed to the compiled engine
+   with the source's own call (``ckpt_tensor``, to a file of its own beside the checkpoint's folder) is written last:
+   once that file holds its bytes, every file of the checkpoint has been written. The file is removed.
+5. ``save`` hands DataStates a copy of each CPU tensor of the state (new containers around them; DeepSpeed's state
+   is not changed). DataStates writes a CPU tensor from its memory as it is when the host tier reaches it, with no
+   copy (``engine.cpp`` lines 27-29), while DeepSpeed's optimizer state holds live tensors (Adam's ``step``, a CPU
+   scalar, is incremented in place by the next optimizer step): without the copy the file can hold the next step's
+   value. Device tensors go to DataStates unchanged (their copies to the host cache are what the guarded step waits
+   for).
+6. ``load`` is ``Checkpointing.load``, unchanged.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,8 +82,12 @@ ADAPTER_NOTE = (
     "datastates.llm.Checkpointing(runtime_config, rank) and no CheckpointEngine: DeepSpeed's config, rank, save and "
     "load go to Checkpointing unchanged; wait(persist=True), which Checkpointing.wait() does not accept, waits for the "
     "file jobs Checkpointing.save queued on its thread pool (their Futures kept by a wrapper of that pool), then "
-    "Checkpointing.wait() (the device-to-host copies); no call of the source waits for the files' writes. Its "
-    "Python modules are copied beside the compiled extension, which its setup.py installs alone")
+    "Checkpointing.wait() (the device-to-host copies); no call of the source waits for the files' writes, so when "
+    "the harness waits for durability the adapter hands the compiled engine one more small CPU tensor, to a file "
+    "of its own, and waits until it is written (the host tier writes in order, on one thread), then removes it; "
+    "save hands DataStates a copy of each CPU tensor (Adam's step among them), which it would otherwise write from "
+    "live memory after the next optimizer step changed it. Its Python modules are copied beside the compiled "
+    "extension, which its setup.py installs alone")
 
 
 class DataStatesConfigError(ValueError):
@@ -121,6 +143,33 @@ def check_fits(state: Any, cache_bytes: int, path: str) -> None:
             f"{size / 2**30:.2f} GB (--host-cache-gb)")
 
 
+def with_cpu_copies(data: Any) -> Any:
+    """``data`` with every CPU tensor copied, walked as ``Checkpointing.save_background`` walks it (dicts and lists;
+    tuples kept whole); new containers where anything below them was copied, ``data`` itself left unchanged."""
+    if torch.is_tensor(data):
+        return data.clone() if data.device.type == "cpu" else data
+    if isinstance(data, list):
+        return [with_cpu_copies(item) for item in data]
+    if isinstance(data, dict):
+        kind = OrderedDict if isinstance(data, OrderedDict) else dict
+        return kind((key, with_cpu_copies(value)) for key, value in data.items())
+    return data
+
+
+def wait_for_file(path: str, size: int, timeout_s: float, poll_s: float = 0.002) -> None:
+    """Return once ``path`` holds ``size`` bytes; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (os.path.exists(path) and os.path.getsize(path) >= size):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"DataStates' host tier did not write {path} ({size} bytes) within {timeout_s:.0f} s: "
+                               "its writes of the checkpoint before it are not known to be done")
+        time.sleep(poll_s)
+
+
+#: The bytes handed to DataStates' host tier to learn that it has written everything before them.
+DRAIN_BYTES = 4096
+
+
 class FutureKeeper:
     """A thread pool that keeps the Future of every job submitted to it, so that its jobs can be waited for and their
     errors seen. Everything else (``shutdown``, which ``Checkpointing.__del__`` calls) is the pool's own."""
@@ -166,13 +215,16 @@ class CheckpointEngine:
         from datastates.llm import Checkpointing
 
         self.cache_bytes = host_cache_bytes(deepspeed_config)
+        self.rank = int(rank)
         self.inner = Checkpointing(deepspeed_config, rank)
         self.jobs = FutureKeeper(self.inner.executor)
         self.inner.executor = self.jobs
+        self.last_path: str | None = None
 
     def save(self, state_dict: Any, path: str) -> Any:
         check_fits(state_dict, self.cache_bytes, path)
-        return self.inner.save(state_dict, path)
+        self.last_path = path
+        return self.inner.save(with_cpu_copies(state_dict), path)
 
     def load(self, path: str, map_location: Any = None) -> Any:
         return self.inner.load(path, map_location)
@@ -182,3 +234,19 @@ class CheckpointEngine:
         ``persist`` cannot be honoured beyond that: the public source has no call that waits for the file writes."""
         self.jobs.wait_all()
         self.inner.wait()
+
+    def wait_for_writes(self, timeout_s: float = 3600.0) -> None:
+        """Return once DataStates' host tier has written every file of the saves so far (see the module's item 4):
+        ``wait``, then one small CPU tensor to a file of its own beside the last save's folder, written after all
+        that came before it; the file is removed. Nothing to wait for before any save."""
+        self.wait(persist=True)
+        if self.last_path is None:
+            return
+        probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(self.last_path))),
+                             f".datastates-drain-rank{self.rank}")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(probe)
+        marker = torch.ones(DRAIN_BYTES, dtype=torch.uint8)  # alive until written: DataStates keeps its address only
+        self.inner.ckpt_engine.ckpt_engine.ckpt_tensor(0, marker, DRAIN_BYTES, 0, probe)
+        wait_for_file(probe, DRAIN_BYTES, timeout_s)
+        os.remove(probe)

@@ -307,9 +307,11 @@ class DataStatesEngine(DeepSpeedEngine):
     but has no ``get_commit_info`` (the base's returns None, ``checkpoint_engine.py`` line 56), and a PipelineEngine
     never calls ``step()``. So the harness calls DeepSpeed's ``DataStatesCheckpointEngine.commit(commit_info)`` (the
     adapter's ``wait(persist=True)``) before the first optimizer step after a save, as the lazy engine's step is
-    guarded, and reports that wait as ``copy_wait``; and again, if still pending, when it waits for durability, before
-    it fsyncs the files. No call of the source waits for its file writes (see the adapter), so the fsync can come
-    before DataStates has written everything: the restore's proof is what shows a file written late or not at all.
+    guarded, and reports that wait as ``copy_wait``; and again, if still pending, when it waits for durability. No call
+    of the source waits for its file writes: there the harness asks the adapter's ``wait_for_writes`` (DataStates'
+    host tier writes in order, so a last small write marks the end of the checkpoint's), then fsyncs the files. A
+    save that fails waits for what DataStates already queued before the harness removes the folder: its host tier
+    would otherwise write into files being removed, and end the process.
     """
 
     asynchronous = True
@@ -327,8 +329,22 @@ class DataStatesEngine(DeepSpeedEngine):
         self._ds_engine = ds_engine
         guard_optimizer_step(ds_engine, self, self._commit_before_step)
         self.workarounds = [ADAPTER_NOTE, self.STEP_GUARD_NOTE]
-        super().save(ds_engine, save_dir, tag)
+        try:
+            super().save(ds_engine, save_dir, tag)
+        except BaseException:
+            self._settle_after_failure()
+            raise
         self._pending_tag = tag
+
+    def _settle_after_failure(self) -> None:
+        """Wait for what DataStates queued of a save that failed, at most 10 minutes; what this wait raises is
+        dropped (the error the harness records is the save's)."""
+        with contextlib.suppress(Exception):
+            self._adapter().wait_for_writes(timeout_s=600.0)
+
+    def _adapter(self) -> Any:
+        """The ``datastates.CheckpointEngine`` DeepSpeed made (``datastates_adapter.CheckpointEngine``)."""
+        return self._recording(self._ds_engine).inner.ckpt_engine
 
     def _commit_before_step(self) -> None:
         """The guarded step's call: commit the pending save, reported as the step's copy wait."""
@@ -349,6 +365,7 @@ class DataStatesEngine(DeepSpeedEngine):
     def wait_until_durable(self) -> float:
         if self._ds_engine is not None:
             self._commit()
+            self._adapter().wait_for_writes()
         return super().wait_until_durable()
 
     def pinned_host_bytes(self) -> int | None:
