@@ -483,6 +483,10 @@ def _gb(value) -> str:
 LAZY_DEFAULT_NOTE = ("The lazy row ran as its commit's lazy did by default: buffered before 7c7cc1a (2026-11-27), "
                      "with O_DIRECT on CUDA from it on; lazy-buffered is lazy with `--no-lazy-direct-io`.")
 """Said under every engines table: what a plain lazy block ran depends on its commit."""
+SETUP_IN_DS_INIT = {"datastates": "DataStates pins its host cache (cudaMallocHost of --host-cache-gb)",
+                    "fastpersist": "FastPersist loads its ops (built on a fresh machine's first run)"}
+"""Engines whose set-up DeepSpeed does inside ``deepspeed.initialize``, when it makes its checkpoint engine: in their
+rows it is part of ds_init, on the relaunch as well, and engine_setup holds the harness's own set-up only."""
 
 
 def engines_markdown(result: dict) -> str:
@@ -498,6 +502,11 @@ def engines_markdown(result: dict) -> str:
              "", LAZY_DEFAULT_NOTE, ""]
     lines += runs_markdown([{**r, "run": r["engine"], "reason": r.get("reason") or r.get("error") or "no figures"}
                             for r in result["engines"]])
+    in_ds_init = [note for engine, note in SETUP_IN_DS_INIT.items() if any(r["engine"] == engine
+                                                                         for r in result["engines"])]
+    if in_ds_init:
+        lines += ["; ".join(in_ds_init) + " when DeepSpeed makes its checkpoint engine, inside deepspeed.initialize: "
+                  "that set-up is in ds_init, on the relaunch too, not in engine_setup.", ""]
     commits = {r["engine"]: r.get("commit") or "?" for r in result["engines"]}
     if len(set(commits.values())) > 1:
         lines += ["The engines ran at different code (visits run the code of their day): "

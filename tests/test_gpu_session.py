@@ -178,7 +178,11 @@ def test_an_engine_blocks_own_options_are_read_from_its_command_and_named_with_t
     summary = gr.engines_summary(results, ledger)
     assert {r["engine"]: r["options"] for r in summary["engines"]} == {"torch": [],
                                                                         "datastates": ["--host-cache-gb", "20"]}
-    assert "; datastates ran with `--host-cache-gb 20`." in gr.engines_markdown(summary)
+    text = gr.engines_markdown(summary)
+    assert "; datastates ran with `--host-cache-gb 20`." in text
+    assert "DataStates pins its host cache" in text and "in ds_init" in text and "FastPersist" not in text
+    torch_only = {**summary, "engines": [r for r in summary["engines"] if r["engine"] == "torch"]}
+    assert "in ds_init" not in gr.engines_markdown(torch_only)
 
 
 def test_datastates_host_cache_holds_a_1b_ranks_whole_state():
