@@ -474,6 +474,7 @@ class RankRun:
     def finish(self) -> None:
         import torch.distributed as dist
 
+        self.ckpt_engine.close()
         dist.barrier()
         self.log.emit(Event.PHASE_END)
         dist.destroy_process_group()

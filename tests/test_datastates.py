@@ -277,6 +277,10 @@ def test_waiting_for_the_writes_returns_only_once_every_queued_file_is_written(t
     for name, tensor in tensors.items():
         assert (folder / f"{name}.pt").read_bytes() == tensor.numpy().tobytes(), name
     assert sorted(os.listdir(tmp_path)) == ["global_step2"]  # the marker's file, beside the folder, is removed
+    engine.jobs.submit(time.sleep, 0.01)  # the pool's worker thread, not a daemon
+    engine.close()  # at the phase's end: no worker left to make the process end through the teardown
+    assert engine.jobs.pool._shutdown and not any(t.name.startswith("ThreadPoolExecutor") and t.is_alive()
+                                                  and t in engine.jobs.pool._threads for t in threading.enumerate())
     with pytest.raises(TimeoutError, match="did not write"):
         adapter.wait_for_file(str(tmp_path / "never"), 1, timeout_s=0.05)
 
@@ -309,6 +313,16 @@ def test_datastates_durability_waits_for_the_writes_and_a_failed_save_for_what_i
     assert engine.wait_until_durable() == 1.0
     assert calls == ["commit", ("writes", 3600.0), "fsync"]
     calls.clear()
+    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {"close": lambda self: calls.append("close")})())
+    engine.close()
+    assert calls == ["close"]
+    engine._ds_engine = None  # a phase without a save (the restore's): nothing to close
+    engine.close()
+    assert calls == ["close"]
+    calls.clear()
+    engine._ds_engine = object()
+    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {
+        "wait_for_writes": lambda self, timeout_s=3600.0: calls.append(("writes", timeout_s))})())
 
     def failing_save(self, ds_engine, save_dir, tag):
         raise adapter.DataStatesConfigError("too big")

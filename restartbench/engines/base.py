@@ -260,6 +260,11 @@ class CheckpointEngine(abc.ABC):
         (a prefetch); none by default."""
         return {}
 
+    def close(self) -> None:
+        """At the end of a phase, its last save durable: stop what the engine keeps running (a thread pool), so that
+        the process ends without the interpreter's teardown (``launchers.end_process``); nothing by default."""
+        return None
+
     def pinned_host_bytes(self) -> int | None:
         """Bytes of page-locked (pinned) host memory this engine holds now, such as a host buffer it pinned for its
         copies; None when the engine does not say. The harness records it as ``pinned_bytes`` with the

@@ -250,3 +250,8 @@ class CheckpointEngine:
         self.inner.ckpt_engine.ckpt_engine.ckpt_tensor(0, marker, DRAIN_BYTES, 0, probe)
         wait_for_file(probe, DRAIN_BYTES, timeout_s)
         os.remove(probe)
+
+    def close(self) -> None:
+        """Every write waited for, then the file jobs' thread pool shut down (its idle workers joined)."""
+        self.wait_for_writes()
+        self.jobs.shutdown(wait=True)

@@ -368,6 +368,13 @@ class DataStatesEngine(DeepSpeedEngine):
             self._adapter().wait_for_writes()
         return super().wait_until_durable()
 
+    def close(self) -> None:
+        """The phase's end: the adapter waits for the writes and stops DataStates' thread pool. Its workers are not
+        daemons, so they would make the process end through the interpreter's teardown, where DataStates' destructor
+        deletes its tiers under their detached threads."""
+        if self._ds_engine is not None:
+            self._adapter().close()
+
     def pinned_host_bytes(self) -> int | None:
         """The host cache DataStates pins (cudaMallocHost) when DeepSpeed creates its engine: --host-cache-gb, in the
         bytes DataStates computes (GB * 2**30)."""
