@@ -76,7 +76,7 @@ class TensorParallel:
         self.group: dist.ProcessGroup | None = None
 
     def shard(self, seed: int, layer: int, name: str, shape: tuple[int, ...], dim: int) -> torch.Tensor:
-        """This rank's equal slice along ``dim`` of the full weight ``_normal(seed, layer, name, shape)``, in its own
+        """This rank's equal slice along ``dim`` of the full weight ``normal(seed, layer, name, shape)``, in its own
         storage. Along dimension 0 the slice is a contiguous range of the flattened weight, and only it is drawn;
         along another dimension the full weight is drawn and the slice copied out of it (with tp 1: the whole)."""
         if shape[dim] % self.size:
@@ -84,8 +84,8 @@ class TensorParallel:
         if dim == 0:
             rows, row = shape[0] // self.size, math.prod(shape[1:])
             start = self.rank * rows * row
-            return _normal(seed, layer, name, shape, start, start + rows * row).view(rows, *shape[1:])
-        full = _normal(seed, layer, name, shape).view(shape)
+            return normal(seed, layer, name, shape, start, start + rows * row).view(rows, *shape[1:])
+        full = normal(seed, layer, name, shape).view(shape)
         return full if self.size == 1 else full.chunk(self.size, dim=dim)[self.rank].clone()
 
     def parameter(self, seed: int, layer: int, name: str, shape: tuple[int, ...], dim: int, *,
@@ -172,8 +172,8 @@ def _draw_pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="restartbench-draw")
 
 
-def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...], start: int = 0, stop: int | None = None, *,
-            threads: int | None = None) -> torch.Tensor:
+def normal(seed: int, layer: int, name: str, shape: tuple[int, ...], start: int = 0, stop: int | None = None, *,
+           threads: int | None = None) -> torch.Tensor:
     """Elements [start, stop) (default: all) of the flattened full (unsharded) weight of ``shape`` ~ N(0, INIT_STD),
     flat, the same in every process for these arguments whatever ``threads`` (default ``draw_threads()``).
 

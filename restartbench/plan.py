@@ -213,7 +213,7 @@ def checkpoint_bytes(cfg: RunConfig) -> int:
         ranks = cfg.layout.nnodes * cfg.layout.nproc_per_node if cfg.layout.nproc_per_node else None
         folder = checkpoint_folder(cfg, preset.name, validate_layout(cfg.layout.layout, preset, ranks).name)
     scale = cfg.emulation.emulate_scale if cfg.emulation.emulate else 1.0
-    return _cached_bytes(json.dumps({"config": config, "folder": folder, "scale": scale}, sort_keys=True))
+    return cached_bytes(json.dumps({"config": config, "folder": folder, "scale": scale}, sort_keys=True))
 
 
 PLAN_CACHE = "RESTARTBENCH_PLAN_CACHE"
@@ -225,7 +225,7 @@ DeepSpeed, seconds)."""
 
 
 @lru_cache(maxsize=256)
-def _cached_bytes(key: str) -> int:
+def cached_bytes(key: str) -> int:
     where = os.environ.get(PLAN_CACHE) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "restartbench", "plan")
     path = Path(where, hashlib.sha256(f"{_code_digest()}\n{key}".encode()).hexdigest() + ".json")
@@ -365,7 +365,7 @@ def render_all(dtype: str = "bf16", layouts: tuple[str, ...] = DOC_LAYOUTS) -> s
     for preset in PRESETS.values():
         for name in layouts:
             try:
-                cfg = _doc_config(preset.name, name, dtype, "torch")
+                cfg = doc_config(preset.name, name, dtype, "torch")
                 plan = predict(cfg)
             except LayoutError as error:
                 skipped.append(f"- {preset.name} {name}: {str(error).splitlines()[-1].strip(' -')}")
@@ -388,7 +388,7 @@ def render_all(dtype: str = "bf16", layouts: tuple[str, ...] = DOC_LAYOUTS) -> s
 DOC_CHECKPOINT_DIR = "/checkpoints"
 
 
-def _doc_config(preset: str, layout: str, dtype: str, engine: str) -> RunConfig:
+def doc_config(preset: str, layout: str, dtype: str, engine: str) -> RunConfig:
     cfg = RunConfig()
     cfg.model.preset, cfg.model.dtype, cfg.layout.layout, cfg.engine.engine = preset, dtype, layout, engine
     cfg.storage.checkpoint_dir = DOC_CHECKPOINT_DIR
@@ -405,7 +405,7 @@ def render_engines(preset: str, layout: str, dtype: str) -> str:
            "|---|---:|---:|---:|---:|---|---|"]
     sections = []
     for engine in PREDICTORS:
-        plan = predict(_doc_config(preset, layout, dtype, engine))
+        plan = predict(doc_config(preset, layout, dtype, engine))
         t = plan.totals()
         kinds = ", ".join(f"{kind} {v['files']}" for kind, v in t["by_kind"].items()) or "-"
         exact = "exact" if plan.tolerance_bytes == 0 else f"± {plan.tolerance_bytes} B"

@@ -53,9 +53,24 @@ def private_imports(path: Path) -> list[str]:
     return found
 
 
+def _offenders(paths: list[Path]) -> dict[str, list[str]]:
+    found = {str(p.relative_to(ROOT)): private_imports(p) for p in sorted(paths)}
+    return {path: names for path, names in found.items() if names}
+
+
 def test_no_module_uses_a_private_name_of_another():
-    offenders = {str(p.relative_to(ROOT)): private_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
-    assert {path: names for path, names in offenders.items() if names} == {}
+    assert _offenders(list(PACKAGE.rglob("*.py"))) == {}
+
+
+#: Outside the package: what uses it (its tests, the benchmarks, the analysis scripts, the launcher).
+USERS = ("tests", "bench", "analysis")
+LAUNCHER = ROOT / "config-n-run.py"
+
+
+def test_no_test_or_script_uses_a_private_name_of_the_package():
+    """Tests and scripts go through each module's public names too: a helper a test needs is public."""
+    paths = [path for folder in USERS for path in (ROOT / folder).rglob("*.py")] + [LAUNCHER]
+    assert _offenders(paths) == {}
 
 
 def test_the_private_name_check_finds_both_forms(tmp_path):

@@ -171,13 +171,21 @@ def test_every_ranks_state_is_staged_before_the_barrier_and_none_between_two_sav
     """A process emulating several ranks builds all their states before the checkpoint's barrier: a state built
     between two ranks' saves would count in the checkpoint's durable time (first save's start to last rank durable),
     and a process still staging would start its saves after the others."""
+    import contextlib
+
     import torch.distributed as dist
 
     calls = []
 
+    class Log:
+        def span(self, *args, **kwargs):
+            return contextlib.nullcontext()
+
     class Ranks:
-        ranks, logs, store, plan, engine = [3, 4], {}, None, type("Plan", (), {"checkpoint_bytes_estimate": 0}), "x"
-        cfg = type("Cfg", (), {"storage": type("Storage", (), {"keep_checkpoints": 0})})
+        ranks, logs, store, engine = [3, 4], {3: Log(), 4: Log()}, None, "x"
+        plan = type("Plan", (), {"checkpoint_bytes_estimate": 0})
+        cfg = type("Cfg", (), {"storage": type("Storage", (), {"keep_checkpoints": 0}),
+                               "train": type("Train", (), {"iters": 2, "save_interval": 2})})  # one checkpoint
 
         def say(self, message):
             calls.append("say")
@@ -187,9 +195,17 @@ def test_every_ranks_state_is_staged_before_the_barrier_and_none_between_two_sav
             calls.append(f"stage {rank}")
             return f"state {rank}"
 
+        def save(self, rank, staged, tag):
+            calls.append(f"save {rank} {staged}")
+
+        def next_step(self, rank, tag):
+            pass
+
+        wait_until_durable = written = next_step  # bound by the save, never called: durable_share is a stand-in
+
     monkeypatch.setattr(dist, "barrier", lambda: calls.append("barrier"))
-    monkeypatch.setattr(emulate, "_save_rank", lambda ranks, emulator, rank, step, tag, staged: calls.append(
-        f"save {rank} {staged}"))
+    monkeypatch.setattr(emulate.harness, "begin_save", lambda *args, **kwargs: None)
+    monkeypatch.setattr(emulate.harness, "durable_share", lambda *args, **kwargs: None)
     monkeypatch.setattr(emulate.harness, "settle", lambda *args, **kwargs: [])
-    emulate._checkpoint(Ranks(), Emulator(), 2)
-    assert calls == ["stage 3", "stage 4", "barrier", "save 3 state 3", "save 4 state 4", "say"]
+    emulate.train_phase(Ranks(), Emulator())
+    assert calls == ["say", "stage 3", "stage 4", "barrier", "save 3 state 3", "save 4 state 4", "say"]

@@ -97,10 +97,11 @@ def test_the_optional_hooks_have_defaults_the_harness_can_call():
 
 @pytest.mark.parametrize("cls_name", ["NotAnEngine", "not_a_class"])
 def test_create_engine_refuses_a_class_outside_the_contract(monkeypatch, cls_name):
-    monkeypatch.setitem(engines._REGISTRY, "impostor",
-                        engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine",
-                                           not_predicted="a test double", not_emulated="a test double",
-                                           not_resharded="a test double"))
+    impostor = engines.EngineInfo("impostor", __name__, cls_name, "not a checkpoint engine",
+                                  not_predicted="a test double", not_emulated="a test double",
+                                  not_resharded="a test double")
+    registered = engines.engine_info
+    monkeypatch.setattr(engines, "engine_info", lambda name: impostor if name == "impostor" else registered(name))
     with pytest.raises(TypeError, match=rf"engine 'impostor' is registered with {__name__}\.{cls_name}, which is "
                                         r"not a subclass of restartbench\.engines\.base\.CheckpointEngine"):
         engines.create_engine(EngineConfig(engine="impostor"))

@@ -1,5 +1,5 @@
 """The initial weights are a function of (seed, layer, name, shape) only: the chunked, threaded draw
-(``model._normal``) gives the same bits whatever the thread count, and a tensor-parallel rank's weight is exactly
+(``model.normal``) gives the same bits whatever the thread count, and a tensor-parallel rank's weight is exactly
 its slice of the tp 1 weight, also where a rank's rows begin or end inside a chunk (then drawn whole and cut)."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from restartbench import launchers, model
 from restartbench.engines.lazy import copies
-from restartbench.model import DecoderLayerPipe, EmbeddingPipe, LMHeadPipe, TensorParallel, _normal
+from restartbench.model import DecoderLayerPipe, EmbeddingPipe, LMHeadPipe, TensorParallel, normal
 from restartbench.presets import PRESETS
 
 TINY = PRESETS["tiny"]
@@ -18,13 +18,13 @@ def test_draw_is_the_same_bits_for_any_thread_count(monkeypatch):
     is the same part of the full draw."""
     monkeypatch.setattr(model, "DRAW_CHUNK", 1000)
     shape = (37, 250)  # 9250 elements
-    one = _normal(5, 3, "q", shape, threads=1)
+    one = normal(5, 3, "q", shape, threads=1)
     assert one.shape == (9250,)
-    assert torch.equal(one, _normal(5, 3, "q", shape, threads=4))
-    assert torch.equal(one, _normal(5, 3, "q", shape, threads=2))
-    assert torch.equal(one[1234:7777], _normal(5, 3, "q", shape, 1234, 7777, threads=4))
-    assert torch.equal(one[1234:7777], _normal(5, 3, "q", shape, 1234, 7777, threads=1))
-    assert not torch.equal(one, _normal(5, 3, "k", shape, threads=1))  # another name, other values
+    assert torch.equal(one, normal(5, 3, "q", shape, threads=4))
+    assert torch.equal(one, normal(5, 3, "q", shape, threads=2))
+    assert torch.equal(one[1234:7777], normal(5, 3, "q", shape, 1234, 7777, threads=4))
+    assert torch.equal(one[1234:7777], normal(5, 3, "q", shape, 1234, 7777, threads=1))
+    assert not torch.equal(one, normal(5, 3, "k", shape, threads=1))  # another name, other values
     assert not torch.equal(one[:1000], one[1000:2000])  # every chunk its own generator
     assert one.std().item() == pytest.approx(model.INIT_STD, rel=0.05)
 
@@ -35,7 +35,7 @@ def test_tensor_parallel_shards_are_exact_slices_of_the_full_weight(monkeypatch,
     row ranges (dimension 0, the part drawn alone) begin and end inside chunks."""
     monkeypatch.setattr(model, "DRAW_CHUNK", 1000)
     shape = (48, 36)
-    full = _normal(9, 4, "gate", shape).view(shape)
+    full = normal(9, 4, "gate", shape).view(shape)
     assert torch.equal(TensorParallel(1, 0).shard(9, 4, "gate", shape, dim), full)
     for tp in (2, 3, 4):
         for rank in range(tp):

@@ -19,25 +19,25 @@ from conftest import ENGINE_CASES, STUDY_CASES
 from restartbench import engines
 from restartbench.config import RunConfig
 from restartbench.engines.dcp import predict as dcp_predict
-from restartbench.engines.dcp.predict import _tensor_saved_size
+from restartbench.engines.dcp.predict import tensor_saved_size
 from restartbench.engines.deepspeed.predict import deepspeed_files, fastpersist_writers
 from restartbench.engines.torchsnapshot.predict import (
-    _snapshot_request_bytes,
-    _snapshot_requests,
     random_names_as_placeholders,
+    snapshot_request_bytes,
+    snapshot_requests,
 )
 from restartbench.plan import (
     NOT_PREDICTED,
     PLAN_CACHE,
     PREDICTORS,
     CheckpointPlan,
-    _cached_bytes,
+    cached_bytes,
     checkpoint_bytes,
     predict,
     setup_for,
 )
 from restartbench.presets import get_preset
-from restartbench.shards import ZeroOptimizer, _adamw, scaled_preset, shard_files, zero_partition
+from restartbench.shards import ZeroOptimizer, scaled_preset, shard_files, zero_partition
 from restartbench.sizes import PlannedFile, materialize, payload_bytes, saved_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +55,9 @@ def plan_cache_in_tmp(tmp_path, monkeypatch):
     """checkpoint_bytes keeps predictions between processes (``PLAN_CACHE``): here it starts empty, so that no test
     compares a prediction with a stored copy of itself."""
     monkeypatch.setenv(PLAN_CACHE, str(tmp_path / "plan-cache"))
-    _cached_bytes.cache_clear()
+    cached_bytes.cache_clear()
     yield
-    _cached_bytes.cache_clear()
+    cached_bytes.cache_clear()
 
 
 # Every stored real run (tests/data/real_runs, made by its make.py): DeepSpeed's default engine in the suite's study
@@ -461,30 +461,30 @@ def test_plan_cache_gives_back_the_prediction(tmp_path, monkeypatch):
     from restartbench import plan
 
     monkeypatch.setenv(plan.PLAN_CACHE, str(tmp_path))
-    plan._cached_bytes.cache_clear()
+    plan.cached_bytes.cache_clear()
     cfg = config("tiny", "pp2dp1", "fp32", engine="dcp")
     computed = checkpoint_bytes(cfg)
     assert len(list(tmp_path.glob("*.json"))) == 1
-    plan._cached_bytes.cache_clear()
+    plan.cached_bytes.cache_clear()
     monkeypatch.setattr(plan, "predict", lambda *a, **k: pytest.fail("the cached prediction was not used"))
     assert checkpoint_bytes(cfg) == computed
-    plan._cached_bytes.cache_clear()
+    plan.cached_bytes.cache_clear()
 
 
 def test_docs_plan_md_is_what_the_generator_writes():
     """docs/plan.md is `python -m restartbench.plan --all-presets > docs/plan.md`; its tiny sections, their universal
     checkpoints' rows and its lazy engine section, regenerated here (the rest takes longer), must be in it verbatim: a
     stale document fails."""
-    from restartbench.plan import DOC_LAYOUTS, ENGINE_DOC_CASE, _doc_config, render_markdown, universal_row
+    from restartbench.plan import DOC_LAYOUTS, ENGINE_DOC_CASE, doc_config, render_markdown, universal_row
 
     doc = (ROOT / "docs" / "plan.md").read_text()
     assert "python -m restartbench.plan --all-presets --layouts " + ",".join(DOC_LAYOUTS) in doc
     for layout in ("tp1pp1dp1", "tp2pp2dp1", "tp1pp2dp2"):
         assert render_markdown(predict(config("tiny", layout))) in doc, f"regenerate docs/plan.md ({layout})"
-        cfg = _doc_config("tiny", layout, "bf16", "torch")
+        cfg = doc_config("tiny", layout, "bf16", "torch")
         assert universal_row(cfg, predict(cfg)) in doc[doc.index("## Universal checkpoints"):], layout
     engines_section = doc[doc.index("## Engines: " + " ".join(ENGINE_DOC_CASE)):]
-    assert render_markdown(predict(_doc_config(*ENGINE_DOC_CASE, "bf16", "lazy"))) in engines_section
+    assert render_markdown(predict(doc_config(*ENGINE_DOC_CASE, "bf16", "lazy"))) in engines_section
     assert all(f"| {engine} |" in engines_section for engine in PREDICTORS)
     assert all(f"- {engine}: {why}" in engines_section for engine, why in NOT_PREDICTED.items())
 
@@ -597,14 +597,14 @@ def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypa
 @pytest.mark.parametrize("name", [name for name in STORED_RUNS if name.startswith("dcp")])
 def test_stored_dcp_runs_files_as_predicted_with_every_tensor_entry_measured_afresh(name, monkeypatch):
     monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
-    _cached_bytes.cache_clear()
+    cached_bytes.cache_clear()
     assert_files_as_predicted(stored_run(name))
 
 
 def test_a_tensor_entry_is_measured_without_allocating_it(tmp_path, monkeypatch):
     """A 1 TiB tensor entry, on a machine with far less memory: meta tensors and a sparse file, no byte allocated."""
     monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
-    assert 2**40 < _tensor_saved_size(torch.float32, (2**38,), str(tmp_path)) < 2**40 + 4096
+    assert 2**40 < tensor_saved_size(torch.float32, (2**38,), str(tmp_path)) < 2**40 + 4096
 
 
 def test_saved_size_is_torch_saves_size_at_a_path_of_that_name_and_touches_nothing_else(tmp_path, monkeypatch):
@@ -656,11 +656,11 @@ def test_torchsnapshot_without_batching_writes_each_tensor_raw_to_a_file_of_its_
 
 
 def test_torchsnapshot_writes_the_plan_cannot_size_are_refused_by_name():
-    requests, _ = _snapshot_requests({"z": torch.zeros(3, dtype=torch.complex64)}, "cpu")  # torch.save'd, not raw
+    requests, _ = snapshot_requests({"z": torch.zeros(3, dtype=torch.complex64)}, "cpu")  # torch.save'd, not raw
     with pytest.raises(NotImplementedError, match=r"would torch.save \S*z \(torch.complex64\)"):
-        [_snapshot_request_bytes(request) for request in requests]
+        [snapshot_request_bytes(request) for request in requests]
     with pytest.raises(NotImplementedError, match=r"request w of an unknown kind \(object\)"):
-        _snapshot_request_bytes(SimpleNamespace(path="w", buffer_stager=object()))
+        snapshot_request_bytes(SimpleNamespace(path="w", buffer_stager=object()))
 
 
 def fastpersist_config(layout: str, nnodes: int, per_node: int, unit: str) -> RunConfig:
@@ -767,8 +767,10 @@ def test_zero1_fp32_partition_and_adam_moments_are_fp32_whatever_torchs_default_
 def test_adamw_without_a_scheduler_in_the_config_has_none():
     setup = setup_for(config("tiny", "tp1pp1dp1", "bf16"))
     setup = replace(setup, ds_config={k: v for k, v in setup.ds_config.items() if k != "scheduler"})
-    adam, scheduler = _adamw(setup, torch.empty((4,), device="meta", requires_grad=True))
-    assert scheduler is None and adam.param_groups[0]["lr"] == setup.ds_config["optimizer"]["params"]["lr"]
+    params = OrderedDict(weight=torch.empty((4,), dtype=torch.bfloat16, device="meta"))
+    stand_in = ZeroOptimizer(setup, params, dp_rank=0)
+    lr = stand_in.optimizer.param_groups[0]["lr"]
+    assert stand_in.scheduler is None and lr == setup.ds_config["optimizer"]["params"]["lr"]
 
 
 def test_lazy_headers_hold_the_checkpoints_tag(tmp_path):

@@ -282,7 +282,7 @@ def test_files_that_do_not_load_back_are_not_put_in_place(tmp_path):
                                     "calibrated_ranks": 2, "runs": [], "engines": {}, "startup": {}}))
     bad_cluster = tmp_path / "cluster.tmp"
     bad_cluster.write_text("name: {value: x, basis: calibration, source: s}\n")  # every other field missing
-    check = cal._check_written(options)
+    check = cal.check_written(options)
     with pytest.raises(cal.CalibrationError, match="do not load back.*field 'device' is missing"):
         check({options.fit_path: good_fit, options.out: bad_cluster})
     bad_fit = tmp_path / "bad-fit.tmp"

@@ -164,19 +164,19 @@ def memory_columns(events: list[dict[str, Any]], attempt: int, spans: list[dict[
 
 
 def parts_at(spans: list[dict[str, Any]], times: list[float]) -> list[str | None]:
-    """The part (``_part_at``) of each time, for one rank's spans sorted by start. The answer can change only at a
+    """The part (``part_at``) of each time, for one rank's spans sorted by start. The answer can change only at a
     span's start or end: between two such bounds, and at each bound, it is looked up once (the times placed among
     the bounds by numpy: a first read of many runs places hundreds of samples per run)."""
     starts = [span["start_s"] for span in spans]
     bounds = np.array(sorted({*starts, *(span["end_s"] for span in spans)}), dtype=float)
     if not len(times) or not len(bounds) or np.isnan(bounds).any():  # a NaN bound orders nothing: each looked up
-        return [_part_at(spans, starts, t) for t in times]
+        return [part_at(spans, starts, t) for t in times]
     at = np.asarray(times, dtype=float)
     index = np.searchsorted(bounds, at, side="right")  # as bisect_right
     on_bound = (index > 0) & (bounds[np.maximum(index - 1, 0)] == at)
     keys = np.where(on_bound, -index, index)  # at a bound (-index) or between two (index)
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    found = [_part_at(spans, starts, times[i]) for i in first.tolist()]
+    found = [part_at(spans, starts, times[i]) for i in first.tolist()]
     return [found[i] for i in inverse.tolist()]
 
 
@@ -185,7 +185,7 @@ def _launches(restore: list[dict[str, Any]]) -> dict[int, float]:
     return {e["rank"]: e["start"] for e in restore if e["event"] == Event.PROCESS_START}
 
 
-def _part_at(spans: list[dict[str, Any]], starts: list[float], t: float) -> str | None:
+def part_at(spans: list[dict[str, Any]], starts: list[float], t: float) -> str | None:
     """The span (of one rank's, by start; ``starts`` their starts) that holds time ``t``: of those holding it the one
     that started last (at the boundary of two, the later), the first of them where several started together."""
     found = None

@@ -382,7 +382,7 @@ def write_atomically(files: dict[Path, str], check: Callable[[dict[Path, Path]],
             os.close(descriptor)
 
 
-def _check_written(options: Options) -> Callable[[dict[Path, Path]], None]:
+def check_written(options: Options) -> Callable[[dict[Path, Path]], None]:
     """Loads the temporaries back as what they will be: the cluster file through load_cluster, the fit through
     read_fit (each error a CalibrationError: nothing is renamed)."""
     def check(temporaries: dict[Path, Path]) -> None:
@@ -511,7 +511,7 @@ class _Calibration:
                   f"{options.record_path.name}.")
         write_atomically({options.fit_path: json.dumps(fitting.to_json(self.figures["fit"]), indent=1) + "\n",
                           options.record_path: json.dumps(self.record, indent=1, default=str) + "\n",
-                          options.out: clusters.cluster_text(self.cluster, header)}, _check_written(options))
+                          options.out: clusters.cluster_text(self.cluster, header)}, check_written(options))
 
 
 def _find(figures: dict[str, Any], prefix: str, required: bool = True) -> Any:

@@ -96,7 +96,7 @@ def _dcp_rank_file(setup: ShardSetup, planner: Any, plan: Any, scratch: str,
             length = planner.resolve_data(item).getbuffer().nbytes  # the object, torch.save'd by the planner
         else:
             data = item.tensor_data
-            length = _tensor_saved_size(data.properties.dtype, tuple(data.size), scratch)
+            length = tensor_saved_size(data.properties.dtype, tuple(data.size), scratch)
             payload += _tensor_bytes(data)
         results.append(WriteResult(index=item.index, size_in_bytes=length,
                                    storage_data=_StorageInfo(name, offset, length)))
@@ -113,7 +113,7 @@ def _tensor_bytes(data: Any) -> int:
 _TENSOR_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}
 
 
-def _tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
+def tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
     """Bytes of torch.save of one contiguous CPU tensor into a file object (how DCP writes each tensor entry);
     measured once per dtype and shape."""
     import torch

@@ -23,17 +23,17 @@ writes ``<uuid4>``), not their length."""
 def torchsnapshot_files(setup: ShardSetup, scratch: str) -> list[PlannedFile]:
     """TorchSnapshot 0.1.0 with the study's patch: each rank's harness state is a snapshot of its own, in
     ``<tag>/rank<NNNNN>/``: what TorchSnapshot's ``take`` would write is planned with TorchSnapshot's own functions
-    (``_snapshot_requests``); tensor data is written raw (one file per batch of small tensors, per large tensor or per
+    (``snapshot_requests``); tensor data is written raw (one file per batch of small tensors, per large tensor or per
     512 MiB chunk), other objects torch.save'd one per file, and ``.snapshot_metadata`` is the manifest's JSON."""
     from restartbench.engines import harness_state
     from restartbench.engines.torchsnapshot.engine import rank_folder
 
     files = []
     for rank, _, state in training_states(setup):
-        requests, metadata = _snapshot_requests(harness_state.capture(state), setup.device)
+        requests, metadata = snapshot_requests(harness_state.capture(state), setup.device)
         folder = rank_folder("", setup.tag, rank)
         for request in requests:
-            size, payload, kind = _snapshot_request_bytes(request)
+            size, payload, kind = snapshot_request_bytes(request)
             files.append(PlannedFile(os.path.join(folder, random_names_as_placeholders(request.path)), rank, kind,
                                      payload, size))
         files.append(PlannedFile(os.path.join(folder, SNAPSHOT_METADATA), rank, "metadata", 0,
@@ -51,7 +51,7 @@ def random_names_as_placeholders(path: str) -> str:
     return RANDOM_NAME.sub("<uuid4>", path)
 
 
-def _snapshot_requests(state_dict: dict[str, Any], device: str) -> tuple[list[Any], Any]:
+def snapshot_requests(state_dict: dict[str, Any], device: str) -> tuple[list[Any], Any]:
     """The write requests and the metadata of ``Snapshot.take`` of one rank's ``state_dict`` under the study's patch
     (a world of one, nothing replicated): the steps of TorchSnapshot's ``Snapshot._take_impl``, with its own
     functions, short of staging and writing the data. TorchSnapshot batches CPU and GPU tensors apart: on a GPU
@@ -89,7 +89,7 @@ def _snapshot_requests(state_dict: dict[str, Any], device: str) -> tuple[list[An
     return write_reqs, SnapshotMetadata(version=__version__, world_size=pg.get_world_size(), manifest=manifest)
 
 
-def _snapshot_request_bytes(request: Any) -> tuple[int, int, str]:
+def snapshot_request_bytes(request: Any) -> tuple[int, int, str]:
     """(file bytes, tensor bytes, kind) of one TorchSnapshot write request: tensors are written raw (buffer
     protocol), a batch as the sum of its tensors; any other object is torch.save'd, done here for real (they are
     small plain values: optimizer hyperparameters such as ``betas``)."""
