@@ -17,10 +17,12 @@ from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, from_
 from restartbench.whatif.predict import (
     Shape,
     WhatIfError,
+    can_prefetch,
     check_fits,
     checkpoint_parts,
     device_note,
     job_for,
+    predict_engine,
     whatif,
 )
 from restartbench.whatif.terms import GB, Line
@@ -248,6 +250,10 @@ def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path,
     assert 0 < torch["goodput"]["goodput_pct"] < 100 and torch["bytes_per_node"] >= torch["bytes_per_rank"]
     assert {row["gpus"] for row in result["scale"]} == {2**k for k in range(3, 15)}
     assert any(row["assumed"] for row in result["scale"]) and "shared_write_GBps" in result["assumed"]
+    assert not any(e["prefetched"] for e in result["engines"])
+    assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "torch,lazy", "--json",
+                     "--prefetch"]) == 0
+    assert [e["prefetched"] for e in json.loads(capsys.readouterr().out)["engines"]] == [False, True]
     before = sorted(tmp_path.iterdir())
     assert cli.main(["tiny", "tp3pp1dp1", "--cluster", str(cluster_file)]) == 2
     assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "dcp"]) == 2
@@ -365,3 +371,33 @@ def test_a_fit_of_another_device_than_the_clusters_marks_every_figure_assumed():
     assert "runs were on cpu, this cluster is cuda" in mismatched["assumed"]["calibration"]
     assert not matched["engines"][0]["checkpoint"]["stall"]["assumed"] and "calibration" not in matched["assumed"]
     assert device_note(cpu_fit, h100_cluster(device="cpu")) is None
+
+
+def test_a_prefetched_load_is_what_is_left_of_the_read_after_the_start_up_and_the_copy_out():
+    cuda = h100_cluster(storage="local", d2h_pinned_GBps=50.0, pin_GBps=10.0)  # JOB: 2 GB per rank
+    copy, pin = 2 / 50, 2 / 10
+    assert terms.copy_out_s(JOB, cuda) == pytest.approx(copy)
+    assert terms.pin_s("lazy", JOB, cuda) == pytest.approx(pin) and terms.pin_s("torch", JOB, cuda) == 0.0
+    # a read of 3 s (a 3.04 s load less its copy out) beside 1 s of start-up: 2 s + the buffer's pinning left
+    assert terms.prefetched_load_s(3.0 + copy, 1.0, pin, JOB, cuda) == pytest.approx(2.0 + pin + copy)
+    assert terms.prefetched_load_s(3.0 + copy, 10.0, pin, JOB, cuda) == pytest.approx(copy)  # hidden: the copy
+    assert terms.prefetched_load_s(0.01, 10.0, 0.0, JOB, cuda) == pytest.approx(0.01)  # never more than the load
+    assert terms.engine_setup_s(Line(0.3), "lazy", JOB, cuda, prefetch=True) == pytest.approx(0.3)
+
+
+def test_prefetch_changes_only_the_restart_of_the_engines_that_can_prefetch():
+    cluster = h100_cluster(storage="local")
+    lazy_fit, torch_fit = fit_table(_synthetic("lazy"), LIMITS), fit_table(_synthetic("torch"), LIMITS)
+    plain = predict_engine("lazy", JOB, lazy_fit, cluster, 0.5, 1e-5)
+    early = predict_engine("lazy", JOB, lazy_fit, cluster, 0.5, 1e-5, prefetch=True)
+    assert early["prefetched"] and not plain["prefetched"] and can_prefetch("lazy") and not can_prefetch("torch")
+    assert early["checkpoint"] == plain["checkpoint"]
+    assert early["restart"]["ckpt load"]["s"] < plain["restart"]["ckpt load"]["s"]
+    assert early["restart"]["engine setup"]["s"] < plain["restart"]["engine setup"]["s"]  # the pinning moved
+    load = early["restart"]["ckpt load"]
+    assert load["prefetched"] and "beside the start-up" in load["bound"]
+    assert early["restart"]["total"]["s"] == pytest.approx(sum(p["s"] for k, p in early["restart"].items()
+                                                               if k != "total"))
+    torch = predict_engine("torch", JOB, torch_fit, cluster, 0.5, 1e-5, prefetch=True)
+    assert not torch["prefetched"] and torch == predict_engine("torch", JOB, torch_fit, cluster, 0.5, 1e-5) | {
+        "prefetched": False}

@@ -159,3 +159,11 @@ def test_a_two_node_case_is_submitted_to_slurm_and_not_run_without_one(tmp_path,
     step = bench.run_case(case, tmp_path, timeout=5)
     assert step["exit"] is None and step["note"].startswith("not run: no Slurm")
     assert not any(tmp_path.iterdir())
+
+
+def test_a_runs_spec_says_whether_its_restart_was_prefetched():
+    rows = pd.DataFrame([{"run_id": "r", "preset": "small", "layout": "tp1pp2dp2", "engine": "lazy", "dtype": "fp32",
+                          "iteration_s": 0.5}])
+    assert validation.spec_from_rows(rows, {"engine": {"lazy_prefetch": True}}).prefetch
+    assert not validation.spec_from_rows(rows, {"engine": {}}).prefetch
+    assert not validation.spec_from_rows(rows, {}).prefetch  # a config of before the option

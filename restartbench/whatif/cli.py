@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the target's iteration time in seconds (default: 6·P·tokens / (GPUs·peak·MFU) with "
                              "the cluster file's peak and MFU)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="training precision")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="restarts that read the checkpoint beside the start-up, for the engines that can "
+                             "(lazy: config-n-run.py's --lazy-prefetch); the others as without")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--plot", type=Path, default=None, help="draw the figures into this folder")
     calibration = parser.add_argument_group("calibration (--calibrate: fit the model on this machine, write a "
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not engines:
         raise WhatIfError("--engines names no engine")
     return whatif(args.preset, args.layout, engines, cluster, fit, args.failures_per_gpu_hour, args.iteration_s,
-                  args.dtype)
+                  args.dtype, args.prefetch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +180,8 @@ def render_text(result: dict[str, Any]) -> str:
 
 def _engine_text(r: dict[str, Any]) -> list[str]:
     c, s, g = r["checkpoint"], r["restart"], r["goodput"]
-    lines = [f"engine {r['engine']}: {r['ranks']} ranks on {r['nodes']} node(s); busiest rank "
+    lines = [f"engine {r['engine']}{' (restart prefetched)' if r.get('prefetched') else ''}: {r['ranks']} ranks "
+             f"on {r['nodes']} node(s); busiest rank "
              f"{r['bytes_per_rank'] / GB:.3g} GB in {r['files_per_rank']:g} files, busiest node "
              f"{r['bytes_per_node'] / GB:.3g} GB in {r['files_per_node']:g} files"]
     for name in ("stall", "slowdown", "cost", "durable"):

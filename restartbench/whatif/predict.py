@@ -16,6 +16,7 @@ from typing import Any
 
 from restartbench import goodput
 from restartbench.config import RunConfig
+from restartbench.engines import engine_info
 from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, predict
 from restartbench.presets import get_preset
@@ -193,7 +194,10 @@ def _cited_shared(cluster: Cluster) -> bool:
     return any(cluster.assumed(f) for f in ("shared_write_GBps", "shared_read_GBps", "shared_per_client_GBps"))
 
 
-def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float) -> dict[str, dict]:
+def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
+                  prefetch: bool = False) -> dict[str, dict]:
+    """Every restart part; ``prefetch``: the engine reads the checkpoint beside the start-up
+    (``terms.prefetched_load_s``; only where the engine has a prefetcher, ``can_prefetch``)."""
     s, lines = fit.startup, fit.engine(engine)
     dist, cited = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
     read = terms.node_read_limit(cluster, job.nodes)
@@ -207,18 +211,37 @@ def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s
                             "start-up (host CPU)"),
         "ds init": part(terms.startup_s(s["ds init"], job, cluster, params=job.params_rank), s["ds init"],
                         "start-up (host CPU)"),
-        "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster), setup_line,
-                             "pinning" if cluster.device == "cuda" and terms.base_engine(engine) == "lazy"
-                             else "start-up"),
+        "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster, prefetch), setup_line,
+                             "pinning" if terms.pin_s(engine, job, cluster) and not prefetch else "start-up"),
         "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource,
                           assumed=cluster.storage == "shared" and _cited_shared(cluster)),
         "1st iter": part(first, s["1st iter ratio"], "compute"),
         "gaps": part(terms.startup_s(s["gaps"], job, cluster), s["gaps"], "start-up"),
     }
+    if prefetch:
+        parts["ckpt load"] = _prefetched(parts, lines["load"], engine, job, cluster)
     parts["total"] = {"s": sum(p["s"] for p in parts.values()), "low_s": sum(p["low_s"] for p in parts.values()),
                       "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts),
                       "assumed": any(p["assumed"] for p in parts.values())}
     return parts
+
+
+def _prefetched(parts: dict[str, dict], line: Line, engine: str, job: Job, cluster: Cluster) -> dict[str, Any]:
+    """The load of a prefetched restart: what is left of the read after the start-up it ran beside, and the copy out
+    (``terms.prefetched_load_s``); its range: the load line's, with the start-up's middle figure."""
+    start_up = sum(parts[name]["s"] for name in ("model build", "ds init", "engine setup"))
+    pin = terms.pin_s(engine, job, cluster)
+    figures = {key: terms.prefetched_load_s(parts["ckpt load"][key], start_up, pin, job, cluster)
+               for key in ("s", "low_s", "high_s")}
+    left = figures["s"] > terms.copy_out_s(job, cluster) + 1e-12
+    bound = f"{parts['ckpt load']['bound']} (read beside the start-up)" if left else \
+        "copy out of the host buffer (the read ran beside the start-up)"
+    return {**figures, "bound": bound, "assumed": parts["ckpt load"]["assumed"], "prefetched": True}
+
+
+def can_prefetch(engine: str) -> bool:
+    """Whether the engine reads a relaunch's checkpoint beside the start-up when asked (``EngineInfo.prefetcher``)."""
+    return engine_info(terms.base_engine(engine)).prefetcher is not None
 
 
 def _largest(parts: dict[str, dict]) -> str:
@@ -247,15 +270,18 @@ def device_note(fit: Fit, cluster: Cluster) -> str | None:
 
 
 def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
-                   failures_per_gpu_hour: float) -> dict[str, Any]:
+                   failures_per_gpu_hour: float, prefetch: bool = False) -> dict[str, Any]:
+    """One engine's checkpoint, restart and goodput; ``prefetch``: its restart prefetched where it can be."""
+    prefetched = prefetch and can_prefetch(engine)
     checkpoint = checkpoint_parts(engine, job, fit, cluster)
-    restart = restart_parts(engine, job, fit, cluster, iteration_s)
+    restart = restart_parts(engine, job, fit, cluster, iteration_s, prefetched)
     if device_note(fit, cluster):
         for figure in (*checkpoint.values(), *restart.values()):
             figure["assumed"] = True
     rates = {key: goodput_at(checkpoint["cost"][key], restart["total"][key], job.ranks, failures_per_gpu_hour,
                              iteration_s) for key in ("s", "low_s", "high_s")}
-    return {"engine": engine, "ranks": job.ranks, "nodes": job.nodes, "bytes_per_rank": job.bytes_rank,
+    return {"engine": engine, "prefetched": prefetched, "ranks": job.ranks, "nodes": job.nodes,
+            "bytes_per_rank": job.bytes_rank,
             "files_per_rank": job.files_rank, "bytes_per_node": job.bytes_node, "files_per_node": job.files_node,
             "tensors_per_rank": job.tensors_rank, "tensors_written_per_rank": job.tensors_written,
             "checkpoint": checkpoint, "restart": restart,
@@ -284,8 +310,9 @@ def iteration_s_for(preset: str, layout: Layout, cluster: Cluster, given: float 
 
 def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: Fit,
            failures_per_gpu_hour: float = goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
-           iteration_s: float | None = None, dtype: str = "bf16") -> dict[str, Any]:
-    """Every engine's prediction, and goodput against scale."""
+           iteration_s: float | None = None, dtype: str = "bf16", prefetch: bool = False) -> dict[str, Any]:
+    """Every engine's prediction, and goodput against scale; ``prefetch``: the restarts of the engines that can
+    read the checkpoint beside the start-up do (``can_prefetch``)."""
     if failures_per_gpu_hour <= 0:
         raise WhatIfError(f"--failures-per-gpu-hour must be above 0, got {failures_per_gpu_hour}")
     resolved = check_fits(preset, layout, cluster)
@@ -296,16 +323,18 @@ def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: 
     shapes = {e: shape_of(plan_for(preset, resolved.name, e, dtype), resolved, params) for e in engines}
     per_node = cluster.gpus_per_node
     results = [predict_engine(e, job_for(shapes[e], resolved.dp, per_node), fit, cluster, iteration,
-                              failures_per_gpu_hour) for e in engines]
+                              failures_per_gpu_hour, prefetch) for e in engines]
     return {"preset": preset, "layout": resolved.name, "cluster": cluster.name, "cluster_file": cluster.path,
             "device": cluster.device, "storage": cluster.storage, "dtype": dtype,
             "iteration_s": iteration, "iteration_basis": how, "failures_per_gpu_hour": failures_per_gpu_hour,
             "assumed": assumed_fields(cluster, fit), "engines": results,
-            "scale": scale_sweep(preset, resolved, shapes, cluster, fit, failures_per_gpu_hour, iteration_s)}
+            "scale": scale_sweep(preset, resolved, shapes, cluster, fit, failures_per_gpu_hour, iteration_s,
+                                 prefetch)}
 
 
 def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: Cluster, fit: Fit,
-                failures_per_gpu_hour: float, iteration_s: float | None) -> list[dict[str, Any]]:
+                failures_per_gpu_hour: float, iteration_s: float | None,
+                prefetch: bool = False) -> list[dict[str, Any]]:
     """Goodput from 8 to 16,384 GPUs: the layout's tp and pp, dp = GPUs / (tp·pp) where it divides, on a cluster
     with as many nodes as needed."""
     rows = []
@@ -317,7 +346,7 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
         iteration, _ = iteration_s_for(preset, at, big, iteration_s)
         for engine, shape in shapes.items():
             result = predict_engine(engine, job_for(shape, at.dp, cluster.gpus_per_node), fit, big, iteration,
-                                    failures_per_gpu_hour)
+                                    failures_per_gpu_hour, prefetch)
             rows.append({"gpus": gpus, "layout": at.name, "engine": engine,
                          "cost_s": result["checkpoint"]["cost"]["s"], "restart_s": result["restart"]["total"]["s"],
                          **{k: result["goodput"][k] for k in ("goodput_pct", "goodput_pct_low", "goodput_pct_high",

@@ -21,7 +21,15 @@ from restartbench.presets import get_preset
 from restartbench.whatif import terms
 from restartbench.whatif.cluster import Cluster
 from restartbench.whatif.fit import Fit, FitError, with_own_times
-from restartbench.whatif.predict import WhatIfError, checkpoint_parts, job_for, plan_for, restart_parts, shape_of
+from restartbench.whatif.predict import (
+    WhatIfError,
+    can_prefetch,
+    checkpoint_parts,
+    job_for,
+    plan_for,
+    restart_parts,
+    shape_of,
+)
 from restartbench.whatif.terms import Job
 
 #: A held-out run's restart parts compared (real runs; emulated runs restore but start nothing up).
@@ -47,6 +55,8 @@ class RunSpec:
     iteration_s: float | None
     nodes: int = 1
     """Nodes the run spanned (--nnodes: Slurm nodes; here all on one host)."""
+    prefetch: bool = False
+    """The restart read the checkpoint beside the start-up (the lazy engine's --lazy-prefetch)."""
 
 
 def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
@@ -59,7 +69,8 @@ def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
                    float(emulation["emulate_scale"]) if emulated else None,
                    int(emulation.get("ranks_per_process") or 1) if emulated else 1,
                    float(iteration) if pd.notna(iteration) else None,
-                   int((config.get("layout") or {}).get("nnodes") or 1))
+                   int((config.get("layout") or {}).get("nnodes") or 1),
+                   bool((config.get("engine") or {}).get("lazy_prefetch")))
 
 
 def measured_parts(rows: pd.DataFrame) -> dict[str, float]:
@@ -120,7 +131,7 @@ def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, floa
     if spec.scale is not None:
         out["ckpt load"] = terms.load_s(fit.engine(label)["load"], job, one_node)
         return out
-    parts = restart_parts(label, job, fit, one_node, spec.iteration_s or 0.0)
+    parts = restart_parts(label, job, fit, one_node, spec.iteration_s or 0.0, spec.prefetch and can_prefetch(label))
     out.update({name: parts[name]["s"] for name in REAL_PARTS if name in parts})
     out["restart total"] = parts["total"]["s"]
     return out
