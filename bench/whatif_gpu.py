@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from results_io import ROOT, add_output_arguments, heading, run_meta, write_results
+from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -196,7 +196,10 @@ def _pct(value: float) -> str:
 
 def markdown(result: dict) -> str:
     meta, cluster = result["meta"], result["cluster"]
-    lines = heading("What-if model, calibrated on the CPU machine, against the GPU visits' 1B runs", meta)
+    lines = [f"# What-if model, calibrated on the CPU machine, against the GPU visits' 1B runs — {meta['machine']}, "
+             f"{meta['date']}", "", f"`{meta['command']}`", "",
+             "Nothing measured here: the runs are the H100's. " + machine_line({**meta, "machine": "The script ran on "
+                                                                                  f"cpu{meta['cpus']}"}), ""]
     lines += [f"Fit: `{result['fit']}` ({result['fit_runs']} calibration runs: tiny and small over gloo on 2 CPU "
               f"cores). Machine: `{result['probe']}`, written as `clusters/h100-local.yaml`: "
               f"{cluster['cpu_cores_per_node']['value']} cores, pinned D2H "
