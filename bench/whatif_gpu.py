@@ -223,20 +223,23 @@ def markdown(result: dict) -> str:
               for name, p in result["by_part"].items()]
     lines += ["", "## Per run (predicted s / measured s, error)", ""]
     for run in result["runs"]:
-        title = f"### {run['label']} ({run['engine']}), {run['date']}, code {run['commit'][:7]}"
-        if not run["parts"]:
-            lines += [title, "", f"Not predicted: {run['error']}", ""]
-            continue
-        lines += [title, "", f"`{run['run']}` ({run['result']}); lazy pinning at {run['pin_GBps']:.1f} GB/s.", "",
-                  "| part | predicted s | measured s | error |", "|---|---|---|---|"]
-        lines += [f"| {p['part']} | {_s(p['predicted_s'])} | {_s(p['measured_s'])} | {_pct(p['error'])} |"
-                  for p in run["parts"]]
-        lines.append("")
+        lines += run_markdown(run)
     lines += ["stall = the longest a save blocked training; whole cost = stall + the slowdown of the iterations an "
               "asynchronous save overlapped; durable = first save start to the files fsync'd; the restart's parts "
               "as the GPU block's table names them (max over ranks; one rank here). Error = (predicted − measured) "
               "/ measured. One run per engine: no spread."]
     return "\n".join(lines) + "\n"
+
+
+def run_markdown(run: dict) -> list[str]:
+    """One run's parts, predicted beside measured (or why it was not predicted)."""
+    title = f"### {run['label']} ({run['engine']}), {run['date']}, code {run['commit'][:7]}"
+    if not run["parts"]:
+        return [title, "", f"Not predicted: {run['error']}", ""]
+    return [title, "", f"`{run['run']}` ({run['result']}); lazy pinning at {run['pin_GBps']:.1f} GB/s.", "",
+            "| part | predicted s | measured s | error |", "|---|---|---|---|",
+            *[f"| {p['part']} | {_s(p['predicted_s'])} | {_s(p['measured_s'])} | {_pct(p['error'])} |"
+              for p in run["parts"]], ""]
 
 
 if __name__ == "__main__":
