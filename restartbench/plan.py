@@ -27,6 +27,7 @@ of predictions between processes, and the text, Markdown and JSON output.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -441,20 +442,7 @@ def universal_row(cfg: RunConfig, plan: CheckpointPlan) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(prog="python -m restartbench.plan")
-    parser.description = ("Print the files one checkpoint of a preset and layout writes, rank by rank, with their "
-                          "sizes, without running anything.")
-    parser.add_argument("--step", type=int, default=None,
-                        help="Iteration of the checkpoint (default: --save-interval).")
-    parser.add_argument("--json", action="store_true", help="Print the plan as JSON.")
-    parser.add_argument("--all-presets", action="store_true",
-                        help="Markdown for every preset x --layouts (docs/plan.md); preset and layout are ignored.")
-    parser.add_argument("--layouts", default=",".join(DOC_LAYOUTS),
-                        help="Comma-separated layouts for --all-presets (default: %(default)s).")
-    parser.add_argument("--universal", action="store_true",
-                        help="Also the universal checkpoint DeepSpeed's ds_to_universal.py makes of this checkpoint "
-                             "(into <tag>_universal): its files and bytes, and its temporary fragments' bytes "
-                             "(--engine torch only).")
+    parser = plan_parser()
     args = vars(parser.parse_args(argv))
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to the stdout of its import: keep stdout the plan's
         import deepspeed  # noqa: F401
@@ -484,6 +472,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(render_text(plan) + (f"\n{render_universal(converted)}" if converted else ""), end="")
     return 0
+
+
+def plan_parser() -> argparse.ArgumentParser:
+    """The run configuration's options (``build_parser``) and the plan's own."""
+    parser = build_parser(prog="python -m restartbench.plan")
+    parser.description = ("Print the files one checkpoint of a preset and layout writes, rank by rank, with their "
+                          "sizes, without running anything.")
+    parser.add_argument("--step", type=int, default=None,
+                        help="Iteration of the checkpoint (default: --save-interval).")
+    parser.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    parser.add_argument("--all-presets", action="store_true",
+                        help="Markdown for every preset x --layouts (docs/plan.md); preset and layout are ignored.")
+    parser.add_argument("--layouts", default=",".join(DOC_LAYOUTS),
+                        help="Comma-separated layouts for --all-presets (default: %(default)s).")
+    parser.add_argument("--universal", action="store_true",
+                        help="Also the universal checkpoint DeepSpeed's ds_to_universal.py makes of this checkpoint "
+                             "(into <tag>_universal): its files and bytes, and its temporary fragments' bytes "
+                             "(--engine torch only).")
+    return parser
 
 
 def _universal(cfg: RunConfig, step: int | None, plan: CheckpointPlan) -> UniversalPlan:

@@ -49,15 +49,7 @@ def plot_goodput(table: pd.DataFrame, failures_per_gpu_hour: float = goodput.LLA
             ax.plot(intervals, lost, color=colors[row["engine"]],
                     label=f"{row['engine']}: τ* {fmt_duration(row['interval_s'])}, goodput {row['goodput_pct']:.6g}%")
             ax.plot([row["interval_s"]], [best], marker="o", color=colors[row["engine"]], markersize=6, zorder=3)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_duration(v)))
-        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("checkpoint interval τ (training time between checkpoints)", fontsize=8.5)
-        ax.set_ylabel("wall time lost, % (100 − goodput)", fontsize=8.5)
+        _lost_axes(ax)
         first = part.iloc[0]
         ax.set_title(f"{config_label(first, keys)} · {first['gpus']} GPUs · MTBF {fmt_duration(first['mtbf_s'])}",
                      fontsize=10)
@@ -69,6 +61,19 @@ def plot_goodput(table: pd.DataFrame, failures_per_gpu_hour: float = goodput.LLA
     figure_header(fig, "Time lost to checkpoints, re-done work and restarts against the checkpoint interval", subtitle,
                   [], 1)
     return fig
+
+
+def _lost_axes(ax: Any) -> None:
+    """Log axes of the interval (as a duration) and of the share of wall time lost (in %)."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_duration(v)))
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("checkpoint interval τ (training time between checkpoints)", fontsize=8.5)
+    ax.set_ylabel("wall time lost, % (100 − goodput)", fontsize=8.5)
 
 
 #: How the goodput table's columns are shown (console and report).

@@ -138,14 +138,7 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
     esc = html.escape
     title = title or "restartbench: checkpoint stall and restart time"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
-             f"<style>{CSS}</style></head><body>", f"<h1>{esc(title)}</h1>"]
-    n_runs = table["run_id"].nunique() if not table.empty else 0
-    excluded = collected.excluded_table()
-    n_skipped = int((excluded["status"] == "skipped").sum()) if not excluded.empty else 0
-    n_bad = len(excluded) - n_skipped
-    parts.append(f"<p class='meta'>{n_runs} complete run(s) under <code>{esc(str(collected.root))}</code>; "
-                 f"{n_skipped} skipped by design, {n_bad} failed, incomplete or unreadable (listed at the end). "
-                 f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.</p>")
+             f"<style>{CSS}</style></head><body>", f"<h1>{esc(title)}</h1>", counts_html(collected, table)]
     if not table.empty:
         parts.append(setup_html(table))
         items = findings(table)
@@ -166,16 +159,32 @@ def render_html(collected: Collected, pngs: dict[str, str], *, title: str | None
     parts.append(excluded_html(collected))
     if collected.warnings:
         parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in collected.warnings) + "</ul>")
-    glossary = "".join(f"<dt><code>{esc(k)}</code></dt><dd>{esc(v)}</dd>" for k, v in analysis.TABLE_COLUMNS.items())
-    parts.append("<h2>Tables</h2><p>Everything above comes from <code>study.csv</code> / <code>study.parquet</code> "
-                 "(one row per run × checkpoint or restart), <code>ranks.*</code> (the same per rank), "
-                 "<code>files.csv</code>, <code>files_per_rank.csv</code>, <code>file_inventory.*</code>, "
-                 "<code>restart_spans.csv</code> and <code>restart_memory.csv</code> (every restore's spans and "
-                 "memory samples per rank, seconds from the relaunch) and <code>excluded.csv</code>, written next to "
-                 "this report.</p>"
-                 f"<details><summary>Columns of study.csv</summary><dl class='defs'>{glossary}</dl></details>")
-    parts.append("</body></html>")
+    parts += [tables_html(), "</body></html>"]
     return "\n".join(parts)
+
+
+def counts_html(collected: Collected, table: pd.DataFrame) -> str:
+    """How many runs the report holds, and how many it leaves out (skipped by design, or failed)."""
+    n_runs = table["run_id"].nunique() if not table.empty else 0
+    excluded = collected.excluded_table()
+    n_skipped = int((excluded["status"] == "skipped").sum()) if not excluded.empty else 0
+    n_bad = len(excluded) - n_skipped
+    return (f"<p class='meta'>{n_runs} complete run(s) under <code>{html.escape(str(collected.root))}</code>; "
+            f"{n_skipped} skipped by design, {n_bad} failed, incomplete or unreadable (listed at the end). "
+            f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.</p>")
+
+
+def tables_html() -> str:
+    """The files the report's figures come from, and the columns of study.csv."""
+    esc = html.escape
+    glossary = "".join(f"<dt><code>{esc(k)}</code></dt><dd>{esc(v)}</dd>" for k, v in analysis.TABLE_COLUMNS.items())
+    return ("<h2>Tables</h2><p>Everything above comes from <code>study.csv</code> / <code>study.parquet</code> "
+            "(one row per run × checkpoint or restart), <code>ranks.*</code> (the same per rank), "
+            "<code>files.csv</code>, <code>files_per_rank.csv</code>, <code>file_inventory.*</code>, "
+            "<code>restart_spans.csv</code> and <code>restart_memory.csv</code> (every restore's spans and "
+            "memory samples per rank, seconds from the relaunch) and <code>excluded.csv</code>, written next to "
+            "this report.</p>"
+            f"<details><summary>Columns of study.csv</summary><dl class='defs'>{glossary}</dl></details>")
 
 
 def finding_html(text: str) -> str:

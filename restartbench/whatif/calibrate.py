@@ -277,27 +277,12 @@ def check_options(options: Options) -> None:
 # -- the cluster file ------------------------------------------------------------------------------------------
 
 
-def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, Any] | None,
-                       when: str, shared: dict[str, Any] | None = None,
-                       slurm: SlurmNodes | None = None) -> clusters.Cluster:
-    """The calibrated machine as a cluster: its limits and copies as measured (basis ``calibration``, each source
-    saying how), the fit file beside it; the constants no single machine measures (dist init at thousands of ranks,
-    the GPU's peak and MFU, the slowdown during an asynchronous save) cited, from clusters/h100-pfs.yaml. With the
-    shared probe's figures (``--slurm``): storage ``shared``, its aggregate and one client's figure as measured from
-    the Slurm nodes, and the nodes Slurm has."""
-    storage = limits["storage"]
+def _storage_fields(storage: dict[str, Any], made: str) -> dict[str, tuple[Any, str, str]]:
+    """The node's own disk as the calibration's storage probe measured it; no shared file system (one node)."""
     write, read = storage["write"], storage["read"]
-    made = f"calibration ({when}, python -m restartbench.whatif --calibrate)"
     measured = (f"{storage['jobs']} writers at once (the calibration runs' checkpoint concurrency), "
                 f"{storage['size_mib_per_job']} MiB each, {storage['repeats']} repeats on {storage['target']}")
-    fields: dict[str, tuple[Any, str, str]] = {
-        "name": (options.name or f"{platform.node()}: {os.cpu_count()}-CPU {platform.machine()}"
-                 + (f", {d2h['gpus']}x {d2h['gpu']}" if d2h else ", no GPU"), "calibration", made),
-        "device": ("cuda" if d2h else "cpu", "calibration",
-                   f"{made}: {'torch sees ' + d2h['gpu'] if d2h else 'no CUDA device visible'}"),
-        "nodes": (1, "calibration", f"{made}: one node (without --slurm)"),
-        "cpu_cores_per_node": (os.cpu_count(), "calibration", f"{made}: os.cpu_count() where the calibration ran, "
-                               "by which its runs' CPU share was taken in the fit"),
+    return {
         "local_write_GBps": (write["MBps"]["median"] / 1e3, "calibration",
                              f"{made}: best of {', '.join(write['methods'])}: {write['best']}, "
                              f"{probes.spread_text(write['MBps'])}; {measured}"),
@@ -309,6 +294,27 @@ def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, 
         "shared_read_GBps": (0.0, "calibration", f"{made}: not measured (one node; no shared file system figure)"),
         "shared_per_client_GBps": (0.0, "calibration", f"{made}: not measured (one node)"),
         "nic_GBps": (0.0, "calibration", f"{made}: not measured (one node)"),
+    }
+
+
+def calibrated_cluster(options: Options, limits: dict[str, Any], d2h: dict[str, Any] | None,
+                       when: str, shared: dict[str, Any] | None = None,
+                       slurm: SlurmNodes | None = None) -> clusters.Cluster:
+    """The calibrated machine as a cluster: its limits and copies as measured (basis ``calibration``, each source
+    saying how), the fit file beside it; the constants no single machine measures (dist init at thousands of ranks,
+    the GPU's peak and MFU, the slowdown during an asynchronous save) cited, from clusters/h100-pfs.yaml. With the
+    shared probe's figures (``--slurm``): storage ``shared``, its aggregate and one client's figure as measured from
+    the Slurm nodes, and the nodes Slurm has."""
+    made = f"calibration ({when}, python -m restartbench.whatif --calibrate)"
+    fields: dict[str, tuple[Any, str, str]] = {
+        "name": (options.name or f"{platform.node()}: {os.cpu_count()}-CPU {platform.machine()}"
+                 + (f", {d2h['gpus']}x {d2h['gpu']}" if d2h else ", no GPU"), "calibration", made),
+        "device": ("cuda" if d2h else "cpu", "calibration",
+                   f"{made}: {'torch sees ' + d2h['gpu'] if d2h else 'no CUDA device visible'}"),
+        "nodes": (1, "calibration", f"{made}: one node (without --slurm)"),
+        "cpu_cores_per_node": (os.cpu_count(), "calibration", f"{made}: os.cpu_count() where the calibration ran, "
+                               "by which its runs' CPU share was taken in the fit"),
+        **_storage_fields(limits["storage"], made),
         "calibration": (options.fit_path.name, "calibration", f"{made}: the fit of its runs"),
     }
     if shared:
