@@ -127,6 +127,17 @@ def run_command(where: Where, preset: str, engine: str, logs: Path, *extra: str)
             engine, "--baseline-mib", "0", "--logs", str(logs), *extra)
 
 
+#: Engine blocks expected to take longer than the others' 200 s: the engine -> (seconds, why).
+SLOWER = {
+    "fastpersist": (430, "; FastPersist saved at 0.25 GB/s blocking on the H100 (FACTS: 48.1 s for 12.05 GB), so "
+                         "about 85 s a save against dcp's 21 s, twice: about 330 s, + the JIT builds of its ops on a "
+                         "fresh machine (pin_memory, async_io and utils; about 100 s together, assumed): 430 s"),
+    "datastates": (240, " (its package built by datastates-build); + DataStates pins its 20 GiB host cache at each "
+                        "launch (cudaMallocHost: 6-10 s at the probe's 0.31-0.47 s/GiB) and writes through one "
+                        "host-tier thread, whose writes the durable time now waits for: 240 s, assumed"),
+}
+
+
 def engine_block(where: Where, label: str) -> Block:
     """The 1B run of one engine (``label``: an engine, or a variant of one with its options, ``VARIANTS``)."""
     name, engine = f"engines-1B-{label}", engine_of(label)
@@ -134,11 +145,8 @@ def engine_block(where: Where, label: str) -> Block:
     command = run_command(where, "1B", engine, where.block_dir(name) / "runs", "--dtype", "bf16", "--iters", "2",
                           "--save-interval", "1", "--keep-checkpoints", "1", "--checkpoint-dir", str(ckpt),
                           *options_of(label))
-    slow = {"fastpersist": "; FastPersist saved at 0.25 GB/s blocking on the H100 (FACTS: 48.1 s for 12.05 GB), so "
-                           "about 85 s a save against dcp's 21 s, twice: about 330 s, + the JIT builds of its ops on a "
-                           "fresh machine (pin_memory, async_io and utils; about 100 s together, assumed): 430 s",
-            "datastates": " (its package built by datastates-build)"}.get(engine, "")
-    return Block(name, 430 if engine == "fastpersist" else 200,
+    seconds, slow = SLOWER.get(engine, (200, ""))
+    return Block(name, seconds,
                  "1B bf16, 21 GB per checkpoint. The first H100 visit (b87956b): torch's block 344 s, of which about "
                  "120 s the harness's checks; the second (6cd9271): lazy's 275 s and dcp-async's 315 s, of which "
                  "about 110 s the checks. Since then the files are hashed in 64 MiB chunks on every core and each "

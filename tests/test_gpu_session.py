@@ -541,3 +541,12 @@ def test_a_datastates_build_this_machine_holds_is_planned_as_its_check(tmp_path)
     assert block.commands[-1][-2:] == ("-k", gb.ADAPTER_TEST) and block.env["DATASTATES_SITE"] == str(where.site)
     (where.site / "datastates" / "BUILT").write_text("0" * 64 + "\n")  # another source or another torch
     assert gb.datastates_build_block(where).expected_s == 110
+
+
+def test_the_slower_engines_blocks_are_planned_longer_with_their_reason(tmp_path):
+    where = gb.Where(work=tmp_path / "w", wheels=tmp_path / "whl")
+    blocks = {label: gb.engine_block(where, label) for label in ("torch", "fastpersist", "datastates")}
+    assert {label: b.expected_s for label, b in blocks.items()} == {"torch": 200, "fastpersist": 430,
+                                                                     "datastates": 240}
+    assert "0.25 GB/s" in blocks["fastpersist"].basis and "cudaMallocHost" in blocks["datastates"].basis
+    assert blocks["datastates"].needs == ("setup", "datastates-build")
