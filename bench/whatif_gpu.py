@@ -132,10 +132,7 @@ def measured(run: dict) -> dict[str, float]:
 def predicted(run: dict, fit: fitting.Fit, cluster: clusters.Cluster) -> dict[str, float]:
     layout = run["run"].split("/")[1]
     spec = validation.RunSpec(run["run"], "1B", layout, run["engine"], "bf16", None, 1, run["iteration_s"])
-    out = validation.predicted_parts(spec, fit, cluster)
-    job = validation.job_of(spec, cluster)
-    out["whole cost"] = model.checkpoint_parts(run["engine"], job, fit, cluster)["cost"]["s"]
-    return out
+    return validation.predicted_parts(spec, fit, cluster)
 
 
 def compare(runs: list[dict], fit: fitting.Fit, probe: dict) -> list[dict]:

@@ -197,7 +197,8 @@ def _cited_shared(cluster: Cluster) -> bool:
 def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
                   prefetch: bool = False) -> dict[str, dict]:
     """Every restart part; ``prefetch``: the engine reads the checkpoint beside the start-up
-    (``terms.prefetched_load_s``; only where the engine has a prefetcher, ``can_prefetch``)."""
+    (``terms.prefetched_load_s``; only where the engine has a prefetcher, ``can_prefetch``: the others as without)."""
+    prefetch = prefetch and can_prefetch(engine)
     s, lines = fit.startup, fit.engine(engine)
     dist, cited = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
     read = terms.node_read_limit(cluster, job.nodes)
@@ -272,15 +273,15 @@ def device_note(fit: Fit, cluster: Cluster) -> str | None:
 def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
                    failures_per_gpu_hour: float, prefetch: bool = False) -> dict[str, Any]:
     """One engine's checkpoint, restart and goodput; ``prefetch``: its restart prefetched where it can be."""
-    prefetched = prefetch and can_prefetch(engine)
     checkpoint = checkpoint_parts(engine, job, fit, cluster)
-    restart = restart_parts(engine, job, fit, cluster, iteration_s, prefetched)
+    restart = restart_parts(engine, job, fit, cluster, iteration_s, prefetch)
     if device_note(fit, cluster):
         for figure in (*checkpoint.values(), *restart.values()):
             figure["assumed"] = True
     rates = {key: goodput_at(checkpoint["cost"][key], restart["total"][key], job.ranks, failures_per_gpu_hour,
                              iteration_s) for key in ("s", "low_s", "high_s")}
-    return {"engine": engine, "prefetched": prefetched, "ranks": job.ranks, "nodes": job.nodes,
+    return {"engine": engine, "prefetched": restart["ckpt load"].get("prefetched", False), "ranks": job.ranks,
+            "nodes": job.nodes,
             "bytes_per_rank": job.bytes_rank,
             "files_per_rank": job.files_rank, "bytes_per_node": job.bytes_node, "files_per_node": job.files_node,
             "tensors_per_rank": job.tensors_rank, "tensors_written_per_rank": job.tensors_written,

@@ -23,7 +23,6 @@ from restartbench.whatif.cluster import Cluster
 from restartbench.whatif.fit import Fit, FitError, with_own_times
 from restartbench.whatif.predict import (
     WhatIfError,
-    can_prefetch,
     checkpoint_parts,
     job_for,
     plan_for,
@@ -121,17 +120,19 @@ def nodes_on_one_host(cluster: Cluster, nodes: int) -> Cluster:
 
 def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, float]:
     """The run predicted on ``cluster`` (this machine: one host holding every rank, as one node or as
-    ``spec.nodes`` Slurm nodes sharing its disk) from the fit alone."""
+    ``spec.nodes`` Slurm nodes sharing its disk) from the fit alone; the whole cost too (stall + slowdown), which
+    only a run measured with it is compared on (``errors`` takes the parts both sides have)."""
     job = job_of(spec, cluster)
     one_node = replace(nodes_on_one_host(cluster, job.nodes),
                        gpus_per_node=max(cluster.gpus_per_node, -(-job.ranks // job.nodes)))
     label = spec.engine if spec.scale is None else f"{spec.engine}-emulated"
     checkpoint = checkpoint_parts(label, job, fit, one_node)
-    out = {"stall": checkpoint["stall"]["s"], "durable": checkpoint["durable"]["s"]}
+    out = {"stall": checkpoint["stall"]["s"], "durable": checkpoint["durable"]["s"],
+           "whole cost": checkpoint["cost"]["s"]}
     if spec.scale is not None:
         out["ckpt load"] = terms.load_s(fit.engine(label)["load"], job, one_node)
         return out
-    parts = restart_parts(label, job, fit, one_node, spec.iteration_s or 0.0, spec.prefetch and can_prefetch(label))
+    parts = restart_parts(label, job, fit, one_node, spec.iteration_s or 0.0, spec.prefetch)
     out.update({name: parts[name]["s"] for name in REAL_PARTS if name in parts})
     out["restart total"] = parts["total"]["s"]
     return out
