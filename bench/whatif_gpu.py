@@ -223,7 +223,8 @@ def markdown(result: dict) -> str:
         lines += run_markdown(run)
     lines += ["stall = the longest a save blocked training; whole cost = stall + the slowdown of the iterations an "
               "asynchronous save overlapped; durable = first save start to the files fsync'd; the restart's parts "
-              "as the GPU block's table names them (max over ranks; one rank here). Error = (predicted − measured) "
+              "as the GPU block's table names them (max over ranks; one rank here), the checkpoint load the relaunch's "
+              "first, from a cold page cache. Error = (predicted − measured) "
               "/ measured. One run per engine: no spread."]
     return "\n".join(lines) + "\n"
 
