@@ -1,5 +1,6 @@
 """What a GPU visit brought back, made into results: ``bench/results/<date>-<machine>-gpu-<block>.{json,md}`` for
-every block it ran, and the engines' comparison with the headline judged (``import_results``), plus what
+every block it ran (``<date>.N``, N = 2, 3, ..., for a later attempt of a block on the same date: no attempt's
+result is overwritten), and the engines' comparison with the headline judged (``import_results``), plus what
 ``bench/gpu_session.py`` needs to know of the results already held (``held_results``).
 
     python bench/gpu_session.py --import-results DIR          (DIR: the reply's files_at)
@@ -19,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from results_io import ROOT, write_results
+from results_io import ROOT, result_stem, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -82,7 +83,7 @@ def held_results(results: Path, machine: str, block: str, statuses: tuple[str, .
         meta = json.loads(path.read_text()).get("meta", {})
         if meta.get("status") in statuses:
             held.append((path, meta))
-    return sorted(held, key=lambda pair: (pair[1].get("date", ""), pair[0].name))
+    return sorted(held, key=lambda pair: (pair[1].get("date", ""), pair[1].get("started") or "", pair[0].name))
 
 
 def held_result(results: Path, machine: str, code: str, block: str) -> Path | None:
@@ -113,11 +114,27 @@ def import_results(out: Path, results: Path) -> list[Path]:
                 continue  # skipped, blocked or not started: nothing measured
             result = block_result(ledger, name, entry, logs, probe)
             if name != "setup":
-                written.append(write_results(results, result, markdown))
+                written.append(write_results(results, result, markdown, attempt_stem(results, result["meta"])))
         engines = engines_summary(results, ledger)
         if engines:
             written.append(write_results(results, engines, markdown))
     return written
+
+
+def attempt_stem(results: Path, meta: dict) -> Path:
+    """Where a block's result goes: ``<date>-<machine>-gpu-<block>``, or ``<date>.N-...`` (N = 2, 3, ...) when that
+    file already holds another attempt of the block (another ``started``: a second call of the same visit, or a
+    later visit on the same day). An earlier attempt's result is never overwritten (the 2026-11-27 DataStates
+    build's failed first attempt was, and lived on in git only); importing the same visit again rewrites its own."""
+    stem, attempt = result_stem(results, meta), 1
+    while _holds_another_attempt(stem.with_suffix(".json"), meta):
+        attempt += 1
+        stem = result_stem(results, meta, f"{meta['date']}.{attempt}")
+    return stem
+
+
+def _holds_another_attempt(path: Path, meta: dict) -> bool:
+    return path.is_file() and json.loads(path.read_text()).get("meta", {}).get("started") != meta["started"]
 
 
 def block_meta(ledger: dict, name: str, entry: dict) -> dict:

@@ -113,11 +113,18 @@ def speed_table(figures: list[dict], against: str, key: str) -> list[str]:
               f"{f[key]:.2f}× |" for f in figures]]
 
 
-def write_results(out: Path, result: dict, markdown: Callable[[dict], str]) -> Path:
-    """Write ``result`` (with its ``meta``) as JSON and ``markdown`` of it as read back; the Markdown's path."""
+def result_stem(out: Path, meta: dict, dated: str | None = None) -> Path:
+    """``out/<date>-<machine>-<benchmark>``, the path of a result without its suffix; ``dated`` replaces the date
+    (``gpu_results.attempt_stem`` numbers a second attempt of the same date so)."""
+    return out / f"{dated or meta['date']}-{meta['machine']}-{meta['benchmark']}"
+
+
+def write_results(out: Path, result: dict, markdown: Callable[[dict], str], stem: Path | None = None) -> Path:
+    """Write ``result`` (with its ``meta``) as JSON and ``markdown`` of it as read back; the Markdown's path.
+    ``stem``: where (``result_stem`` of its meta when None)."""
     meta = result["meta"]
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{meta['date']}-{meta['machine']}-{meta['benchmark']}"
+    stem = stem or result_stem(out, meta)
     raw = json.dumps(result, indent=1, default=str) + "\n"
     Path(f"{stem}.json").write_text(raw)
     text = markdown(json.loads(raw))

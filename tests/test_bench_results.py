@@ -19,7 +19,7 @@ from restartbench.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = sorted((ROOT / "bench" / "results").glob("*.json"))
-RESULT_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-[^-]+-(?P<benchmark>.+)\.json$")
+RESULT_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}(\.\d+)?-[^-]+-(?P<benchmark>.+)\.json$")  # .N: a later attempt
 
 
 def bench_module(benchmark: str):

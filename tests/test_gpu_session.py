@@ -435,6 +435,27 @@ def test_import_results_writes_each_block_and_the_engines_with_ratios_to_the_pro
         assert path.read_text() == gr.markdown(json.loads(path.with_suffix(".json").read_text()))
 
 
+def test_a_second_attempt_of_a_block_on_the_same_day_is_kept_beside_the_first_and_counts_as_the_latest(
+        tmp_path, tiny_run):
+    """The 2026-11-27 DataStates build: its failed first attempt's results file was overwritten by the second
+    call's, the same day. Importing the same visit again rewrites its own files and adds none."""
+    results = tmp_path / "results"
+    first = visit(tmp_path, tiny_run)
+    gr.import_results(first, results)
+    gr.import_results(first, results)  # the same visit imported again
+    assert not list(results.glob("2026-11-26.2-*"))
+    second = first.rename(tmp_path / "first")
+    ledger = json.loads((second / gr.LEDGER).read_text())
+    ledger["blocks"]["probe"].update(started="2026-11-26T15:00:00+00:00", seconds=99.0)
+    (second / gr.LEDGER).write_text(json.dumps(ledger))
+    gr.import_results(second, results)
+    earlier = json.loads((results / "2026-11-26-h100-gpu-probe.json").read_text())["meta"]
+    later = json.loads((results / "2026-11-26.2-h100-gpu-probe.json").read_text())["meta"]
+    assert (earlier["seconds"], later["seconds"]) == (100.0, 99.0)
+    assert [meta["seconds"] for _, meta in gr.held_results(results, "h100", "probe")] == [100.0, 99.0]
+    assert gr.held_result(results, "h100", "c0de", "probe").name == "2026-11-26.2-h100-gpu-probe.json"
+
+
 def test_a_probe_without_storage_limits_still_gives_the_d2h_ratios_and_says_why_the_disk_ones_are_missing(
         tmp_path, tiny_run):
     """The first H100 visit: the image had no fio, so the probe block failed on bench/limits.py after measuring the
