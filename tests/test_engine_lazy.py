@@ -150,6 +150,24 @@ def test_a_direct_load_that_outgrows_a_pinned_buffer_reads_into_a_pinned_one(tmp
     staging.release()
 
 
+def test_a_buffered_load_that_outgrows_a_pinned_buffer_keeps_it_pinned(tmp_path, monkeypatch):
+    """lazy-buffered on CUDA: a load staging device tensors through a pinned buffer too small for it (a data-parallel
+    replica reads the module file it did not save) grew it pageable, so the next save pinned again in its stall.
+    The target is on the meta device: a tensor not in host memory, staged as a CUDA one is, with no CUDA here."""
+    cudart = RecordingCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    a = torch.arange(3 * copies.PAGE, dtype=torch.float32)
+    path = tmp_path / "f.lazy"
+    header, offset, _ = lazy_file(path, {"a": a})
+    staging = copies.HostBuffer()
+    staging.get(copies.PAGE, pinned=True)  # the set-up's pinned buffer, smaller than the load
+    restore.read_into([(path, offset, header, {"a": torch.empty_like(a, device="meta")})], 2, 1 << 20, staging)
+    assert staging.pinned and staging.tensor.numel() >= a.nbytes
+    assert torch.equal(staging.tensor[:a.nbytes].view(torch.float32), a), "the bytes were staged in the buffer"
+    staging.release()
+
+
 # -- one process, a real model and optimizer -----------------------------------------------------------------
 
 

@@ -252,7 +252,9 @@ def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor
     ``chunk`` bytes: straight into CPU tensors; device tensors are read into a host staging buffer and copied to
     the device by the same reader thread right after its read, so copies overlap the other threads' reads.
     The staging buffer is the engine's host buffer: pinned where ``prepare`` pinned it for the saves, else pageable
-    (pinning it only for one load would cost more than the copies gain)."""
+    (pinning it only for one load would cost more than the copies gain). A pinned buffer too small for the load (a
+    data-parallel replica reads the module file it did not save) grows pinned: a pageable one in its place would
+    make the load's copies pageable and the next save pin again, inside its stall."""
     files, staged_bytes = [], 0
     for path, data_offset, header, targets in jobs:
         places = []
@@ -261,7 +263,7 @@ def read_into(jobs: list[tuple[Path, int, dict[str, Any], dict[str, torch.Tensor
             places.append(Place(data_offset + entry["offset"], entry["nbytes"], target, staged))
             staged_bytes += 0 if staged is None else align_up(entry["nbytes"], ENTRY_ALIGN)
         files.append((path, places))
-    buffer = staging.get(staged_bytes, pinned=False) if staged_bytes else None
+    buffer = staging.get(staged_bytes, pinned=staging.pinned) if staged_bytes else None
     with ThreadPoolExecutor(io_threads, thread_name_prefix="lazy-read") as pool:
         records = [_read_file(path, places, buffer, chunk, pool) for path, places in files]
     if staged_bytes:
