@@ -284,8 +284,8 @@ class LazyEngine(CheckpointEngine):
             module = {f"module.{k}": v for k, v in ds_engine.module.state_dict().items()}
             self.load_into(layout, load_dir, tag, module,
                            lambda header: restore_plain_and_targets(ds_engine, header["values"], header["tensors"]))
-        if hasattr(ds_engine.optimizer, "_link_all_hp_params"):
-            ds_engine.optimizer._link_all_hp_params()
+        if not isinstance(ds_engine.optimizer, torch.optim.Optimizer):  # a ZeRO optimizer, not a bare torch one
+            ds_engine.optimizer._link_all_hp_params()  # as DeepSpeed's own load does: the fp32 views of safe_get_*
 
     def _take_prefetch(self, prefetch: Prefetch, folder: Path, jobs: list[tuple[Path, int, dict[str, Any], Any]]
                        ) -> list[FileRecord] | None:
