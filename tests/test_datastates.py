@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -215,24 +216,39 @@ def test_the_future_keeper_waits_for_every_queued_job_and_reports_the_failed_one
 
 class _HostTierLike:
     """DataStates' compiled engine as its host tier behaves (tiers/host_tier.cpp): what ``ckpt_tensor`` hands it is
-    written later, in order, on one thread, each write taking ``write_s``; the tensor's memory is read when written."""
+    written later, in order, on one thread, each write taking ``write_s``; the tensor's memory is read when written.
+    ``at_once``: written as it is handed over, as an idle host tier may write it before ``ckpt_tensor``'s caller goes
+    on (host_tier.cpp lines 38-54: the file created if missing, opened without truncation, seek, write)."""
 
-    def __init__(self, write_s: float = 0.05):
+    def __init__(self, write_s: float = 0.05, at_once: bool = False):
         self.queue: queue.Queue = queue.Queue()
-        self.write_s = write_s
+        self.write_s, self.at_once = write_s, at_once
         threading.Thread(target=self._write, daemon=True).start()
 
     def ckpt_tensor(self, version, tensor, size, offset, path):
-        self.queue.put((tensor, size, offset, path))
+        if self.at_once:
+            self._write_one(tensor, size, offset, path)
+        else:
+            self.queue.put((tensor, size, offset, path))
+
+    def wait(self):
+        """The handle's wait: the GPU tier's queue, empty without a GPU."""
+
+    def shutdown(self):
+        """The handle's shutdown, which ``CkptEngine.__del__`` calls."""
 
     def _write(self):
         while True:
             tensor, size, offset, path = self.queue.get()
             time.sleep(self.write_s)
-            mode = "r+b" if os.path.exists(path) else "wb"
-            with open(path, mode) as f:
-                f.seek(offset)
-                f.write(tensor.numpy().tobytes()[:size])
+            self._write_one(tensor, size, offset, path)
+
+    @staticmethod
+    def _write_one(tensor, size, offset, path):
+        mode = "r+b" if os.path.exists(path) else "wb"
+        with open(path, mode) as f:
+            f.seek(offset)
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()[:size])
 
 
 class _CheckpointingLike:
@@ -300,6 +316,54 @@ def test_a_save_hands_datastates_copies_of_its_cpu_tensors_and_leaves_the_state_
     engine = _adapter_over(inner)
     engine.save({"step": step}, str(tmp_path / "f.pt"))
     assert inner.saved[0]["step"] is not step and engine.last_path == str(tmp_path / "f.pt")
+
+
+@pytest.fixture
+def vendored_datastates(monkeypatch):
+    """DataStates-LLM's Python from the vendored source (``Checkpointing``, ``CkptEngine``), its compiled handle a
+    ``_HostTierLike`` that writes each tensor as it is handed over (``hosts`` lists them), and CUDA said to be there
+    for ``Checkpointing.__init__``: the adapter is made as DeepSpeed makes it. The modules it imported are forgotten
+    afterwards, so that a later import finds the build's ``datastates``."""
+    def loaded():
+        return [name for name in sys.modules if name == "datastates" or name.startswith("datastates.")]
+    for name in loaded():
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(VENDORED))
+    hosts = []
+    monkeypatch.setitem(sys.modules, "datastates.ckpt.src", types.SimpleNamespace(
+        handle=lambda cache_bytes, gpu, rank: hosts.append(_HostTierLike(write_s=0, at_once=True)) or hosts[-1]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    yield hosts
+    for name in loaded():
+        del sys.modules[name]
+
+
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")  # DataStates' load, torch.frombuffer
+def test_no_tensor_is_written_before_save_backgrounds_truncating_open(tmp_path, vendored_datastates):
+    """DataStates' ``save_background`` hands the tensors over (checkpointing.py line 93) before it opens the file with
+    ``'wb'`` (line 95); a host tier that writes one at once (a CPU tensor goes straight to it, engine.cpp lines 29-30)
+    would have it truncated away, zeros in its place. Through the adapter, its own code and the same bytes: every
+    tensor loads back equal."""
+    config = _ds_config({"host_cache_size": 0.01})
+    engine = adapter.CheckpointEngine(config, 0)
+    assert len(vendored_datastates) == 1  # DataStates' CkptEngine made its handle
+    state = {"module": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16)},
+             "optimizer": {"state": [{"step": torch.tensor(5.0)}]}, "iteration": 5}
+    folder = tmp_path / "global_step5"
+    folder.mkdir()
+    for name in ("mp_rank_00_model_states.pt", "layer_01-model_states.pt"):
+        engine.save(state, str(folder / name))
+    engine.wait(persist=True)
+    engine.wait_for_writes()
+    for name in ("mp_rank_00_model_states.pt", "layer_01-model_states.pt"):
+        loaded = engine.load(str(folder / name))
+        assert loaded["iteration"] == 5
+        assert torch.equal(loaded["module"]["w"], state["module"]["w"]), name
+        assert torch.equal(loaded["module"]["b"], state["module"]["b"]), name
+        assert torch.equal(loaded["optimizer"]["state"][0]["step"], state["optimizer"]["state"][0]["step"]), name
+    assert isinstance(engine.inner.ckpt_engine, adapter.HandOverAfterOpen)
+    engine.close()
 
 
 def test_datastates_durability_waits_for_the_writes_and_a_failed_save_for_what_it_queued(monkeypatch):

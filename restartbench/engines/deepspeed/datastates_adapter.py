@@ -29,6 +29,14 @@ What the public source exposes (paths under ``third_party/datastates-llm``):
   the pool's thread, where the dropped Future keeps the SystemExit and nobody sees it;
 - nothing waits for the files' writes: the host tier writes each tensor to its file from its own thread
   (``tiers/host_tier.cpp`` lines 35-61) and its queue is waited on only in its destructor;
+- ``save_background`` hands the file's tensors to the compiled engine (line 93) before it opens the file with ``'wb'``
+  (line 95), which truncates it, to write the header and the pickle. Nothing holds the tensors back meanwhile: each
+  ``ckpt_tensor`` (``datastates/ckpt/ckpt_engine.py`` line 27; ``py_datastates_llm.cpp`` line 22 releases the GIL)
+  pushes a CUDA tensor onto the GPU tier's queue and a CPU tensor straight onto the host tier's (``engine.cpp`` lines
+  23-30); the GPU tier's thread, running since the engine was made, copies it at once on a non-blocking stream and
+  pushes it on (``tiers/gpu_tier.cpp`` lines 9, 13, 40-52); the host tier's thread creates the file if it is missing
+  and writes the tensor at its offset, opened without truncation (``tiers/host_tier.cpp`` lines 38-54). A tensor
+  written before the ``'wb'`` is lost: the truncation drops it and the pickle written past it leaves zeros in its place;
 - a host cache smaller than a tensor, or DataStates' default of 0 GB, ends the whole process in C++
   (``pool/mem_pool.cpp`` line 55: ``FATAL`` is ``std::abort``);
 - ``setup.py``'s ``find_packages(include=['datastates', 'datastates.*'])`` finds no package (``datastates/`` has no
@@ -60,12 +68,18 @@ What this adapter does, and nothing more:
    value. Device tensors go to DataStates unchanged (their copies to the host cache are what the guarded step waits
    for).
 6. ``load`` is ``Checkpointing.load``, unchanged.
+7. Each ``save_background`` hands its tensors to the compiled engine once it has returned, after its ``'wb'`` open,
+   header and pickle (``HandOverAfterOpen``): its ``async_save`` call, the one before the open, is kept and made
+   when the job's ``save_background`` has returned (the file written and closed). The same list, the same call of
+   DataStates' ``CkptEngine.async_save``, the same bytes at the same offsets; the copies start after the file's
+   header and pickle are written instead of before, and a job that fails hands nothing over.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -86,7 +100,9 @@ ADAPTER_NOTE = (
     "the harness waits for durability the adapter hands the compiled engine one more small CPU tensor, to a file "
     "of its own, and waits until it is written (the host tier writes in order, on one thread), then removes it; "
     "save hands DataStates a copy of each CPU tensor (Adam's step among them), which it would otherwise write from "
-    "live memory after the next optimizer step changed it. Its Python modules are copied beside the compiled "
+    "live memory after the next optimizer step changed it; save_background's tensors are handed to the compiled "
+    "engine after its open(path, 'wb') (checkpointing.py line 95), not before it (line 93), where the host tier "
+    "could write one before the truncation dropped it. Its Python modules are copied beside the compiled "
     "extension, which its setup.py installs alone")
 
 
@@ -205,6 +221,48 @@ class FutureKeeper:
                                "'[DataStates.llm][ERROR] ...', is in the rank's stdout)")
 
 
+class HandOverAfterOpen:
+    """``Checkpointing.ckpt_engine`` (DataStates' ``CkptEngine``) for the adapter: ``save_background`` calls its
+    ``async_save`` before it opens the file with ``'wb'`` (checkpointing.py lines 93 and 95), and the compiled
+    engine's threads may write a tensor before that truncation (the module's docstring). Inside ``run``, the job's
+    ``async_save`` is kept and made once ``save_background`` has returned; everything else (``ckpt_engine``, the
+    compiled handle; ``wait``; ``async_save`` outside a job) is the ``CkptEngine``'s own."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._job = threading.local()  # the pool runs several jobs at once (parser_threads, 4 by default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def async_save(self, tensors: list) -> None:
+        kept = getattr(self._job, "tensors", None)
+        if kept is None:
+            self.engine.async_save(tensors)
+        else:
+            kept.extend(tensors)
+
+    def run(self, save_background: Any, state_dict: Any, path: str) -> Any:
+        """``save_background(state_dict, path)``, then its tensors to the compiled engine (none if it failed)."""
+        self._job.tensors = []
+        try:
+            result = save_background(state_dict, path)
+            tensors = self._job.tensors
+        finally:
+            self._job.tensors = None
+        self.engine.async_save(tensors)
+        return result
+
+    @classmethod
+    def install(cls, checkpointing: Any) -> HandOverAfterOpen:
+        """Put one in ``checkpointing`` (a ``datastates.llm.Checkpointing``): its ``ckpt_engine``, and its
+        ``save_background``, which its ``save`` queues on the pool (line 112), run through ``run``."""
+        handoff = cls(checkpointing.ckpt_engine)
+        checkpointing.ckpt_engine = handoff
+        checkpointing.save_background = functools.partial(handoff.run, checkpointing.save_background)
+        return handoff
+
+
 class CheckpointEngine:
     """What DeepSpeed 0.19.8's ``DataStatesCheckpointEngine`` imports as ``datastates.CheckpointEngine``:
     DataStates-LLM's ``datastates.llm.Checkpointing``, met where the two differ (see the module's docstring)."""
@@ -217,6 +275,7 @@ class CheckpointEngine:
         self.cache_bytes = host_cache_bytes(deepspeed_config)
         self.rank = int(rank)
         self.inner = Checkpointing(deepspeed_config, rank)
+        HandOverAfterOpen.install(self.inner)
         self.jobs = FutureKeeper(self.inner.executor)
         self.inner.executor = self.jobs
         self.last_path: str | None = None
