@@ -4,6 +4,7 @@ The GPU tests at the end build it (unless built at /tmp/site) and run it for rea
 
 import collections
 import concurrent.futures
+import gc
 import hashlib
 import importlib
 import json
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -218,16 +220,20 @@ class _HostTierLike:
     """DataStates' compiled engine as its host tier behaves (tiers/host_tier.cpp): what ``ckpt_tensor`` hands it is
     written later, in order, on one thread, each write taking ``write_s``; the tensor's memory is read when written.
     ``at_once``: written as it is handed over, as an idle host tier may write it before ``ckpt_tensor``'s caller goes
-    on (host_tier.cpp lines 38-54: the file created if missing, opened without truncation, seek, write)."""
+    on (host_tier.cpp lines 38-54: the file created if missing, opened without truncation, seek, write).
+    ``address_only``: as the compiled engine, it keeps no reference to the tensor (a ``mem_region_t`` holds its
+    ``data_ptr()``, engine.cpp lines 25 and 29); one freed before its write is written as freed memory reads (0xdd)."""
 
-    def __init__(self, write_s: float = 0.05, at_once: bool = False):
+    def __init__(self, write_s: float = 0.05, at_once: bool = False, address_only: bool = False):
         self.queue: queue.Queue = queue.Queue()
-        self.write_s, self.at_once = write_s, at_once
+        self.write_s, self.at_once, self.address_only = write_s, at_once, address_only
         threading.Thread(target=self._write, daemon=True).start()
 
     def ckpt_tensor(self, version, tensor, size, offset, path):
         if self.at_once:
             self._write_one(tensor, size, offset, path)
+        elif self.address_only:
+            self.queue.put((weakref.ref(tensor), size, offset, path))
         else:
             self.queue.put((tensor, size, offset, path))
 
@@ -241,6 +247,8 @@ class _HostTierLike:
         while True:
             tensor, size, offset, path = self.queue.get()
             time.sleep(self.write_s)
+            if isinstance(tensor, weakref.ref):
+                tensor = tensor()
             self._write_one(tensor, size, offset, path)
 
     @staticmethod
@@ -248,7 +256,7 @@ class _HostTierLike:
         mode = "r+b" if os.path.exists(path) else "wb"
         with open(path, mode) as f:
             f.seek(offset)
-            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()[:size])
+            f.write(b"\xdd" * size if tensor is None else tensor.reshape(-1).view(torch.uint8).numpy().tobytes()[:size])
 
 
 class _CheckpointingLike:
@@ -276,6 +284,7 @@ def _adapter_over(inner, rank=0):
     """The adapter around ``inner``, made as its __init__ would make it after importing DataStates."""
     engine = object.__new__(adapter.CheckpointEngine)
     engine.cache_bytes, engine.rank, engine.inner, engine.last_path = 1 << 30, rank, inner, None
+    engine.handoff = adapter.HandOverAfterOpen(inner.ckpt_engine)  # not installed: the stand-in calls ckpt_tensor
     engine.jobs = adapter.FutureKeeper(concurrent.futures.ThreadPoolExecutor(max_workers=1))
     return engine
 
@@ -321,7 +330,8 @@ def test_a_save_hands_datastates_copies_of_its_cpu_tensors_and_leaves_the_state_
 @pytest.fixture
 def vendored_datastates(monkeypatch):
     """DataStates-LLM's Python from the vendored source (``Checkpointing``, ``CkptEngine``), its compiled handle a
-    ``_HostTierLike`` that writes each tensor as it is handed over (``hosts`` lists them), and CUDA said to be there
+    ``_HostTierLike`` (``hosts`` lists them; ``options``, as the test sets them before making the adapter: by default
+    one that writes each tensor as it is handed over), and CUDA said to be there
     for ``Checkpointing.__init__``: the adapter is made as DeepSpeed makes it. The modules it imported are forgotten
     afterwards, so that a later import finds the build's ``datastates``."""
     def loaded():
@@ -329,12 +339,12 @@ def vendored_datastates(monkeypatch):
     for name in loaded():
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(VENDORED))
-    hosts = []
+    made = types.SimpleNamespace(hosts=[], options={"write_s": 0, "at_once": True})
     monkeypatch.setitem(sys.modules, "datastates.ckpt.src", types.SimpleNamespace(
-        handle=lambda cache_bytes, gpu, rank: hosts.append(_HostTierLike(write_s=0, at_once=True)) or hosts[-1]))
+        handle=lambda cache_bytes, gpu, rank: made.hosts.append(_HostTierLike(**made.options)) or made.hosts[-1]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    yield hosts
+    yield made
     for name in loaded():
         del sys.modules[name]
 
@@ -347,7 +357,7 @@ def test_no_tensor_is_written_before_save_backgrounds_truncating_open(tmp_path, 
     tensor loads back equal."""
     config = _ds_config({"host_cache_size": 0.01})
     engine = adapter.CheckpointEngine(config, 0)
-    assert len(vendored_datastates) == 1  # DataStates' CkptEngine made its handle
+    assert len(vendored_datastates.hosts) == 1  # DataStates' CkptEngine made its handle
     state = {"module": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16)},
              "optimizer": {"state": [{"step": torch.tensor(5.0)}]}, "iteration": 5}
     folder = tmp_path / "global_step5"
@@ -363,6 +373,27 @@ def test_no_tensor_is_written_before_save_backgrounds_truncating_open(tmp_path, 
         assert torch.equal(loaded["module"]["b"], state["module"]["b"]), name
         assert torch.equal(loaded["optimizer"]["state"][0]["step"], state["optimizer"]["state"][0]["step"]), name
     assert isinstance(engine.inner.ckpt_engine, adapter.HandOverAfterOpen)
+    engine.close()
+
+
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")  # DataStates' load, torch.frombuffer
+def test_what_datastates_was_handed_is_kept_alive_until_its_writes_are_waited_for(tmp_path, vendored_datastates):
+    """The compiled engine keeps a tensor's address only, and the host tier writes a CPU tensor from it when it gets
+    there, maybe long after the job that handed it over returned and dropped it (the adapter's copy of Adam's
+    ``step``; a busy host tier, 0.2 s behind here): the adapter keeps what it handed over until ``wait_for_writes``
+    has seen the writes done, then lets it go."""
+    vendored_datastates.options = {"write_s": 0.2, "address_only": True}
+    engine = adapter.CheckpointEngine(_ds_config({"host_cache_size": 0.01}), 0)
+    step = torch.tensor(5.0)
+    folder = tmp_path / "global_step5"
+    folder.mkdir()
+    path = str(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    engine.save({"optimizer_state_dict": {"state": {0: {"step": step}}}}, path)
+    engine.wait(persist=True)  # the job has returned: its state, the adapter's copies, dropped
+    gc.collect()
+    engine.wait_for_writes()
+    assert torch.equal(engine.load(path)["optimizer_state_dict"]["state"][0]["step"], step)
+    assert engine.handoff.handed == []  # let go once written
     engine.close()
 
 

@@ -73,6 +73,13 @@ What this adapter does, and nothing more:
    when the job's ``save_background`` has returned (the file written and closed). The same list, the same call of
    DataStates' ``CkptEngine.async_save``, the same bytes at the same offsets; the copies start after the file's
    header and pickle are written instead of before, and a job that fails hands nothing over.
+8. What a job hands over is kept (``HandOverAfterOpen.handed``) until ``wait_for_writes`` has seen every write done.
+   The compiled engine keeps a tensor's address, not the tensor (``engine.cpp`` lines 25 and 29: a ``mem_region_t``
+   of ``t.data_ptr()``), and the host tier writes a CPU tensor from that address when it reaches it
+   (``tiers/host_tier.cpp`` line 52), maybe after the job has returned and dropped its state: the adapter's copies
+   (item 5) have no other owner, and a freed small block is overwritten at once (the allocator's free-list pointer).
+   A CUDA tensor ``save_background`` made ``contiguous()`` (checkpointing.py line 57) is kept too; DeepSpeed's own
+   tensors are alive anyway. The cost: the copies of the CPU tensors live until the checkpoint's durability wait.
 """
 
 from __future__ import annotations
@@ -102,7 +109,9 @@ ADAPTER_NOTE = (
     "save hands DataStates a copy of each CPU tensor (Adam's step among them), which it would otherwise write from "
     "live memory after the next optimizer step changed it; save_background's tensors are handed to the compiled "
     "engine after its open(path, 'wb') (checkpointing.py line 95), not before it (line 93), where the host tier "
-    "could write one before the truncation dropped it. Its Python modules are copied beside the compiled "
+    "could write one before the truncation dropped it; what a job handed to the compiled engine, which keeps a "
+    "tensor's address only, is kept alive until the wait for the writes has seen them done (the copies of the CPU "
+    "tensors have no other owner). Its Python modules are copied beside the compiled "
     "extension, which its setup.py installs alone")
 
 
@@ -226,11 +235,14 @@ class HandOverAfterOpen:
     ``async_save`` before it opens the file with ``'wb'`` (checkpointing.py lines 93 and 95), and the compiled
     engine's threads may write a tensor before that truncation (the module's docstring). Inside ``run``, the job's
     ``async_save`` is kept and made once ``save_background`` has returned; everything else (``ckpt_engine``, the
-    compiled handle; ``wait``; ``async_save`` outside a job) is the ``CkptEngine``'s own."""
+    compiled handle; ``wait``; ``async_save`` outside a job) is the ``CkptEngine``'s own. ``handed`` keeps each job's
+    list alive (the compiled engine keeps addresses only) until ``release``."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self._job = threading.local()  # the pool runs several jobs at once (parser_threads, 4 by default)
+        self._lock = threading.Lock()
+        self.handed: list[list] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -250,8 +262,15 @@ class HandOverAfterOpen:
             tensors = self._job.tensors
         finally:
             self._job.tensors = None
+        with self._lock:
+            self.handed.append(tensors)
         self.engine.async_save(tensors)
         return result
+
+    def release(self, count: int) -> None:
+        """Let go of the first ``count`` lists handed over (their writes are known to be done)."""
+        with self._lock:
+            del self.handed[:count]
 
     @classmethod
     def install(cls, checkpointing: Any) -> HandOverAfterOpen:
@@ -275,7 +294,7 @@ class CheckpointEngine:
         self.cache_bytes = host_cache_bytes(deepspeed_config)
         self.rank = int(rank)
         self.inner = Checkpointing(deepspeed_config, rank)
-        HandOverAfterOpen.install(self.inner)
+        self.handoff = HandOverAfterOpen.install(self.inner)
         self.jobs = FutureKeeper(self.inner.executor)
         self.inner.executor = self.jobs
         self.last_path: str | None = None
@@ -297,10 +316,12 @@ class CheckpointEngine:
     def wait_for_writes(self, timeout_s: float = 3600.0) -> None:
         """Return once DataStates' host tier has written every file of the saves so far (see the module's item 4):
         ``wait``, then one small CPU tensor to a file of its own beside the last save's folder, written after all
-        that came before it; the file is removed. Nothing to wait for before any save."""
+        that came before it; the file is removed, and what the saves handed over is let go (item 8). Nothing to wait
+        for before any save."""
         self.wait(persist=True)
         if self.last_path is None:
             return
+        handed = len(self.handoff.handed)  # every job has returned: all it handed over is before the marker
         probe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(self.last_path))),
                              f".datastates-drain-rank{self.rank}")
         with contextlib.suppress(FileNotFoundError):
@@ -309,6 +330,7 @@ class CheckpointEngine:
         self.inner.ckpt_engine.ckpt_engine.ckpt_tensor(0, marker, DRAIN_BYTES, 0, probe)
         wait_for_file(probe, DRAIN_BYTES, timeout_s)
         os.remove(probe)
+        self.handoff.release(handed)
 
     def close(self) -> None:
         """Every write waited for, then the file jobs' thread pool shut down (its idle workers joined)."""
