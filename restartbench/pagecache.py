@@ -22,8 +22,9 @@ from pathlib import Path
 from restartbench import baseline
 from restartbench.integrity import read_manifest
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+"""The C library ``resident_pages`` calls ``mincore`` in. Public: tests replace it."""
+libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
 PAGE = mmap.PAGESIZE
 
 
@@ -48,7 +49,7 @@ def resident_pages(path: Path) -> tuple[int, int]:
         pages = (size + PAGE - 1) // PAGE
         vector = (ctypes.c_ubyte * pages)()
         anchor = ctypes.c_char.from_buffer(mapping)  # exports the mapping's address; released before close
-        failed = _libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vector) != 0
+        failed = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vector) != 0
         del anchor
         if failed:
             raise OSError(ctypes.get_errno(), f"mincore failed on {path}")

@@ -36,8 +36,35 @@ def test_every_module_has_a_layer():
     assert _layer_modules() - _top_level_modules() == set()  # and no layer names a module that is gone
 
 
-def private_imports(path: Path) -> list[str]:
-    """``from restartbench.x import _name`` and ``x._name`` where x is a restartbench module imported by name."""
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an expression like ``a.b.c`` starts from."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _text(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+#: Calls that name an attribute as a string: ``setattr(x, "_name", ...)``, ``monkeypatch.setattr(x, "_name", ...)``,
+#: ``mock.patch.object(x, "_name")``, and so on.
+NAMED_BY_STRING = {"setattr", "delattr", "getattr", "hasattr", "object"}
+#: Calls that name a target as a dotted string: ``monkeypatch.setattr("restartbench.x._name", ...)``, ``mock.patch``.
+DOTTED_TARGET = {"setattr", "delattr", "patch"}
+
+
+def private_uses(path: Path) -> list[str]:
+    """Another module's private names used in ``path``: ``from restartbench.x import _name``; ``x._name`` where x is
+    a restartbench module imported by name; and a private name patched as a string, ``setattr(x, "_name", ...)`` (or
+    monkeypatch's, getattr, mock.patch.object) where x (or x.y...) starts from a name imported from restartbench or an
+    object made by calling one (``engine = LazyEngine(...)``), and ``monkeypatch.setattr("restartbench.x._name", ...)``.
+    A third-party object (DeepSpeed's ``DeepSpeedEngine``) is not restartbench's: patching its privates is not
+    flagged."""
     tree = ast.parse(path.read_text())
     found, aliases = [], set()
     for node in ast.walk(tree):
@@ -45,17 +72,37 @@ def private_imports(path: Path) -> list[str]:
             found += [f"from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
             aliases |= {a.asname or a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            aliases |= {a.asname or a.name for a in node.names if a.name.startswith("restartbench")}
+            aliases |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("restartbench")}
+    made = {target.id for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _root(node.value.func) in aliases
+            for target in node.targets if isinstance(target, ast.Name)}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+        if (isinstance(node, ast.Attribute) and _private(node.attr)
                 and isinstance(node.value, ast.Name) and node.value.id in aliases):
             found.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.Call) and node.args:
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            first, name = node.args[0], _text(node.args[1]) if len(node.args) > 1 else None
+            if (called in NAMED_BY_STRING and name is not None and _private(name)
+                    and _root(first) in aliases | made):
+                found.append(f'{called}({ast.unparse(first)}, "{name}") (line {node.lineno})')
+            elif (called in DOTTED_TARGET and (dotted := _text(first)) is not None
+                    and dotted.startswith("restartbench.") and any(map(_private, dotted.split(".")))):
+                found.append(f'{called}("{dotted}") (line {node.lineno})')
     return found
 
 
+#: Private names a file may still use, each named as ``private_uses`` reports it, without its line. Pending only:
+#: tests/test_datastates.py (a colleague's file, being edited) patches the DataStates engine's ``_adapter`` and
+#: ``_commit``; remove these once it replaces public seams instead.
+PENDING = {"tests/test_datastates.py": {'setattr(engine, "_adapter")', 'setattr(engine, "_commit")'}}
+
+
 def _offenders(paths: list[Path]) -> dict[str, list[str]]:
-    found = {str(p.relative_to(ROOT)): private_imports(p) for p in sorted(paths)}
-    return {path: names for path, names in found.items() if names}
+    found = {str(p.relative_to(ROOT)): private_uses(p) for p in sorted(paths)}
+    found = {path: [use for use in uses if use.rsplit(" (line ", 1)[0] not in PENDING.get(path, set())]
+             for path, uses in found.items()}
+    return {path: uses for path, uses in found.items() if uses}
 
 
 def test_no_module_uses_a_private_name_of_another():
@@ -76,7 +123,28 @@ def test_no_test_or_script_uses_a_private_name_of_the_package():
 def test_the_private_name_check_finds_both_forms(tmp_path):
     source = tmp_path / "offender.py"
     source.write_text("from restartbench.study import _preset\nfrom restartbench import study\nstudy._kill_tree(1)\n")
-    assert private_imports(source) == ["from restartbench.study import _preset", "study._kill_tree (line 3)"]
+    assert private_uses(source) == ["from restartbench.study import _preset", "study._kill_tree (line 3)"]
+
+
+def test_the_private_name_check_finds_private_names_patched_as_strings(tmp_path):
+    """A restartbench module, an object made from a restartbench class, and a dotted path: each flagged; DeepSpeed's
+    own class and a public name are not."""
+    source = tmp_path / "offender.py"
+    source.write_text(
+        "from deepspeed.runtime.engine import DeepSpeedEngine\n"
+        "from restartbench.engines.lazy import copies\nfrom restartbench.engines.lazy.engine import LazyEngine\n"
+        "def test(monkeypatch):\n"
+        "    monkeypatch.setattr(copies, '_cuda_call', None)\n"
+        "    engine = LazyEngine(None)\n"
+        "    monkeypatch.setattr(engine.saver, '_stream', None)\n"
+        "    setattr(copies, '_x', 1)\n"
+        "    monkeypatch.setattr('restartbench.pagecache._libc', None)\n"
+        "    monkeypatch.setattr(DeepSpeedEngine, '_configure_optimizer', None)\n"
+        "    monkeypatch.setattr(copies, 'cuda_call', None)\n"
+        "    monkeypatch.setattr('restartbench.analysis.collect', None)\n")
+    assert private_uses(source) == [
+        'setattr(copies, "_cuda_call") (line 5)', 'setattr(engine.saver, "_stream") (line 7)',
+        'setattr(copies, "_x") (line 8)', 'setattr("restartbench.pagecache._libc") (line 9)']
 
 
 def test_planning_and_rendering_import_no_torch():

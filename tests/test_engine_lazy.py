@@ -361,7 +361,7 @@ def test_the_pinned_range_starts_where_the_tensors_storage_does(monkeypatch):
     """torch's ``is_pinned`` asks CUDA about the storage's first byte: the range registered must start there (the
     first H100 visit found a buffer locked from its first page boundary inward, and ``is_pinned`` False)."""
     calls = []
-    monkeypatch.setattr(copies, "_cuda_call", lambda name, *args: calls.append((name, *args)))
+    monkeypatch.setattr(copies, "cuda_call", lambda name, *args: calls.append((name, *args)))
     pages = copies.pin_pages(3 * copies.PAGE + 5)
     storage_start = pages.tensor.untyped_storage().data_ptr()
     assert calls == [("cudaHostRegister", storage_start, 4 * copies.PAGE, 0)]
@@ -388,7 +388,7 @@ def test_a_pinned_buffers_pages_are_faulted_in_before_they_are_registered(monkey
     """cudaHostRegister faults a fresh mapping in on one thread (the first H100 visit: 7.7 s of a restart for 21 GB):
     ``fault_in`` does it on several threads first, so that at the register call every page is resident, and zero."""
     resident = {}
-    monkeypatch.setattr(copies, "_cuda_call", lambda name, at, *rest: resident.setdefault(name, mapped_rss(at)))
+    monkeypatch.setattr(copies, "cuda_call", lambda name, at, *rest: resident.setdefault(name, mapped_rss(at)))
     monkeypatch.setattr(copies, "FAULT_SLICE_MIN", copies.PAGE)  # several threads for a small buffer too
     monkeypatch.setattr(copies, "fault_threads", lambda: threads)
     pages = copies.pin_pages(10 * copies.PAGE + 5, prefault=prefault)  # 11 pages: slices of 4, 4 and 3 pages
@@ -413,7 +413,7 @@ def mapping_flags(address):
 def test_a_huge_page_buffer_is_private_advised_and_not_forked(monkeypatch, huge_pages):
     """``huge_pages``: private memory advised for transparent huge pages and kept from forked children, faulted in
     and zero like the shared mapping the engine uses by default."""
-    monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
+    monkeypatch.setattr(copies, "cuda_call", lambda *args: None)
     pages = copies.pin_pages(10 * copies.PAGE + 5, huge_pages=huge_pages)
     flags = mapping_flags(pages.address)
     assert ({"hg", "dc"} <= flags and "sh" not in flags) if huge_pages else ("sh" in flags and "hg" not in flags)

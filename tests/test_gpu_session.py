@@ -296,7 +296,7 @@ def test_the_probe_is_sized_to_leave_the_checkpoint_room(tmp_path):
 def test_the_probe_times_the_lazy_engines_pinning_with_and_without_its_fault_in(monkeypatch):
     """On the CPU, nothing registered: what the probe writes has the keys gpu_results.limits_of reads."""
     from restartbench.engines.lazy import copies
-    monkeypatch.setattr(copies, "_cuda_call", lambda *args: None)
+    monkeypatch.setattr(copies, "cuda_call", lambda *args: None)
     monkeypatch.setattr(gpu_probe.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(copies, "FAULT_SLICE_MIN", copies.PAGE)
     engine_pin = gpu_probe.engine_pin_cost(4 * gb.MiB, 2, device="cpu")

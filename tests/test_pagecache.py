@@ -160,7 +160,7 @@ def test_a_failed_measurement_is_an_error_naming_the_file_never_a_label(tmp_path
             return -1
 
     path = _written(tmp_path / "shard.pt")
-    monkeypatch.setattr(pagecache, "_libc", FailingLibc)
+    monkeypatch.setattr(pagecache, "libc", FailingLibc)
     with pytest.raises(OSError) as failure:
         pagecache.measure([path])
     assert (failure.value.errno, failure.value.strerror) == (errno.ENOMEM, f"mincore failed on {path}")

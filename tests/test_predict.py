@@ -586,7 +586,7 @@ def test_a_torch_saved_files_size_depends_on_its_names_length(tmp_path):
 
 
 def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypatch):
-    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})  # every entry measured here, none from an earlier test
+    monkeypatch.setattr(dcp_predict, "TENSOR_SIZES", {})  # every entry measured here, none from an earlier test
     n = tiny_numel()["all"]
     plan = predict(config("tiny", "tp1pp1dp1", "bf16", engine="dcp"))
     # bf16 module, then the fp32 partition (padded to 2 · dp) and Adam's two moments, and Adam's step (a 0-d fp32)
@@ -596,14 +596,14 @@ def test_dcp_on_one_rank_writes_every_tensor_byte_once_and_the_metadata(monkeypa
 
 @pytest.mark.parametrize("name", [name for name in STORED_RUNS if name.startswith("dcp")])
 def test_stored_dcp_runs_files_as_predicted_with_every_tensor_entry_measured_afresh(name, monkeypatch):
-    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
+    monkeypatch.setattr(dcp_predict, "TENSOR_SIZES", {})
     cached_bytes.cache_clear()
     assert_files_as_predicted(stored_run(name))
 
 
 def test_a_tensor_entry_is_measured_without_allocating_it(tmp_path, monkeypatch):
     """A 1 TiB tensor entry, on a machine with far less memory: meta tensors and a sparse file, no byte allocated."""
-    monkeypatch.setattr(dcp_predict, "_TENSOR_SIZES", {})
+    monkeypatch.setattr(dcp_predict, "TENSOR_SIZES", {})
     assert 2**40 < tensor_saved_size(torch.float32, (2**38,), str(tmp_path)) < 2**40 + 4096
 
 

@@ -202,7 +202,7 @@ def _probes(step, options, jobs):
 
 def test_a_failed_run_refuses_the_calibration_naming_it_and_writes_nothing(tmp_path, monkeypatch):
     options = _options(tmp_path)
-    monkeypatch.setattr(cal, "_probe", _probes)
+    monkeypatch.setattr(cal, "run_probe", _probes)
     monkeypatch.setattr(cal, "run_case", lambda case, *a, **k: {"case": {}, "exit": 3, "wall_s": 1.0,
                                                                 "log": f"/logs/{case.preset}.log"})
     steps = [s for s in cal.plan_steps(options, gpu_skip="cpu") if s.kind != "run" or s.case.preset == "small"]
@@ -236,7 +236,7 @@ def test_too_few_runs_for_a_term_refuse_naming_the_term_and_the_runs_that_would_
         def table(self):
             return pd.DataFrame(rows)
     monkeypatch.setattr("restartbench.analysis.collect", lambda root: Collected())
-    monkeypatch.setattr(cal, "_probe", _probes)
+    monkeypatch.setattr(cal, "run_probe", _probes)
     monkeypatch.setattr(cal, "per_process", lambda collected: {})
     with pytest.raises(cal.CalibrationError, match=r"too few runs.*torch: term 'torch stall'.*all have the same "
                                                    r"files, bytes; runs that would fit it:.*different bytes"):

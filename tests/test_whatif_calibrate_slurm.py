@@ -60,13 +60,13 @@ def test_the_slurm_plan_adds_the_shared_probe_and_2_node_runs_beside_the_1_node_
 
 
 def test_the_dry_run_prints_the_slurm_steps_and_whether_slurm_is_usable(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cal, "_sinfo", lambda: "node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n")
+    monkeypatch.setattr(cal, "run_sinfo", lambda: "node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n")
     assert cli.main(["--calibrate", "--out", str(tmp_path / "mine.yaml"), "--dry-run", "--engines", "torch",
                      "--slurm"]) == 0
     out = capsys.readouterr().out
     assert "[srun --nodes 2 --ntasks-per-node 1]" in out and "tiny tp1pp1dp2 torch (real, 2 nodes)" in out
     assert "Slurm: 2 node(s), 2 idle (node1, node2); one host" in out
-    monkeypatch.setattr(cal, "_sinfo", lambda: "node1|idle|127.0.0.1\n")
+    monkeypatch.setattr(cal, "run_sinfo", lambda: "node1|idle|127.0.0.1\n")
     assert cli.main(["--calibrate", "--out", str(tmp_path / "mine.yaml"), "--dry-run", "--engines", "torch",
                      "--slurm"]) == 0
     assert "would be refused" in capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_the_dry_run_prints_the_slurm_steps_and_whether_slurm_is_usable(tmp_path
 def test_without_slurm_commands_the_calibration_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cal.shutil, "which", lambda name: None)
     monkeypatch.setattr(cal, "run_case", lambda *a, **k: pytest.fail("nothing may run"))
-    monkeypatch.setattr(cal, "_probe", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(cal, "run_probe", lambda *a, **k: pytest.fail("nothing may run"))
     with pytest.raises(cal.CalibrationError, match=r"sinfo, sbatch, srun not on PATH.*slurm-local.sh up DIR 8 2"):
         cal.calibrate(_options(tmp_path, slurm=True, engines=("torch",)))
     assert cli.main(["--calibrate", "--out", str(tmp_path / "mine.yaml"), "--slurm", "--engines", "torch",
@@ -270,10 +270,10 @@ def test_a_calibration_with_slurm_writes_the_shared_fields_and_records_what_slur
     slurm = slurm_info.parse_sinfo("node1|idle|127.0.0.1\nnode2|idle|127.0.0.1\n", resolve=lambda a: a)
     steps = [s for s in cal.plan_steps(options, gpu_skip="cpu") if s.kind != "run"]
     seen = []
-    monkeypatch.setattr(cal, "_probe", lambda step, options, jobs: seen.append((step.name[:14], jobs)) or (
+    monkeypatch.setattr(cal, "run_probe", lambda step, options, jobs: seen.append((step.name[:14], jobs)) or (
         SHARED if step.name.startswith("shared") else STORAGE if step.name.startswith("storage") else COPY))
     fit = Fit(Limits(0.5, 1.0, "s"), calibrated_ranks=2)
-    monkeypatch.setattr(cal, "_fit", lambda *a, **k: seen.append(("fit", k)) or {"fit": fit, "runs": []})
+    monkeypatch.setattr(cal, "fit_runs", lambda *a, **k: seen.append(("fit", k)) or {"fit": fit, "runs": []})
     record = cal.calibrate(options, steps, slurm=slurm)
     assert seen == [("storage limits", 2), ("host copy", 2), ("shared storage", 1), ("fit", {"one_host": True})]
     assert record["slurm"]["idle"] == ["node1", "node2"] and record["shared_storage"] == SHARED

@@ -126,8 +126,9 @@ def probe_jobs(cases: tuple[Case, ...]) -> int:
 # -- Slurm -------------------------------------------------------------------------------------------------------
 
 
-def _sinfo() -> str:
-    """``sinfo -h -N -o %N|%T|%o`` (node, state, NodeAddr per line); CalibrationError where it cannot run."""
+def run_sinfo() -> str:
+    """``sinfo -h -N -o %N|%T|%o`` (node, state, NodeAddr per line); CalibrationError where it cannot run.
+    Public: tests replace it."""
     missing = [name for name in ("sinfo", "sbatch", "srun") if shutil.which(name) is None]
     if missing:
         raise CalibrationError(f"--slurm: no usable Slurm here ({', '.join(missing)} not on PATH); {SLURM_HOWTO}")
@@ -145,7 +146,7 @@ def _sinfo() -> str:
 def slurm_nodes(text: str | None = None) -> SlurmNodes:
     """The Slurm the calibration's --slurm steps run on; CalibrationError (saying what to do) where there is none
     usable: sinfo missing or failing, or fewer than ``SLURM_NODES`` idle nodes."""
-    found = parse_sinfo(_sinfo() if text is None else text)
+    found = parse_sinfo(run_sinfo() if text is None else text)
     if len(found.idle) < SLURM_NODES:
         listed = ", ".join(found.nodes) or "none"
         raise CalibrationError(f"--slurm: Slurm has {len(found.idle)} idle node(s) (nodes: {listed}), the "
@@ -489,14 +490,14 @@ class _Calibration:
         return entry.get("note") or f"exit {entry['exit']}"
 
     def probe(self, step: Step, entry: dict[str, Any]) -> str:
-        self.figures[step.name] = entry["figures"] = _probe(step, self.options,
-                                                            self.jobs_shared if step.via else self.jobs)
+        self.figures[step.name] = entry["figures"] = run_probe(step, self.options,
+                                                               self.jobs_shared if step.via else self.jobs)
         return shared_summary(entry["figures"]) if step.name.startswith("shared storage") else "done"
 
     def fit(self, step: Step, entry: dict[str, Any]) -> str:
         shared = _find(self.figures, "shared storage", required=False)
-        entry |= _fit(self.runs_folder, self.cases, self.record["steps"], self.options,
-                      one_host=bool(shared and shared["one_host"]))
+        entry |= fit_runs(self.runs_folder, self.cases, self.record["steps"], self.options,
+                          one_host=bool(shared and shared["one_host"]))
         self.figures["fit"] = entry.pop("fit")
         return f"{len(entry['runs'])} runs fitted"
 
@@ -529,7 +530,8 @@ def _find(figures: dict[str, Any], prefix: str, required: bool = True) -> Any:
     return None
 
 
-def _probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
+def run_probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
+    """The figures of one probe step, measured with ``jobs`` writers. Public: tests replace it."""
     if step.name.startswith("storage limits"):
         return probes.storage_limits(options.logs / "probe", jobs=jobs, size_mib=PROBE_MIB, repeats=PROBE_REPEATS)
     if step.name == "host copy":
@@ -549,11 +551,11 @@ def _probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
     raise CalibrationError(f"unknown probe {step.name!r}")
 
 
-def _fit(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: Options,
-         one_host: bool = False) -> dict[str, Any]:
+def fit_runs(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], options: Options,
+             one_host: bool = False) -> dict[str, Any]:
     """The fit on the complete runs of the planned cases; refused (naming the runs, or the term and the runs that
     would fit it) where a run failed or a term cannot be fitted. With ``one_host`` (the Slurm nodes are one machine)
-    a multi-node run enters the fit as one node (``one_host_as_one_node``)."""
+    a multi-node run enters the fit as one node (``one_host_as_one_node``). Public: tests replace it."""
     from restartbench.analysis import collect
 
     failed = [s for s in done if s.get("kind") == "run" and s.get("exit") != 0]

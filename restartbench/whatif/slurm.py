@@ -46,7 +46,7 @@ def _resolve(address: str) -> str:
 
 
 def parse_sinfo(text: str, resolve: Callable[[str], str] = _resolve) -> SlurmNodes:
-    """``_sinfo``'s lines as nodes (each once: sinfo -N repeats a node per partition), the idle ones (state idle or
+    """``run_sinfo``'s lines as nodes (each once: sinfo -N repeats a node per partition), the idle ones (state idle or
     mixed: not down, drained, allocated, not responding ``*`` or powered off ``~``) and whether one machine."""
     states: dict[str, str] = {}
     addresses: dict[str, str] = {}

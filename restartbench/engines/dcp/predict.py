@@ -110,7 +110,8 @@ def _tensor_bytes(data: Any) -> int:
     return math.prod(data.size) * data.properties.dtype.itemsize
 
 
-_TENSOR_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}
+TENSOR_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}
+"""``tensor_saved_size``'s measurements by (dtype, shape), kept for the process. Public: tests empty it."""
 
 
 def tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
@@ -118,10 +119,10 @@ def tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
     measured once per dtype and shape."""
     import torch
 
-    if (dtype, shape) not in _TENSOR_SIZES:
+    if (dtype, shape) not in TENSOR_SIZES:
         meta = torch.empty(shape, dtype=dtype, device="meta")
-        _TENSOR_SIZES[dtype, shape] = saved_size(meta, "tensor", scratch, stream=True)
-    return _TENSOR_SIZES[dtype, shape]
+        TENSOR_SIZES[dtype, shape] = saved_size(meta, "tensor", scratch, stream=True)
+    return TENSOR_SIZES[dtype, shape]
 
 
 PREDICTOR = EnginePredictor(dcp_save_files, DCP_TOLERANCE_BYTES, needs_folder=True)

@@ -121,11 +121,11 @@ class PinnedPages:
         start = time.perf_counter()
         self.fault_threads = fault_in(self.address, self.length) if prefault else 0
         self.fault_s = time.perf_counter() - start
-        _cuda_call("cudaHostRegister", self.address, self.length, 0)  # 0: cudaHostRegisterDefault
+        cuda_call("cudaHostRegister", self.address, self.length, 0)  # 0: cudaHostRegisterDefault
         self.register_s = time.perf_counter() - start - self.fault_s
         # Runs once: at unpin, or when this object is collected, while it still holds the mapping (not at exit,
         # where the process's end frees both).
-        self._unregister = weakref.finalize(self, _cuda_call, "cudaHostUnregister", self.address)
+        self._unregister = weakref.finalize(self, cuda_call, "cudaHostUnregister", self.address)
         self._unregister.atexit = False
 
     def unpin(self) -> None:
@@ -180,7 +180,8 @@ def fault_in(address: int, length: int, threads: int | None = None) -> int:
     return len(slices)
 
 
-def _cuda_call(name: str, *args: int) -> None:
+def cuda_call(name: str, *args: int) -> None:
+    """The CUDA runtime's ``name`` called with ``args``; LazyRestoreError where it fails. Public: tests replace it."""
     error = int(getattr(torch.cuda.cudart(), name)(*args))
     if error != 0:
         size = f" of {args[1]} bytes" if len(args) > 1 else ""
