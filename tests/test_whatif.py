@@ -254,6 +254,8 @@ def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path,
     assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "torch,lazy", "--json",
                      "--prefetch"]) == 0
     assert [e["prefetched"] for e in json.loads(capsys.readouterr().out)["engines"]] == [False, True]
+    assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--json"]) == 0  # every engine fitted
+    assert sorted(e["engine"] for e in json.loads(capsys.readouterr().out)["engines"]) == ["lazy", "torch"]
     before = sorted(tmp_path.iterdir())
     assert cli.main(["tiny", "tp3pp1dp1", "--cluster", str(cluster_file)]) == 2
     assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "dcp"]) == 2

@@ -29,7 +29,6 @@ from restartbench.whatif.cluster import ClusterError, load_cluster
 from restartbench.whatif.fit import FitError, read_fit
 from restartbench.whatif.predict import RESTART_PARTS, WhatIfError, whatif
 
-DEFAULT_ENGINES = "torch,lazy,dcp"
 GB = 1e9
 
 
@@ -38,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("preset", nargs="?", help=f"model preset ({', '.join(PRESETS)})")
     parser.add_argument("layout", nargs="?", help="parallel layout with every degree, such as tp8pp8dp4")
     parser.add_argument("--cluster", type=Path, help="cluster file (YAML; clusters/*.yaml)")
-    parser.add_argument("--engines", default=DEFAULT_ENGINES, help="engines, comma-separated (default: %(default)s; "
-                        "with --calibrate, the engines the calibration runs)")
+    parser.add_argument("--engines", default=None, help="engines, comma-separated (default: every engine the "
+                        "cluster file's calibration ran; with --calibrate, torch, lazy and dcp)")
     parser.add_argument("--failures-per-gpu-hour", type=float, default=goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
                         help="failure rate for the goodput (default: Llama 3's, %(default).3g)")
     parser.add_argument("--iteration-s", type=float, default=None,
@@ -75,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_list(text: str) -> tuple[str, ...]:
+    """``--engines``' comma-separated names."""
+    return tuple(e.strip() for e in text.split(",") if e.strip())
+
+
 def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """--calibrate: refuses the prediction's arguments, bad options and existing files before anything runs."""
     from restartbench.whatif import calibrate
@@ -87,7 +91,8 @@ def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         parser.error("--calibrate needs --out FILE.yaml, the cluster file it writes")
     options = calibrate.Options(
         out=args.out.absolute(), logs=(args.logs or Path("logs") / f"calibrate-{args.out.stem}").absolute(),
-        engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()), timeout_s=args.timeout,
+        engines=engine_list(args.engines) if args.engines is not None else calibrate.DEFAULT_ENGINES,
+        timeout_s=args.timeout,
         gpus_per_node=args.gpus_per_node, name=args.name, force=args.force, slurm=args.slurm,
         run_device=args.run_device)
     try:
@@ -118,7 +123,7 @@ def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = load_cluster(args.cluster)
     fit = read_fit(cluster.fit_path())
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    engines = list(engine_list(args.engines) if args.engines is not None else fit.real_engines())
     if not engines:
         raise WhatIfError("--engines names no engine")
     return whatif(args.preset, args.layout, engines, cluster, fit, args.failures_per_gpu_hour, args.iteration_s,

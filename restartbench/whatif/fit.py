@@ -94,6 +94,10 @@ class Fit:
     until then: ``cpu``. A prediction for a cluster of another device says its figures rest on this one's
     (``restartbench.whatif.predict.device_note``)."""
 
+    def real_engines(self) -> list[str]:
+        """The engines fitted on real runs (not their ``-emulated`` lines): those a prediction can be made for."""
+        return [name for name in self.engines if not name.endswith("-emulated")]
+
     def engine(self, name: str) -> dict[str, Line]:
         if name in self.unfitted:
             raise FitError(f"engine {name!r} was not fitted: {self.unfitted[name]}")
