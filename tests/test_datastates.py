@@ -397,34 +397,44 @@ def test_what_datastates_was_handed_is_kept_alive_until_its_writes_are_waited_fo
     engine.close()
 
 
+def _deepspeed_engine_over(datastates, calls):
+    """A DeepSpeed engine as ``DataStatesEngine`` reaches it: its ``checkpoint_engine`` is DeepSpeed's
+    ``DataStatesCheckpointEngine`` (a save's ``commit_info`` pending, ``commit`` recorded in ``calls``), whose
+    ``ckpt_engine`` is the adapter, ``datastates``; no optimizer, so no step to guard."""
+    checkpoint_engine = types.SimpleNamespace(ckpt_engine=datastates, commit_info="info",
+                                              commit=lambda info: calls.append("commit"))
+    return types.SimpleNamespace(optimizer=None, checkpoint_engine=checkpoint_engine)
+
+
 def test_datastates_durability_waits_for_the_writes_and_a_failed_save_for_what_it_queued(monkeypatch):
     calls = []
-    engine = DataStatesEngine(EngineConfig(engine="datastates"))
-    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {
-        "wait_for_writes": lambda self, timeout_s=3600.0: calls.append(("writes", timeout_s))})())
-    monkeypatch.setattr(engine, "_commit", lambda: calls.append("commit"))
+
+    class Adapter:
+        def wait_for_writes(self, timeout_s=3600.0):
+            calls.append(("writes", timeout_s))
+
+        def close(self):
+            calls.append("close")
+
+    monkeypatch.setattr(DeepSpeedEngine, "save", lambda self, ds_engine, save_dir, tag: None)  # queued, returned
     monkeypatch.setattr(DeepSpeedEngine, "wait_until_durable", lambda self: calls.append("fsync") or 1.0)
-    engine._ds_engine = object()
+    engine = DataStatesEngine(EngineConfig(engine="datastates"))
+    engine.save(_deepspeed_engine_over(Adapter(), calls), "/nowhere", "step1")
     assert engine.wait_until_durable() == 1.0
     assert calls == ["commit", ("writes", 3600.0), "fsync"]
     calls.clear()
-    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {"close": lambda self: calls.append("close")})())
-    engine.close()
-    assert calls == ["close"]
-    engine._ds_engine = None  # a phase without a save (the restore's): nothing to close
     engine.close()
     assert calls == ["close"]
     calls.clear()
-    engine._ds_engine = object()
-    monkeypatch.setattr(engine, "_adapter", lambda: type("A", (), {
-        "wait_for_writes": lambda self, timeout_s=3600.0: calls.append(("writes", timeout_s))})())
+    DataStatesEngine(EngineConfig(engine="datastates")).close()  # a phase without a save (the restore's): no close
+    assert calls == []
 
     def failing_save(self, ds_engine, save_dir, tag):
         raise adapter.DataStatesConfigError("too big")
     monkeypatch.setattr(DeepSpeedEngine, "save", failing_save)
-    monkeypatch.setattr(engines.deepspeed.engine, "guard_optimizer_step", lambda *args: None)
+    engine = DataStatesEngine(EngineConfig(engine="datastates"))
     with pytest.raises(adapter.DataStatesConfigError, match="too big"):
-        engine.save(object(), "/nowhere", "step1")
+        engine.save(_deepspeed_engine_over(Adapter(), calls), "/nowhere", "step1")
     assert calls == [("writes", 600.0)]
 
 

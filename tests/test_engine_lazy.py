@@ -533,10 +533,10 @@ def test_gpu_waits_are_reported_once_the_gpu_passed_them_at_their_steps_time():
     time of its step, which places it in its iteration (results._step_times)."""
     saver, seen = LazyEngine(options()), []
     saver.on_copy_wait = lambda tag, seconds, at: seen.append((tag, seconds, at))
-    saver._gpu_waits = [("step2", PassedWait(True, 0.25, 100.0)), ("step4", PassedWait(False, 0.5, 200.0))]
+    saver.gpu_waits = [("step2", PassedWait(True, 0.25, 100.0)), ("step4", PassedWait(False, 0.5, 200.0))]
     assert saver.background_done() and seen == [("step2", 0.25, 100.0)]
     assert saver.stall_extra_s == 0  # the last save's tag (none here) waited for nothing; both are reported now
-    assert seen == [("step2", 0.25, 100.0), ("step4", 0.5, 200.0)] and saver._gpu_waits == []
+    assert seen == [("step2", 0.25, 100.0), ("step4", 0.5, 200.0)] and saver.gpu_waits == []
     assert [w["seconds"] for w in saver.copy_waits] == [0.25, 0.5]
 
 

@@ -105,8 +105,9 @@ class LazyEngine(CheckpointEngine):
         self.copy_waits: list[dict[str, Any]] = []
         """Every wait at the optimizer step for copies still in flight: tag, seconds; each is also reported to
         ``on_copy_wait`` (from the training thread) with the wall time the step began waiting."""
-        self._gpu_waits: list[tuple[str | None, GpuWait]] = []
-        """CUDA: the compute stream's waits not read yet (the GPU may not have passed them)."""
+        self.gpu_waits: list[tuple[str | None, GpuWait]] = []
+        """CUDA: the compute stream's waits not read yet (the GPU may not have passed them). Public: tests put
+        GPU-less stand-ins here."""
 
     # -- save ----------------------------------------------------------------------
 
@@ -207,7 +208,7 @@ class LazyEngine(CheckpointEngine):
             return
         self._copies = None
         if copies.on_gpu:
-            self._gpu_waits.append((tag, copies.gate(torch.cuda.current_stream(self._stream.device))))
+            self.gpu_waits.append((tag, copies.gate(torch.cuda.current_stream(self._stream.device))))
             return
         at, start = time.time(), time.perf_counter()
         try:
@@ -219,12 +220,12 @@ class LazyEngine(CheckpointEngine):
     def _report_gpu_waits(self, block: bool) -> None:
         """Report the GPU waits the GPU has passed (``block``: all of them, waiting for the GPU if it has not)."""
         pending = []
-        for tag, wait in self._gpu_waits:
+        for tag, wait in self.gpu_waits:
             if block or wait.done():
                 self._report_wait(tag, wait.seconds(), wait.at)
             else:
                 pending.append((tag, wait))
-        self._gpu_waits = pending
+        self.gpu_waits = pending
 
     def _report_wait(self, tag: str | None, seconds: float, at: float) -> None:
         self.copy_waits.append({"tag": tag, "seconds": seconds})
