@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -222,16 +223,23 @@ class _HostTierLike:
     ``at_once``: written as it is handed over, as an idle host tier may write it before ``ckpt_tensor``'s caller goes
     on (host_tier.cpp lines 38-54: the file created if missing, opened without truncation, seek, write).
     ``address_only``: as the compiled engine, it keeps no reference to the tensor (a ``mem_region_t`` holds its
-    ``data_ptr()``, engine.cpp lines 25 and 29); one freed before its write is written as freed memory reads (0xdd)."""
+    ``data_ptr()``, engine.cpp lines 25 and 29); one freed before its write is written as freed memory reads (0xdd).
+    ``gate``: a host tier that is behind, writing nothing until the event is set (then all, in order). ``handed``
+    lists the (path, offset) of each tensor handed over, ``done`` those written, once written."""
 
-    def __init__(self, write_s: float = 0.05, at_once: bool = False, address_only: bool = False):
+    def __init__(self, write_s: float = 0.05, at_once: bool = False, address_only: bool = False,
+                 gate: threading.Event | None = None):
         self.queue: queue.Queue = queue.Queue()
-        self.write_s, self.at_once, self.address_only = write_s, at_once, address_only
+        self.write_s, self.at_once, self.address_only, self.gate = write_s, at_once, address_only, gate
+        self.handed: list[tuple[str, int]] = []
+        self.done: list[tuple[str, int]] = []
         threading.Thread(target=self._write, daemon=True).start()
 
     def ckpt_tensor(self, version, tensor, size, offset, path):
+        self.handed.append((path, offset))
         if self.at_once:
             self._write_one(tensor, size, offset, path)
+            self.done.append((path, offset))
         elif self.address_only:
             self.queue.put((weakref.ref(tensor), size, offset, path))
         else:
@@ -246,10 +254,13 @@ class _HostTierLike:
     def _write(self):
         while True:
             tensor, size, offset, path = self.queue.get()
+            if self.gate is not None:
+                self.gate.wait()
             time.sleep(self.write_s)
             if isinstance(tensor, weakref.ref):
                 tensor = tensor()
             self._write_one(tensor, size, offset, path)
+            self.done.append((path, offset))
 
     @staticmethod
     def _write_one(tensor, size, offset, path):
@@ -445,6 +456,203 @@ def test_the_build_script_installs_this_adapter_as_datastates_and_every_save_nam
     assert "restartbench/engines/deepspeed/datastates_adapter.py" in adapter.ADAPTER_NOTE
     assert Path(ROOT, "restartbench/engines/deepspeed/datastates_adapter.py").exists()
     assert "get_commit_info" in DataStatesEngine.STEP_GUARD_NOTE and DataStatesEngine.asynchronous
+
+
+# --- the GPU run's chain, rehearsed on the CPU -----------------------------------------------------------------------
+
+
+def _lay_out_as_the_build_does(site: Path) -> None:
+    """``site`` as scripts/build-datastates.sh leaves it, less the compiled engine: the script's own two lines, run
+    here, copy DataStates' Python modules (from the vendored tree, of which the build copies a copy) and write its
+    ``datastates/__init__.py`` (the adapter's import)."""
+    script = BUILD.read_text()
+    copy = re.search(r'^\(cd "\$WORK/datastates-llm" && find .*?\\;\)$', script, re.M | re.S)[0]
+    init = re.search(r"""^cat > "\$TARGET/datastates/__init__.py" <<'EOF'$.*?^EOF$""", script, re.M | re.S)[0]
+    proc = subprocess.run(["bash", "-euc", f'mkdir -p "$TARGET"\n{copy}\n{init}\n'], capture_output=True, text=True,
+                          env={**os.environ, "WORK": str(VENDORED.parent), "TARGET": str(site)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (site / "datastates" / "llm" / "checkpointing.py").is_file()
+
+
+class _TorchWithCuda:
+    """``torch`` as DataStates' ``checkpointing`` module sees it in the rehearsal: CUDA there, device 0 current
+    (what ``Checkpointing.__init__`` asks, lines 21 and 27); everything else is torch's."""
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@pytest.fixture
+def built_datastates(tmp_path, monkeypatch):
+    """The ``datastates`` package as the build makes it (``_lay_out_as_the_build_does``, first on sys.path), its
+    compiled handle (``datastates.ckpt.src``) a ``_HostTierLike`` per engine made (``hosts``; ``options`` as the test
+    sets them), and CUDA said to be there for DataStates' ``Checkpointing`` alone: its module's ``torch`` is a
+    ``_TorchWithCuda``, so DeepSpeed and torch still see this CPU. The modules imported are forgotten afterwards."""
+    def loaded():
+        return [name for name in sys.modules if name == "datastates" or name.startswith("datastates.")]
+    for name in loaded():
+        monkeypatch.delitem(sys.modules, name)
+    site = tmp_path / "site"
+    _lay_out_as_the_build_does(site)
+    monkeypatch.syspath_prepend(str(site))
+    made = types.SimpleNamespace(hosts=[], options={})
+    monkeypatch.setitem(sys.modules, "datastates.ckpt.src", types.SimpleNamespace(
+        handle=lambda cache_bytes, gpu, rank: made.hosts.append(_HostTierLike(**made.options)) or made.hosts[-1]))
+    checkpointing = importlib.import_module("datastates.llm.checkpointing")
+    assert Path(checkpointing.__file__).is_relative_to(site)
+    monkeypatch.setattr(checkpointing, "torch", _TorchWithCuda())
+    yield made
+    for name in loaded():
+        del sys.modules[name]
+
+
+SEED = 1234
+"""The rehearsal's run seed (model and data)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _study_deepspeed_engine(setup):
+    """A DeepSpeed engine as a rank of the study builds one (train.py: ``build_pipeline_module`` from the run's seed,
+    ``deepspeed.initialize`` with the run's DeepSpeed JSON)."""
+    import deepspeed
+
+    from restartbench.model import build_pipeline_module
+
+    module = build_pipeline_module(setup.preset, setup.layout, seed=SEED)
+    return deepspeed.initialize(model=module, model_parameters=module.parameters(), config=setup.ds_config)[0]
+
+
+def _train_iteration(engine, preset, step) -> float:
+    """One iteration as train.py's ``_iteration`` runs it: the study's data for ``step``, ``train_batch``."""
+    from restartbench.data import micro_batches
+
+    batches = micro_batches(vocab_size=preset.vocab_size, seq_len=preset.seq_len, micro_batch=1,
+                            grad_accum=engine.gradient_accumulation_steps(), step=step, dp_rank=0, seed=SEED)
+    return float(engine.train_batch(data_iter=iter(batches)))
+
+
+def _restored_parts(engine) -> dict[str, torch.Tensor]:
+    """What the restore must give back, copied: the module's weights, ZeRO-1's fp32 partitions and, per partition,
+    AdamW's moments and step."""
+    zero = engine.optimizer
+    parts = {f"module.{name}": value for name, value in engine.module.state_dict().items()}
+    for i, flat in enumerate(zero.single_partition_of_fp32_groups):
+        parts[f"fp32_partition.{i}"] = flat
+        for key, value in zero.optimizer.state[flat].items():
+            parts[f"adam.{i}.{key}"] = value
+    return {name: value.detach().clone() for name, value in parts.items()}
+
+
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")  # DataStates' load, torch.frombuffer
+@pytest.mark.parametrize("host_tier", ["behind", "idle"])
+def test_a_cpu_rehearsal_of_the_gpu_run_restores_real_deepspeeds_state_exactly(tmp_path, monkeypatch,
+                                                                                built_datastates, host_tier):
+    """The GPU run's chain on this CPU, but for the compiled engine and the device. The ``datastates`` package is laid
+    out as scripts/build-datastates.sh lays it out (the adapter as ``datastates/__init__.py``, DataStates' Python
+    unchanged); its compiled handle is a host tier that writes each tensor at its offset (``_HostTierLike``), either
+    ``behind``: from its own thread, in order, keeping the tensor's address only (``address_only``) and writing
+    nothing until the iteration after the save has run (what the adapter's copies and keep-alive are for), or
+    ``idle``: each tensor written as it is handed over (what the hand-over after save_background's truncating open is
+    for). A real DeepSpeed 0.19.8 engine of the study's tiny model (a PipelineEngine, tp1pp1dp1, ZeRO-1, fp32, the
+    study's AdamW and WarmupLR, its DeepSpeed JSON rendered with the engine's ``datastates_ckpt`` block) runs on
+    gloo, world size 1, in this process: DeepSpeed makes its own DataStatesCheckpointEngine, which imports
+    ``datastates.CheckpointEngine`` and makes the adapter over DataStates' ``Checkpointing``. The harness's engine
+    (``create_engine``, as train.py makes it) then goes through a phase as train.py does: 3 iterations (WarmupLR
+    gives the first two lr 0: a save after one could not tell a load of the weights from none), the state the
+    study's proof digests, ``save`` of step3, one more iteration (its optimizer step guarded: DeepSpeed's commit
+    first, reported as the copy wait), ``wait_until_durable`` (every tensor written by then), ``close``. A fresh
+    engine built the same way, with a fresh harness engine, ``load``s step3: the weights, ZeRO's fp32 partitions,
+    AdamW's moments and step equal those at the save exactly, and so does the study's proof digest (model,
+    optimizer, scheduler, step counter); its next iteration, the restore phase's first, gives the uninterrupted
+    run's loss and state.
+
+    Two things differ from the GPU, each the narrowest way round the CPU: DataStates' ``Checkpointing`` alone is told
+    CUDA is there (its module's ``torch``, ``_TorchWithCuda``; DeepSpeed and torch see the CPU), and every tensor of
+    the state is a CPU tensor, so the adapter hands DataStates copies of all of them (on a GPU only Adam's step is
+    one; the device tensors' copies are the GPU tier's, taken before ``wait`` returns)."""
+    import deepspeed
+
+    from restartbench import runtime
+    from restartbench.config import RunConfig
+    from restartbench.engines import create_engine
+    from restartbench.plan import setup_for
+    from restartbench.verify import compare, training_state_digest
+
+    cfg = RunConfig()
+    cfg.model.preset, cfg.layout.layout, cfg.model.dtype, cfg.engine.engine = "tiny", "tp1pp1dp1", "fp32", "datastates"
+    cfg.engine.host_cache_gb, cfg.train.seed = 2.0, SEED
+    setup = setup_for(cfg)
+    assert setup.ds_config["datastates_ckpt"] == {"host_cache_size": 2.0}
+    assert setup.ds_config["zero_optimization"]["stage"] == 1 and not setup.ds_config["bf16"]["enabled"]
+    behind = threading.Event()
+    built_datastates.options = ({"write_s": 0.001, "address_only": True, "gate": behind} if host_tier == "behind"
+                                else {"at_once": True})
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port())), ("RANK", "0"),
+                        ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    runtime.skip_shm_comm_build()
+    runtime.init_distributed("gloo", 120)
+    checkpoints = tmp_path / "checkpoints"
+    try:
+        engine = _study_deepspeed_engine(setup)
+        made = engine.checkpoint_engine
+        assert type(made).__name__ == "DataStatesCheckpointEngine"
+        assert isinstance(made.ckpt_engine, adapter.CheckpointEngine) and len(built_datastates.hosts) == 1
+        saver = create_engine(cfg.engine)
+        assert isinstance(saver, DataStatesEngine)
+        saver.prepare(engine)
+        copy_waits = []
+        saver.on_copy_wait = lambda tag, seconds, at: copy_waits.append(tag)
+        for step in (1, 2, 3):
+            _train_iteration(engine, setup.preset, step)
+        at_save, digest_at_save = _restored_parts(engine), training_state_digest(engine)
+        saver.save(engine, str(checkpoints), "step3")
+        assert copy_waits == [] and made.commit_info is not None
+        loss = _train_iteration(engine, setup.preset, 4)
+        assert copy_waits == ["step3"] and made.commit_info is None  # committed before the optimizer step
+        host = built_datastates.hosts[0]
+        assert host.handed and sorted(host.done) == ([] if host_tier == "behind" else sorted(host.handed))
+        changed = _restored_parts(engine)
+        assert [name for name in at_save if torch.equal(at_save[name], changed[name])] == []  # in place, all moved
+        behind.set()
+        saver.wait_until_durable()
+        checkpoint_writes = sorted(write for write in host.handed if "drain" not in write[0])
+        assert sorted(write for write in host.done if "drain" not in write[0]) == checkpoint_writes
+        written = saver.written()
+        assert {Path(record.path).name for record in written} >= {
+            "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            *(f"layer_{i:02}-model_00-model_states.pt" for i in range(7))}
+        assert all(record.bytes > 0 for record in written)
+        for record in written:  # DataStates' format under DeepSpeed's names: 8-byte length, a JSON header
+            with open(record.path, "rb") as f:
+                assert "datastates_metadata" in json.loads(f.read(int.from_bytes(f.read(8), "little"))), record.path
+        saver.close()
+
+        restored = _study_deepspeed_engine(setup)
+        fresh = _restored_parts(restored)
+        assert [name for name in fresh if torch.equal(fresh[name], at_save[name])] == []
+        assert not [name for name in fresh if name.startswith("adam.")]  # no optimizer step yet: no Adam state
+        loader = create_engine(cfg.engine)
+        loader.load(restored, str(checkpoints), "step3")
+        assert {Path(r.path).name for r in loader.read()} >= {Path(r.path).name for r in written}
+        back = _restored_parts(restored)
+        assert list(back) == list(at_save)
+        assert [name for name in at_save if not torch.equal(back[name], at_save[name])] == []
+        assert compare(digest_at_save, training_state_digest(restored)) == []
+        assert _train_iteration(restored, setup.preset, 4) == loss  # the restore phase's first iteration
+        resumed = _restored_parts(restored)
+        assert [name for name in changed if not torch.equal(resumed[name], changed[name])] == []
+        loader.close()
+    finally:
+        deepspeed.comm.destroy_process_group()
+    assert not [name for name in os.listdir(checkpoints) if "drain" in name]  # the adapter's marker file is gone
 
 
 # --- on a CUDA GPU ---------------------------------------------------------------------------------------------------
