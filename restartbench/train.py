@@ -85,7 +85,7 @@ class RankRun:
         self.store = open_store(self.ckpt_dir, self.plan.remote)
         """The checkpoint's own files (manifest, latest, hashes): a folder or an object-store prefix."""
         self.chosen: tuple[str, dict[str, Any]] | None = None
-        """A relaunch's checkpoint and page-cache state, where chosen before the model is built (a prefetch)."""
+        """A relaunch's checkpoint and page-cache state, chosen before the model is built."""
         self.prefetched: Any = None
         """What the engine's prefetcher started (``_prefetch_checkpoint``), for its ``prepare``; None: nothing."""
 
@@ -93,8 +93,8 @@ class RankRun:
 
     def start(self) -> None:
         """Start-up as a relaunch after a failure does it, each part its own span: imports, distributed init, the
-        model, deepspeed.initialize and the checkpoint engine's set-up (a prefetching engine's read before the
-        model)."""
+        model, deepspeed.initialize and the checkpoint engine's set-up; a relaunch chooses and checks its checkpoint
+        before the model (and starts a prefetching engine's read)."""
         with self.log.span(Event.STARTUP_IMPORTS):
             import deepspeed  # noqa: F401
             import torch  # noqa: F401
@@ -109,7 +109,7 @@ class RankRun:
         with self.log.span(Event.STARTUP_DIST_INIT, backend=self.plan.backend):
             runtime.init_distributed(self.plan.backend, self.cfg.launch.collective_timeout_s)
         self._say(f"{self.phase}: {self.plan.world_size} ranks up ({self.plan.backend})")
-        self._prefetch_checkpoint()
+        self._choose_before_start_up()
         module = self._build_model(runtime)
         self._say(f"{self.phase}: model built; deepspeed.initialize")
         self._initialize(module)
@@ -168,22 +168,30 @@ class RankRun:
         self.ckpt_engine.on_copy_wait = lambda tag, seconds, at: self.log.emit(
             Event.CHECKPOINT_COPY_WAIT, tag=tag, step=_step_of(tag), duration_s=seconds, time=at)
 
-    def _prefetch_checkpoint(self) -> None:
-        """On a relaunch in the layout that saved, with an engine whose prefetcher the run enables
-        (``EngineInfo.prefetcher``): choose the checkpoint and evict it from the page cache now, then start the
-        engine's read of it (the ``restore.prefetch`` span), which goes on while the model is built and DeepSpeed
-        initializes. Every other relaunch chooses its checkpoint just before the load, as before."""
+    def _choose_before_start_up(self) -> None:
+        """On a relaunch of an engine that restores state: choose the checkpoint (its files checked against its
+        manifest) and evict it from the page cache now, before the model is built, so that a missing or damaged
+        checkpoint is refused before the start-up is spent (minutes at scale); then start a prefetching engine's
+        read (``_prefetch_checkpoint``). Nothing in the start-up reads the checkpoint, so the load still finds it
+        as chosen (cold, or as ``--restore-cache`` left it)."""
+        if self.phase != "restore" or not self.saves_state:
+            return
+        self.chosen = self._choose_checkpoint()
+        self._prefetch_checkpoint(self.chosen[0])
+
+    def _prefetch_checkpoint(self, tag: str) -> None:
+        """In the layout that saved, with an engine whose prefetcher the run enables (``EngineInfo.prefetcher``):
+        start the engine's read of checkpoint ``tag`` (the ``restore.prefetch`` span), which goes on while the model
+        is built and DeepSpeed initializes."""
         from restartbench.engines import prefetcher
 
         early = prefetcher(self.cfg.engine.engine)
-        if self.phase != "restore" or early is None or not early.enabled(self.cfg.engine) or self.relayout \
-                or self.store.remote:
+        if early is None or not early.enabled(self.cfg.engine) or self.relayout or self.store.remote:
             return
         from restartbench.engines.base import RankPlace
         from restartbench.layout import Layout
         from restartbench.model import rank_coordinates
 
-        self.chosen = tag, _ = self._choose_checkpoint()
         layout = Layout(**self.plan.layout)
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if self.plan.device == "cuda" else "cpu"
         place = RankPlace(*rank_coordinates(layout, self.rank), dp_size=layout.dp, device=device)
@@ -205,7 +213,7 @@ class RankRun:
         for step in range(1, train.iters + 1):
             loss = self._iteration(step)
             self._say(f"train: iteration {step}/{train.iters} loss {loss:.4f}")
-            if self.ckpt_engine.saves_state and (step % train.save_interval == 0 or step == train.iters):
+            if self.saves_state and (step % train.save_interval == 0 or step == train.iters):
                 self._checkpoint(step)
         self._reference_step(train.iters + 1)
         self._train_after_last_save(train.iters + 2)
@@ -325,11 +333,11 @@ class RankRun:
     # -- phase 2 -------------------------------------------------------------------------
 
     def restore_phase(self) -> None:
-        if not self.ckpt_engine.saves_state:
+        if not self.saves_state:
             return self._restart_without_checkpoint()
         from restartbench.faults import kill_in_load
 
-        tag, cache = self.chosen or self._choose_checkpoint()
+        tag, cache = self.chosen
         step = _step_of(tag)
         self._say(f"restore: loading {tag} from {self.ckpt_dir} ({self.cfg.engine.engine}, {cache['cache']} page "
                   "cache)" + (f", saved on {self.saved_layout}, onto {self.plan.layout_name}" if self.relayout else ""))
@@ -348,6 +356,13 @@ class RankRun:
         self._end_restore(tag, problems, loss, self.cfg.launch.verify,
                           f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                           + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
+
+    @property
+    def saves_state(self) -> bool:
+        """The run's engine saves and restores state (every engine but ``none``)."""
+        from restartbench.engines import engine_info
+
+        return engine_info(self.cfg.engine.engine).saves_state
 
     @property
     def relayout(self) -> bool:

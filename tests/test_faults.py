@@ -109,6 +109,8 @@ def test_corrupt_checkpoint_is_detected_named_and_refused_then_fallen_back_from(
     assert {e["rank"] for e in errors} == {0, 1} and all(e["refused"] for e in errors)
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in errors[-1]["error"]
     assert ("hash differs from the manifest" if damage == "flip" else "truncated") in errors[-1]["error"]
+    started = {e["event"] for e in last_attempt_events(complete_run)}
+    assert "restore.check_files" in started and "startup.model_build" not in started, "refused before the start-up"
     said = (complete_run / "restore-2.stderr.log").read_text()
     assert said.count("fails its manifest check") == 1 and "restartbench/train.py" not in said, "once, no traceback"
     assert refused.stdout.count("fails its manifest check") == 1

@@ -69,7 +69,7 @@ def test_train_checkpoint_relaunch_restore_is_exact(study_runs, layout, tp, pp, 
 def test_the_terminal_names_each_long_part_before_it_runs(study_runs):
     """A person watching reads what the run is doing before each part that grows with the model (tens of seconds
     each at 1B on a GPU): the model build, deepspeed.initialize, the engine's set-up, the proof's digests, the wait
-    until durable with the manifest's checksums, the files' check before a restore, and the load."""
+    until durable with the manifest's checksums, the files' check before the relaunch's start-up, and the load."""
     proc, _ = study_runs["tp2pp2"]
     said = [line.split(" ", 2)[2] for line in proc.stdout.splitlines() if line.startswith("[restartbench]")]
     expected = ["train: 4 ranks up (gloo)", "train: model built; deepspeed.initialize",
@@ -77,9 +77,9 @@ def test_the_terminal_names_each_long_part_before_it_runs(study_runs):
                 "train: checkpoint step2 -> ", "the proof's digest first",
                 "train: checkpoint step2: waiting until durable, then its files' checksums for its manifest",
                 "train: checkpoint step2 durable on every rank and committed",
-                "restore: 4 ranks up (gloo)", "restore: model built; deepspeed.initialize",
-                "restore: DeepSpeed ready; setting up the torch engine",
-                "restore: checking step4's files against its manifest", "restore: loading step4 ",
+                "restore: 4 ranks up (gloo)", "restore: checking step4's files against its manifest",
+                "restore: model built; deepspeed.initialize", "restore: DeepSpeed ready; setting up the torch engine",
+                "restore: loading step4 ",
                 "restore: step4 loaded; the proof's digest of the restored state", "restore: resumed at iteration 5"]
     position = 0
     for phrase in expected:  # each in order, the digest's clause on the checkpoint's own line

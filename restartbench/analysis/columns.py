@@ -16,7 +16,9 @@ RESTART_PART_COLUMNS = [(f"restart_{label.replace(' ', '_')}_s", label) for _eve
 #: started last; every rank waits for it there), in launch order. ``check files`` (the manifest check), ``cache``
 #: (the page cache's eviction and measure before the load) and ``verify`` (the exactness check) are the harness's
 #: own work (``HARNESS_PARTS``), ``gaps`` the time between spans; with ``1st iter`` they add up to the restart total.
-PATH_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "check files", "cache",
+#: Since 2026-12-07 every relaunch checks and evicts its checkpoint right after the distributed init, before the model
+#: is built (earlier runs did it after the engine set-up, but with ``--lazy-prefetch``): the parts are in that order.
+PATH_PARTS = ("launch", "imports", "dist init", "check files", "cache", "model build", "ds init", "engine setup",
               "convert", "ckpt load", "verify", "gaps", "1st iter")
 #: The critical path's parts that are the harness checking itself, not what a training job's restart costs: a job
 #: that checks nothing takes ``restart_less_checks_s`` (restart_s less these).

@@ -80,6 +80,9 @@ class EngineInfo:
     """The engine's ``load`` itself restores a checkpoint written on another layout, each new rank reading what it
     needs, with no offline pass."""
     not_resharded: str = ""
+    saves_state: bool = True
+    """False only for ``none``: the harness then never calls ``save`` or ``load``, and its relaunch chooses no
+    checkpoint."""
     """Why a restart of this engine's checkpoints on another layout is skipped (recorded with the attempt)."""
     prefetcher: str | None = None
     """``module:attribute`` of the engine's ``Prefetcher``: how, on a relaunch in the layout that saved, it starts
@@ -205,9 +208,6 @@ class CheckpointEngine(abc.ABC):
     asynchronous: bool = False
     """False: the harness waits for durability right after ``save``. True: only before the next save or at
     the end of training, so that the background write overlaps training as it would in a real job."""
-
-    saves_state: bool = True
-    """False only for ``none``: the harness then never calls ``save`` or ``load``."""
 
     workarounds: Sequence[str] = ()
     """What the harness changed for the engine's last save, read after each ``save`` and recorded with it

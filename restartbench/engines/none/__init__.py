@@ -8,5 +8,6 @@ ENGINES = (
                "no checkpoint: the baseline iteration time, and a relaunch that restores nothing",
                object_store=True, predictor="restartbench.engines.none.engine:PREDICTOR",
                not_emulated="engine none writes and reads nothing, so there is no checkpoint I/O to emulate",
-               reshards_at_load=True),  # restores nothing, on any layout: the relaunch's start-up alone
+               reshards_at_load=True,  # restores nothing, on any layout: the relaunch's start-up alone
+               saves_state=False),
 )

@@ -16,8 +16,6 @@ from restartbench.sizes import EnginePredictor, PlannedFile
 
 
 class NoCheckpoint(CheckpointEngine):
-    saves_state = False
-
     def __init__(self, options: EngineConfig):
         self.options = options
 
