@@ -16,6 +16,7 @@ DeepSpeed is one of the restart phases measured here.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -357,7 +358,7 @@ class RankRun:
                           f"restore: resumed at iteration {step + 1}, loss {loss:.6f}"
                           + (" (equal to the uninterrupted run's; state verified)" if self.cfg.launch.verify else ""))
 
-    @property
+    @functools.cached_property
     def saves_state(self) -> bool:
         """The run's engine saves and restores state (every engine but ``none``)."""
         from restartbench.engines import engine_info

@@ -25,6 +25,7 @@ from typing import Any
 
 from restartbench import goodput
 from restartbench.presets import PRESETS
+from restartbench.whatif import calibrate
 from restartbench.whatif.cluster import ClusterError, load_cluster
 from restartbench.whatif.fit import FitError, read_fit
 from restartbench.whatif.predict import RESTART_PARTS, WhatIfError, whatif
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("layout", nargs="?", help="parallel layout with every degree, such as tp8pp8dp4")
     parser.add_argument("--cluster", type=Path, help="cluster file (YAML; clusters/*.yaml)")
     parser.add_argument("--engines", default=None, help="engines, comma-separated (default: every engine the "
-                        "cluster file's calibration ran; with --calibrate, torch, lazy and dcp)")
+                        "cluster file's calibration fitted, an engine it could not fit being named with the reason "
+                        f"only when asked for; with --calibrate, {','.join(calibrate.DEFAULT_ENGINES)})")
     parser.add_argument("--failures-per-gpu-hour", type=float, default=goodput.LLAMA3_FAILURES_PER_GPU_HOUR,
                         help="failure rate for the goodput (default: Llama 3's, %(default).3g)")
     parser.add_argument("--iteration-s", type=float, default=None,
@@ -81,8 +83,6 @@ def engine_list(text: str) -> tuple[str, ...]:
 
 def calibrate_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """--calibrate: refuses the prediction's arguments, bad options and existing files before anything runs."""
-    from restartbench.whatif import calibrate
-
     given = [name for name, value in (("PRESET", args.preset), ("LAYOUT", args.layout), ("--cluster", args.cluster),
                                       ("--plot", args.plot), ("--json", args.json or None)) if value]
     if given:
