@@ -26,11 +26,11 @@ records, for each case, the digests the tests read:
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port
 
 from restartbench.consolidated import (
     INCONSISTENT,
@@ -190,12 +190,6 @@ def _rank(rank: int, port: int, cases: list[str], configs: list[dict], out: str,
         Path(out).write_text(json.dumps(records))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def digests(tmp_path_factory) -> dict[str, dict]:
     """layout/dtype -> its records (module docstring), from one launch of 4 ranks."""
@@ -206,7 +200,7 @@ def digests(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("consolidated")
     configs = [_ds_config(validate_layout(layout, TINY, WORLD), dtype)
                for layout, dtype in (case.split("/") for case in CASES)]
-    mp.start_processes(_rank, args=(_free_port(), CASES, configs, str(folder / "digests.json"), str(folder / "ckpt")),
+    mp.start_processes(_rank, args=(free_port(), CASES, configs, str(folder / "digests.json"), str(folder / "ckpt")),
                        nprocs=WORLD, start_method="spawn")
     return json.loads((folder / "digests.json").read_text())
 

@@ -12,7 +12,6 @@ import os
 import queue
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_study
+from conftest import ROOT, free_port, run_study
 from deepspeed.runtime.config import DeepSpeedConfig
 
 from restartbench import engines
@@ -512,12 +511,6 @@ SEED = 1234
 """The rehearsal's run seed (model and data)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _study_deepspeed_engine(setup):
     """A DeepSpeed engine as a rank of the study builds one (train.py: ``build_pipeline_module`` from the run's seed,
     ``deepspeed.initialize`` with the run's DeepSpeed JSON)."""
@@ -594,7 +587,7 @@ def test_a_cpu_rehearsal_of_the_gpu_run_restores_real_deepspeeds_state_exactly(t
     behind = threading.Event()
     built_datastates.options = ({"write_s": 0.001, "address_only": True, "gate": behind} if host_tier == "behind"
                                 else {"at_once": True})
-    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port())), ("RANK", "0"),
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
                         ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
         monkeypatch.setenv(name, value)
     runtime.skip_shm_comm_build()

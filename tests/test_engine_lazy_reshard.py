@@ -13,7 +13,6 @@ each file's bytes read are its header plus exactly its elements' bytes."""
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, free_port
 
 from restartbench.config import EngineConfig
 from restartbench.engines.lazy import format as fmt
@@ -29,14 +29,7 @@ from restartbench.engines.lazy import reshard
 from restartbench.engines.lazy.engine import LazyEngine
 from restartbench.verify import training_state_digest
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ["fp32:tp2pp2dp1:tp1pp2dp2,tp1pp1dp4", "bf16:tp2pp1dp2:tp1pp2dp2"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 from restartbench import emulated_study
 from restartbench.config import config_from_args
@@ -68,12 +67,6 @@ def test_submit_through_real_slurm_runs_both_phases(slurm, tmp_path):
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["job_id"] == job_id and set(meta["phases"]) == {"train", "restore"}
     assert "restore exact" in (run_dir / f"slurm-{job_id}.out").read_text()
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.multirank
