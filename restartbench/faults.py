@@ -14,6 +14,8 @@ Kinds (each applies only to the rank given by ``rank=``, default every rank):
   into the save's collectives: a stalled rank;
 - ``hang-before-iteration:step=3`` — the rank sleeps before that training iteration while the others go on
   into its collectives, on the groups DeepSpeed creates (data-, pipeline-, tensor-parallel);
+- ``segfault-in-save:tag=step4`` — the rank reads address 0 once that checkpoint's save has begun, and dies of
+  SIGSEGV as a fault in an engine's compiled code would kill it (no Python error to record);
 - ``kill-in-load`` — the rank SIGKILLs itself when the restore starts reading;
 - ``hang-before-init`` — the rank sleeps instead of joining distributed init.
 
@@ -24,6 +26,7 @@ they are armed, before the save begins), so a test can time what follows from it
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import signal
@@ -97,6 +100,11 @@ def bit_flipped_while_saving(log: EventLog, tag: str, ds_engine: Any) -> Iterato
         yield
     finally:
         raw ^= 1
+
+
+def segfault_in_save(log: EventLog, tag: str) -> None:
+    if _strikes(log, "segfault-in-save", tag=tag):
+        ctypes.string_at(0)
 
 
 def kill_in_load(log: EventLog) -> None:

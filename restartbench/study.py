@@ -28,12 +28,12 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from restartbench import engines, rundir, storage
+from restartbench import crashes, engines, rundir, storage
 from restartbench.baseline import record_for_run
 from restartbench.config import RunConfig
 from restartbench.errors import StudyError
 from restartbench.estimate import GiB
-from restartbench.events import Event, by_message, phase_record, read_events
+from restartbench.events import Event, by_message, phase_record, ranks_label, read_events
 from restartbench.integrity import committed_tags
 from restartbench.launchers import LAUNCHERS, Launcher, set_parent_death_signal
 from restartbench.progress import PREFIX, say
@@ -417,17 +417,19 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float,
     ]
     for pump in pumps:
         pump.start()
+    error = None
     try:
         exit_code = process.wait(timeout=timeout_s)
-        error = None if exit_code == 0 else _error_summary(run_dir, phase, exit_code)
     except subprocess.TimeoutExpired:
         _kill_tree(process)
         exit_code, error = -9, f"timed out after {timeout_s:.0f} s (--phase-timeout-s); the ranks were killed"
     except KeyboardInterrupt:
         _kill_tree(process)
         exit_code, error = -2, "interrupted by the user"
-    for pump in pumps:
+    for pump in pumps:  # the logs whole before the error summary reads them
         pump.join()
+    if exit_code != 0 and error is None:
+        error = _error_summary(run_dir, phase, exit_code)
     if error:
         say(f"phase {phase}: FAILED: {error}")
     return {"exit_code": exit_code, "wall_s": time.time() - start, "start": start, "error": error}
@@ -458,11 +460,21 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
-    """The first rank error recorded in the events, else the last lines of stderr."""
-    for record in read_events(run_dir, phase):
+    """What ended the phase: a rank's crash (a signal, reported by Python's fault handler) first, since the other
+    ranks' errors follow from it (gloo's 'Connection closed by peer'); else the first rank error recorded in the
+    events; else the last lines of stderr."""
+    events = read_events(run_dir, phase)
+    stderr = rundir.phase_log(run_dir, phase, "stderr").read_text()
+    crash = crashes.crash_report(stderr)
+    if crash:
+        spoke = {r["rank"] for r in events if r["event"] in (Event.PHASE_ERROR, Event.PHASE_END)}
+        silent = sorted({r["rank"] for r in events if r["event"] == Event.PROCESS_START} - spoke)
+        who = ranks_label(silent) if silent else "a rank"
+        return f"{who} crashed: {crash} (exit code {exit_code}; every thread's frames are in {phase}.stderr.log)"
+    for record in events:
         if record["event"] == Event.PHASE_ERROR:
             return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
-    tail = (rundir.phase_log(run_dir, phase, "stderr")).read_text().strip().splitlines()[-5:]
+    tail = stderr.strip().splitlines()[-5:]
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 PROCESS_START = time.time()
 
-from restartbench import harness, rundir  # noqa: E402  (stdlib-only modules)
+from restartbench import crashes, harness, rundir  # noqa: E402  (stdlib-only modules)
 from restartbench.config import RunConfig  # noqa: E402  (stdlib-only module)
 from restartbench.errors import RankRefusal, refuse  # noqa: E402
 from restartbench.events import Event, EventLog, RecordsExistError, read_events  # noqa: E402
@@ -38,6 +38,7 @@ from restartbench.rankwatch import RankWatch  # noqa: E402  (stdlib-only at impo
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: a rank must not outlive a killed torchrun
+    crashes.enable()  # a rank killed by a signal still says where (its phase's stderr log; the run's error)
     watch = RankWatch(MemoryWatch().start())  # every span records its peak memory, the imports' included
     args = parse_rank_args(argv, __doc__.splitlines()[0])
     rank = int(os.environ.get("RANK", "0"))
@@ -249,7 +250,7 @@ class RankRun:
         an asynchronous one before its next save or at the end of training."""
         import torch.distributed as dist
 
-        from restartbench.faults import arm_save_fault, bit_flipped_while_saving, hang_before_save
+        from restartbench.faults import arm_save_fault, bit_flipped_while_saving, hang_before_save, segfault_in_save
 
         self._commit_pending()
         tag = f"step{step}"
@@ -265,6 +266,7 @@ class RankRun:
         try:
             with bit_flipped_while_saving(self.log, tag, self.engine), \
                     self.log.span(Event.CHECKPOINT_SAVE, step=step, tag=tag, engine=self.cfg.engine.engine) as saved:
+                segfault_in_save(self.log, tag)
                 self.ckpt_engine.save(self.engine, self.ckpt_dir, tag)
                 saved.update(self._pinned())
             for note in self.ckpt_engine.workarounds:

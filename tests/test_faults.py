@@ -50,6 +50,23 @@ def test_rank_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
     assert result["tag"] == "step2" and result["exact"] is True
 
 
+def test_a_rank_crashed_by_a_signal_says_where_in_the_runs_error(tmp_path):
+    """A segfault (as in an engine's compiled writer) leaves no Python error in the events: the run's error names the
+    signal and the crashed thread's innermost frames, from the fault handler every rank enables, and the checkpoint
+    it died in is not taken for committed."""
+    proc, run_dir = run_study(tmp_path / "logs", *QUICK,
+                              env={"RESTARTBENCH_FAULT": "segfault-in-save:tag=step4:rank=1"})
+    assert proc.returncode == 1
+    meta = metadata(run_dir)
+    assert meta["error"].startswith("phase train failed: rank 1 crashed: Segmentation fault in string_at "
+                                    "(__init__.py:"), meta["error"]
+    assert "< segfault_in_save (faults.py:" in meta["error"] and "< _checkpoint (train.py:" in meta["error"]
+    assert "train.stderr.log" in meta["error"]
+    assert meta["failed_checkpoints"] == [{"tag": "step4",
+                                           "error": "begun, never committed: the phase died during the save",
+                                           "latest_kept": "step2"}]
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 7 MiB tmpfs: room for one tiny fp32 checkpoint (about 5.1 MB), not two."""
