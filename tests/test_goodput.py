@@ -61,3 +61,19 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="cost must be at least 0 s"):
         goodput.optimal_interval_s(-1, 3600)
     assert math.isfinite(goodput.at_optimum(5, 30, 3600, 1).goodput)
+
+
+def test_the_bounds_of_the_inputs_are_where_the_docstrings_put_them():
+    """One GPU is a job; a restart of 0 s and an interval or MTBF under a second are valid; an MTBF of 0 and a
+    negative restart are not; at C = 2M exactly Daly's fallback τ = M applies (his formula gives 8M/9 there)."""
+    assert goodput.mtbf_s(1.0, 1) == 3600.0
+    assert goodput.optimal_interval_s(0.5, 0.5) == pytest.approx(math.sqrt(0.5) * (1 + math.sqrt(0.5) / 3 + 0.5 / 9)
+                                                                - 0.5)
+    assert goodput.optimal_interval_s(7200, 3600) == 3600
+    with pytest.raises(ValueError, match="MTBF above 0"):
+        goodput.optimal_interval_s(18, 0)
+    budget = goodput.at_interval(0.5, 0.5, 0.0, 3600)
+    assert (budget.interval_s, budget.mtbf_s, budget.checkpoint_share, budget.restart_share) == (0.5, 3600, 0.5, 0.0)
+    assert goodput.at_interval(342, 18, 0.5, 3600).restart_share == pytest.approx(0.5 / 3600)
+    with pytest.raises(ValueError, match="restart at least 0 s"):
+        goodput.at_interval(342, 18, -1, 3600)
