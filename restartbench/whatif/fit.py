@@ -134,8 +134,9 @@ def fit_line(term: str, rows: list[dict[str, Any]], regressors: tuple[str, ...],
         kept.remove("tensors")
         notes.append("tensors not fitted (over these runs the tensors per rank follow the other regressors: fewer "
                      f"distinct configurations than coefficients); runs that would fit it: {HINTS['tensors']}")
-    if "files" in kept and len(kept) > 1 and _loo_error(rows, [k for k in kept if k != "files"], target,
-                                                        intercept_per) < _loo_error(rows, kept, target, intercept_per):
+    without_files = [k for k in kept if k != "files"]
+    if "files" in kept and len(kept) > 1 and leave_one_out_error(rows, without_files, target, intercept_per) \
+            < leave_one_out_error(rows, kept, target, intercept_per):
         kept.remove("files")
         notes.append("files left out: without it the calibration predicts its own runs better, each left out in "
                      "turn")
@@ -163,7 +164,7 @@ def _design(rows: list[dict[str, Any]], kept: list[str], intercept_per: str = ""
     return np.array([[r[intercept_per] if intercept_per else 1.0, *(r[k] for k in kept)] for r in rows], dtype=float)
 
 
-def _loo_error(rows: list[dict[str, Any]], kept: list[str], target: str, intercept_per: str = "") -> float:
+def leave_one_out_error(rows: list[dict[str, Any]], kept: list[str], target: str, intercept_per: str = "") -> float:
     """Mean absolute relative error of each calibration run predicted by the line fitted on the other runs (inf
     where the others leave a regressor constant or too few to fit the line)."""
     runs = sorted({r["run_id"] for r in rows})
@@ -211,7 +212,7 @@ def fit_constant(term: str, rows: list[dict[str, Any]], target: str) -> Line:
                        "run (tiny tp1pp1dp2)")
     middle = statistics.median(values)
     spread = (min(values) / middle - 1, max(values) / middle - 1) if middle else (0.0, 0.0)
-    return Line(middle, {}, *spread, tuple(sorted({r["run_id"] for r in rows})))
+    return Line(middle, {}, *spread, tuple(sorted({r["run_id"] for r in rows if _finite(r.get(target))})))
 
 
 def _finite(value: Any) -> bool:
