@@ -89,9 +89,9 @@ def _split(first: dict[str, int], per_rank: dict[int, dict[str, int]], layout: L
            tp: int) -> tuple[tuple[int, int], tuple[int, int]]:
     if first["ob"]:
         return (first["mb"], first["mf"]), (first["ob"], first["of"])
-    if layout.dp >= 2:  # one file per rank holding both: the module is dp rank 0's extra bytes
-        other = per_rank.get(_rank(layout, stage, 1, tp), {"mb": 0})["mb"]
-        return (first["mb"] - other, 0), (other, first["mf"])
+    if layout.dp >= 2:  # one file per rank holding both: the module is dp rank 0's extra bytes (and files)
+        other = per_rank.get(_rank(layout, stage, 1, tp), {"mb": 0, "mf": 0})
+        return (first["mb"] - other["mb"], first["mf"] - other["mf"]), (other["mb"], other["mf"])
     return (first["mb"] // 7, 0), (first["mb"] - first["mb"] // 7, first["mf"])
 
 
@@ -353,7 +353,7 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
                          **{k: result["goodput"][k] for k in ("goodput_pct", "goodput_pct_low", "goodput_pct_high",
                                                               "interval_s")},
                          "assumed": result["restart"]["total"]["assumed"] or result["checkpoint"]["durable"]["assumed"]
-                         or iteration_s is None})
+                         or result["checkpoint"]["cost"]["assumed"] or iteration_s is None})
     return rows
 
 
