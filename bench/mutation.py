@@ -47,6 +47,12 @@ PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*"
                        "*_lazy_files*", "*_dcp_files*", "*_dcp_rank_file*", "*_torchsnapshot_files*",
                        "*_snapshot_request_bytes*", "*ZeroOptimizer*", "*_adamw*", "*scaled_preset*")
 
+# The what-if's model: its terms and the fit of a calibration, then the prediction of a target cluster from them; the
+# I/O around them (calibrate's Slurm runs, the CLI, the plots) is left to the end-to-end tests.
+WHATIF_FIT_MODULES = tuple(f"restartbench/whatif/{name}.py" for name in ("terms", "fit", "tensors"))
+WHATIF_TESTS = tuple(f"tests/test_whatif{suffix}.py" for suffix in ("", "_calibrate", "_tensors", "_cpu_share",
+                                                                    "_gpu", "_validation", "_parts", "_fit_terms"))
+
 
 @dataclass(frozen=True)
 class Target:
@@ -69,6 +75,12 @@ TARGETS = (
     Target("layout", ("restartbench/layout.py",), ("tests/test_layout.py", "tests/test_properties.py"), 0.9),
     Target("results", ("restartbench/results.py",), ("tests/test_results.py",), 0.9),
     Target("predictor sizes", PREDICTOR_MODULES, ("tests/test_predict.py",), 0.9, PLAN_SIZE_FUNCTIONS),
+    Target("goodput", ("restartbench/goodput.py",), ("tests/test_goodput.py",), 0.9),
+    Target("harness", ("restartbench/harness.py",),
+           ("tests/test_harness.py", "tests/test_engines_harness.py", "tests/test_harness_restore_choice.py"), 0.9),
+    Target("run folder", ("restartbench/rundir.py",), ("tests/test_rundir.py", "tests/test_rundir_paths.py"), 0.9),
+    Target("what-if fit", WHATIF_FIT_MODULES, WHATIF_TESTS, 0.9),
+    Target("what-if prediction", ("restartbench/whatif/predict.py",), WHATIF_TESTS, 0.9),
 )
 
 ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why
@@ -81,7 +93,7 @@ def accepted(target: Target) -> dict[str, str]:
 
 
 # What the tests read beside the package (mutmut's copy holds only the package and tests/ otherwise).
-ALSO_COPY = ("templates", "docs", "third_party", "config-n-run.py", "analysis", "constraints.txt")
+ALSO_COPY = ("templates", "docs", "third_party", "config-n-run.py", "analysis", "bench", "clusters", "constraints.txt")
 
 STATUS_LINE = re.compile(r"^\s*(\S+): (.+)$")
 
@@ -171,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default=",".join(t.name for t in TARGETS),
                         help="comma-separated target names (default: all)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="work in DIR/<target> and keep it (default: a temporary folder, removed): there, "
+                             "'MUTANT_UNDER_TEST=<mutant> python -m pytest TEST' in mutants/ runs a test against one "
+                             "mutant, to kill survivors one by one")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if not MUTMUT.exists():
@@ -183,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     for target in (t for t in TARGETS if t.name in wanted):
         print(f"[mutation] {target.name}: mutating {', '.join(target.modules)} against {', '.join(target.tests)}",
               flush=True)
-        with tempfile.TemporaryDirectory(prefix="restartbench-mutation-") as workdir:
-            row = run_target(target, Path(workdir))
+        if args.keep:
+            workdir = args.keep / target.slug
+            workdir.mkdir(parents=True)  # a fresh folder: mutmut reuses what an earlier run left
+            row = run_target(target, workdir)
+        else:
+            with tempfile.TemporaryDirectory(prefix="restartbench-mutation-") as scratch:
+                row = run_target(target, Path(scratch))
         print(f"[mutation] {target.name}: {row['counts']} score {row['score']:.1%}", flush=True)
         rows.append(row)
     version = f"mutmut {importlib.metadata.version('mutmut')}"
