@@ -80,10 +80,10 @@ class EngineInfo:
     """The engine's ``load`` itself restores a checkpoint written on another layout, each new rank reading what it
     needs, with no offline pass."""
     not_resharded: str = ""
+    """Why a restart of this engine's checkpoints on another layout is skipped (recorded with the attempt)."""
     saves_state: bool = True
     """False only for ``none``: the harness then never calls ``save`` or ``load``, and its relaunch chooses no
     checkpoint."""
-    """Why a restart of this engine's checkpoints on another layout is skipped (recorded with the attempt)."""
     prefetcher: str | None = None
     """``module:attribute`` of the engine's ``Prefetcher``: how, on a relaunch in the layout that saved, it starts
     reading the checkpoint as soon as the checkpoint is chosen, while the model is built and DeepSpeed initializes;
