@@ -65,9 +65,8 @@ def test_load_is_the_ranks_share_of_the_read_limit():
 def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_world():
     cluster = h100_cluster(dist_init_anchor_ranks=100_000, dist_init_anchor_s=100.0)
     line = Line(1.0, {"ranks": 0.5})
-    assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == (3.0, False)
-    seconds, cited = terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4)
-    assert cited and seconds == pytest.approx(3.0 + (16_384 - 4) * 1e-3)
+    assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == 3.0
+    assert terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4) == pytest.approx(3.0 + (16_384 - 4) * 1e-3)
 
 
 def test_engine_setup_pins_the_lazy_buffer_on_cuda_only():

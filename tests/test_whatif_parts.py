@@ -13,18 +13,21 @@ from restartbench.plan import CheckpointPlan, doc_config, predict
 from restartbench.presets import get_preset
 from restartbench.sizes import PlannedFile
 from restartbench.whatif import tensors
-from restartbench.whatif.cluster import Cluster, cluster_from_mapping
+from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster, cluster_from_mapping
 from restartbench.whatif.fit import Fit, Limits
 from restartbench.whatif.predict import (
+    RESTART_PARTS,
     Shape,
     WhatIfError,
     assumed_fields,
     check_fits,
     checkpoint_parts,
+    cited_numbers,
     device_note,
     goodput_at,
     iteration_s_for,
     job_for,
+    mark_cited,
     part,
     plan_for,
     predict_engine,
@@ -99,12 +102,11 @@ def _range(part_: dict) -> tuple[float, float]:
 def test_a_figure_s_range_is_its_line_s_spread_and_a_fixed_share_has_none():
     line = Line(1.0, low=-0.2, high=0.5)
     assert part(10.0, line, "x") == {"s": 10.0, "low_s": pytest.approx(8.0), "high_s": pytest.approx(15.0),
-                                     "bound": "x", "assumed": False}
+                                     "bound": "x", "assumed": False, "cited": ()}
     # 4 s of the 10 are a measured copy: the spread applies to the other 6 s only
     assert _range(part(10.0, line, "x", fixed=4.0)) == pytest.approx((4.0 + 6 * 0.8, 4.0 + 6 * 1.5))
     # a figure without a line has no range, with or without a fixed share
     assert _range(part(10.0, None, "x", fixed=4.0)) == (10.0, 10.0)
-    assert part(10.0, None, "x", assumed=True)["assumed"] is True
 
 
 # -- the checkpoint's parts --------------------------------------------------------------------------------------
@@ -122,10 +124,10 @@ def test_torch_on_cuda_stalls_for_the_pageable_copy_and_its_host_line_and_has_no
     assert durable["bound"] == "node disk" and durable["assumed"] is False
     # synchronous: training waits, nothing slows down, whatever σ the cluster cites
     assert slowdown == {"s": 0.0, "low_s": 0.0, "high_s": 0.0, "bound": "interference with training",
-                        "assumed": False}
+                        "assumed": False, "cited": []}
     assert cost == {"s": pytest.approx(stall["s"]), "low_s": pytest.approx(stall["low_s"]),
                     "high_s": pytest.approx(stall["high_s"]), "bound": "host CPU (the engine's blocking path)",
-                    "assumed": False}
+                    "assumed": False, "cited": []}
 
 
 def test_a_stall_that_is_mostly_the_copy_out_of_the_gpu_is_bound_by_d2h():
@@ -148,10 +150,10 @@ def test_the_lazy_engine_on_cuda_blocks_for_its_fixed_costs_and_its_copy_is_slow
     expected = PINNED_D2H + SIGMA_CITED * (durable - fixed - PINNED_D2H)
     assert slowdown == {"s": pytest.approx(expected), "low_s": pytest.approx(expected),
                         "high_s": pytest.approx(expected), "bound": "D2H beside training (side stream)",
-                        "assumed": True}
+                        "assumed": True, "cited": ["async_slowdown_fraction"]}
     assert cost["s"] == pytest.approx(fixed + expected)
     assert _range(cost) == pytest.approx((0.8 * fixed + expected, 1.3 * fixed + expected))
-    assert cost["bound"] == "D2H beside training (side stream)" and cost["assumed"] is True
+    assert cost["bound"] == "D2H beside training (side stream)" and cost["cited"] == ["async_slowdown_fraction"]
 
 
 def test_an_asynchronous_engine_without_a_side_stream_slows_training_by_sigma_of_its_background_time():
@@ -195,11 +197,26 @@ def _storage_parts(cluster: Cluster) -> tuple[dict, dict]:
 
 
 def test_a_cited_aggregate_write_figure_that_bounds_the_write_marks_the_durable_time():
-    # 60 GB/s over 2 nodes = 30 GB/s a node, below the 40 GB/s per-client cap and the 50 GB/s NIC
+    # 6 GB/s over 2 nodes = 3 GB/s a node, below the 40 GB/s per-client cap and the 50 GB/s NIC: 10 GB in 6.7 s
+    cluster = _cluster(cited=("shared_write_GBps",), measured=SHARED_FIELDS[1:], device="cpu",
+                       shared_write_GBps=6.0, shared_per_client_GBps=40.0)
+    durable, load = _storage_parts(cluster)
+    assert durable["s"] == pytest.approx(0.2 + 0.02 * 3 + 2.0 * 10 / 3)
+    assert durable["bound"] == "shared file system (aggregate share)" and durable["cited"] == ["shared_write_GBps"]
+    assert load["assumed"] is False  # a read: the write's figure does not enter it
+
+
+def test_a_durable_time_that_is_the_stall_is_not_marked_by_the_storage_it_did_not_wait_for():
+    # a synchronous save is durable no sooner than its stall: 30 GB/s a node writes 10 GB in 0.93 s, the stall is
+    # 2.13 s, so the cited aggregate figure moves nothing
     cluster = _cluster(cited=("shared_write_GBps",), measured=SHARED_FIELDS[1:], device="cpu",
                        shared_write_GBps=60.0, shared_per_client_GBps=40.0)
     durable, _ = _storage_parts(cluster)
-    assert durable["bound"] == "shared file system (aggregate share)" and durable["assumed"] is True
+    assert durable["s"] == pytest.approx(HOST) and durable["assumed"] is False
+    # the stall's figure, range and bound: the storage does not bound it
+    stall = checkpoint_parts("torch", JOB, _fit(device="cpu"), cluster)["stall"]
+    assert _range(durable) == _range(stall)
+    assert durable["bound"] == "host CPU (the engine's blocking path), durable as the save returns"
 
 
 def test_a_cited_aggregate_read_figure_that_bounds_the_read_marks_the_load():
@@ -211,10 +228,22 @@ def test_a_cited_aggregate_read_figure_that_bounds_the_read_marks_the_load():
 
 def test_a_cited_per_client_cap_that_bounds_both_marks_the_durable_time_and_the_load():
     cluster = _cluster(cited=("shared_per_client_GBps",), measured=(*SHARED_FIELDS[:2], "nic_GBps"), device="cpu",
-                       shared_per_client_GBps=20.0)
+                       shared_per_client_GBps=2.0)
     durable, load = _storage_parts(cluster)
     assert durable["bound"] == load["bound"] == "shared file system (per-client cap)"
-    assert durable["assumed"] is True and load["assumed"] is True
+    assert durable["cited"] == load["cited"] == ["shared_per_client_GBps"]
+
+
+@pytest.mark.parametrize("storage", ["local", "shared"])
+def test_a_cited_limit_that_binds_marks_the_durable_time_and_the_load_whichever_it_is(storage):
+    # the node's own disk, or a NIC slower than the shared file system's share and cap: cited, they mark both
+    name, resource = ("local_write_GBps", "node disk") if storage == "local" else ("nic_GBps", "network (NIC)")
+    cited = ("local_write_GBps", "local_read_GBps") if storage == "local" else ("nic_GBps",)
+    measured = tuple(f for f in (*SHARED_FIELDS, "local_write_GBps", "local_read_GBps") if f not in cited)
+    cluster = _cluster(cited=cited, measured=measured, device="cpu", storage=storage, nic_GBps=1.0)
+    durable, load = _storage_parts(cluster)
+    assert durable["bound"] == load["bound"] == resource
+    assert durable["cited"] == [name] and load["cited"] == [cited[-1]]
 
 
 def test_a_measured_shared_file_system_marks_nothing():
@@ -232,6 +261,116 @@ def test_the_node_s_own_disk_is_not_marked_by_the_shared_file_system_s_cited_fig
     durable, load = _storage_parts(_cluster(storage="local", device="cpu"))
     assert durable["bound"] == load["bound"] == "node disk"
     assert durable["assumed"] is False and load["assumed"] is False
+
+
+def test_a_cited_read_figure_does_not_mark_the_durable_time():
+    # fixed: the durable time was marked by any of the shared file system's cited figures, the read's included
+    cluster = _cluster(cited=("shared_read_GBps",), measured=("shared_write_GBps", *SHARED_FIELDS[2:]),
+                       device="cpu", shared_write_GBps=6.0, shared_read_GBps=6.0)
+    durable, load = _storage_parts(cluster)
+    assert durable["bound"] == "shared file system (aggregate share)" and durable["assumed"] is False
+    assert load["cited"] == ["shared_read_GBps"]
+
+
+# -- what else a cited constant marks: every figure it enters, and only those -----------------------------------
+
+
+def _all_measured(**values) -> Cluster:
+    """clusters/h100-pfs.yaml on the node's disk with every number field measured but those ``cited=`` names."""
+    cited = values.pop("cited", ())
+    measured = tuple(name for name, (basis, _) in _cluster().sources.items()
+                     if basis == "cited" and name not in cited and name in NUMBER_FIELDS)
+    return _cluster(cited=cited, measured=measured, **{"storage": "local", **values})
+
+
+def _marked(result: dict) -> dict[str, list[str]]:
+    """Every figure of an engine's prediction that is marked: 'section/part' → the cited constants named."""
+    figures = {f"checkpoint/{k}": v for k, v in result["checkpoint"].items()}
+    figures |= {f"restart/{k}": v for k, v in result["restart"].items()} | {"goodput": result["goodput"]}
+    return {name: f["cited"] for name, f in figures.items() if f["assumed"]}
+
+
+def test_a_cluster_without_a_cited_constant_marks_nothing():
+    assert _marked(predict_engine("lazy", JOB, _fit(), _all_measured(), ITERATION, 1e-5)) == {}
+
+
+@pytest.mark.parametrize("engine,marked", [
+    ("torch", {"checkpoint/stall", "checkpoint/durable", "checkpoint/cost", "goodput"}),  # pageable, in the stall
+    ("lazy", {"checkpoint/durable", "checkpoint/slowdown", "checkpoint/cost", "goodput"}),  # pinned, beside
+])
+def test_a_cited_d2h_rate_marks_the_figures_the_copy_enters(engine, marked):
+    rate = "d2h_pageable_GBps" if engine == "torch" else "d2h_pinned_GBps"
+    result = predict_engine(engine, JOB, _fit(), _all_measured(cited=(rate,)), ITERATION, 1e-5)
+    assert _marked(result) == {name: [rate] for name in marked}
+    # on cpu the state is in host memory: no copy out of a GPU, nothing marked
+    on_cpu = predict_engine(engine, JOB, _fit(device="cpu"), _all_measured(cited=(rate,), device="cpu"), ITERATION,
+                            1e-5)
+    assert _marked(on_cpu) == {}
+
+
+def test_a_cited_pinning_rate_marks_the_lazy_engine_s_set_up_or_its_prefetched_read():
+    cluster = _all_measured(cited=("pin_GBps",))
+    assert _marked(predict_engine("lazy", JOB, _fit(), cluster, ITERATION, 1e-5)) == {
+        "restart/engine setup": ["pin_GBps"], "restart/total": ["pin_GBps"], "goodput": ["pin_GBps"]}
+    assert _marked(predict_engine("torch", JOB, _fit(), cluster, ITERATION, 1e-5)) == {}  # torch pins nothing
+    # prefetched, the pinning moves onto the read's thread: a read the start-up hides does not wait for it
+    early = predict_engine("lazy", JOB, _fit(engines={"lazy": _lines(load=Line(30.0))}), cluster, ITERATION, 1e-5,
+                           prefetch=True)
+    assert "restart/engine setup" not in _marked(early) and _marked(early)["restart/ckpt load"] == ["pin_GBps"]
+
+
+def test_a_cited_core_count_marks_the_cpu_work_only_where_processes_outnumber_cores():
+    crowded = predict_engine("torch", JOB, _fit(), _all_measured(cited=("cpu_cores_per_node",),
+                                                                cpu_cores_per_node=4), ITERATION, 1e-5)
+    # 8 processes on 4 cores: the stall's host line and the CPU-bound start-up parts are scaled by 8/4 (the durable
+    # time, the disk's 14.5 s, is longer than the stall's 4.4 s either way)
+    assert set(_marked(crowded)) == {"checkpoint/stall", "checkpoint/cost", "restart/imports",
+                                     "restart/dist init", "restart/model build", "restart/ds init",
+                                     "restart/engine setup", "restart/gaps", "restart/total", "goodput"}
+    roomy = predict_engine("torch", JOB, _fit(), _all_measured(cited=("cpu_cores_per_node",)), ITERATION, 1e-5)
+    assert _marked(roomy) == {}  # 112 cores: each process has one, the count enters nothing
+
+
+def test_a_cited_write_limit_marks_the_slowdown_its_durable_time_enters():
+    # fixed: the slowdown, σ·(durable − stall), was not marked where a cited figure entered the durable time
+    result = predict_engine("lazy", JOB, _fit(), _all_measured(cited=("local_write_GBps",)), ITERATION, 1e-5)
+    assert _marked(result) == {name: ["local_write_GBps"] for name in ("checkpoint/durable", "checkpoint/slowdown",
+                                                                          "checkpoint/cost", "goodput")}
+
+
+@pytest.mark.parametrize("iteration,marked", [(None, True), (0.5, False)], ids=["estimated", "given"])
+def test_a_cited_peak_and_mfu_mark_the_first_iteration_and_the_goodput_where_they_estimate_the_iteration(
+        iteration, marked):
+    cluster = _all_measured(cited=("gpu_peak_tflops", "mfu"))
+    result = whatif("tiny", "tp2pp2dp2", ["torch"], cluster, _fit(), iteration_s=iteration)
+    expected = {"restart/1st iter", "restart/total", "goodput"} if marked else set()
+    assert set(_marked(result["engines"][0])) == expected
+    assert all(r["assumed"] is marked for r in result["scale"])
+    assert all(r["cited"] == (["gpu_peak_tflops", "mfu"] if marked else []) for r in result["scale"])
+
+
+def test_a_fit_of_another_device_marks_every_figure_and_says_so_beside_the_cited_constants():
+    result = predict_engine("torch", JOB, _fit(device="cpu"), _all_measured(cited=("d2h_pageable_GBps",)),
+                            ITERATION, 1e-5)
+    assert result["checkpoint"]["stall"]["cited"] == ["d2h_pageable_GBps", "calibration"]
+    assert result["restart"]["launch"]["cited"] == ["calibration"]
+    assert len(_marked(result)) == 4 + len(RESTART_PARTS) + 1 + 1
+
+
+def test_mark_cited_names_what_moves_a_figure_through_a_tie_and_a_zero():
+    cluster = _all_measured(cited=("shared_write_GBps", "async_slowdown_fraction", "mfu"), async_slowdown_fraction=0.0,
+                            shared_write_GBps=5.0, shared_read_GBps=5.0)
+
+    def figures(on: Cluster) -> dict:
+        return {"nested": {"tie": {"s": min(on.shared_write_GBps, on.shared_read_GBps), "assumed": False}},
+                "zero": {"s": on.async_slowdown_fraction * 10.0, "bound": "σ", "assumed": False},
+                "unused": {"s": 1.0, "assumed": True}, "mfu": on.mfu}
+    result = mark_cited(figures, cluster)
+    assert result["nested"]["tie"] == {"s": 5.0, "assumed": True, "cited": ["shared_write_GBps"]}  # binds going down
+    assert result["zero"]["cited"] == ["async_slowdown_fraction"]  # a cited 0 moved up to NUDGE
+    assert result["unused"] == {"s": 1.0, "assumed": False, "cited": []}  # the mark is mark_cited's alone
+    assert result["mfu"] == cluster.mfu  # a number outside a figure is left as it is
+    assert cited_numbers(cluster) == ["shared_write_GBps", "mfu", "async_slowdown_fraction"]  # the file's order
 
 
 # -- the restart's parts -----------------------------------------------------------------------------------------
@@ -319,8 +458,15 @@ def test_a_read_hidden_by_the_start_up_leaves_the_copy_out_of_the_host_buffer(sc
 
 
 def test_a_prefetched_load_from_cited_shared_storage_stays_assumed():
+    # the read's bytes at the cited aggregate share (60 GB/s over 2 nodes, below the per-client cap and the NIC)
+    load = _prefetched(Line(5.0, {"at_limit": 20.0}), _cluster(shared_read_GBps=60.0))
+    assert load["prefetched"] is True and load["cited"] == ["shared_read_GBps"]
+
+
+def test_a_prefetched_load_that_reads_no_bytes_at_the_limit_is_not_marked_by_it():
+    # a load line without a byte term (fitted constant): the cited storage enters neither the read nor the copy out
     load = _prefetched(Line(5.0), _cluster())
-    assert load["prefetched"] is True and load["assumed"] is True
+    assert load["prefetched"] is True and load["assumed"] is False
 
 
 # -- the plan's files as module and optimizer shares --------------------------------------------------------------
@@ -464,6 +610,10 @@ def test_the_iteration_is_as_given_or_estimated_from_the_study_s_default_batch()
         assert seconds == pytest.approx(6 * model.param_count() * tokens / (6 * peak * cluster.mfu))
         assert (f"{tokens} tokens per iteration (sequence {model.seq_len} × micro-batch {micro_batch} × 2 "
                 f"micro-batches × dp 3)") in how and how.endswith("MFU 0.38 (assumed)")
+    # the peak and MFU are marked as the file gives them: cited ones assumed, a measured one not
+    assert how.endswith("peak 989 TFLOP/s (assumed), MFU 0.38 (assumed)")
+    _, how = iteration_s_for("tiny", layout, _cluster(measured=("mfu",)), None)
+    assert how.endswith("peak 989 TFLOP/s (assumed), MFU 0.38")
 
 
 @pytest.mark.parametrize("given", [0.0, -1.0])
@@ -547,7 +697,7 @@ def test_the_sweep_s_row_at_the_layout_s_own_gpus_is_the_engine_s_prediction(pre
     row = result["scale"][0]
     assert row == {"gpus": 8, "layout": "tp2pp2dp2", "engine": "lazy", "cost_s": engine["checkpoint"]["cost"]["s"],
                    "restart_s": engine["restart"]["total"]["s"], **{k: engine["goodput"][k] for k in GOODPUT_KEYS},
-                   "assumed": False}
+                   "assumed": False, "cited": []}
     assert [(r["gpus"], r["layout"]) for r in result["scale"][:3]] == [(8, "tp2pp2dp2"), (16, "tp2pp2dp4"),
                                                                        (32, "tp2pp2dp8")]
 

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _figure(p: dict[str, Any]) -> str:
-    mark = " (assumed)" if p["assumed"] else ""
+    mark = f" (assumed: {', '.join(p['cited'])})" if p["assumed"] else ""
     return f"{p['s']:.3g} s [{p['low_s']:.3g}–{p['high_s']:.3g}]{mark}"
 
 
@@ -195,5 +195,6 @@ def _engine_text(r: dict[str, Any]) -> list[str]:
         lines.append(f"  restart {name:<12} {_figure(s[name]):<36} bound: {s[name]['bound']}")
     lines.append(f"  Daly interval {g['interval_s']:.3g} s ({g['interval_iterations']:.3g} iterations), MTBF "
                  f"{g['mtbf_s']:.3g} s on {g['gpus']} GPUs, goodput {g['goodput_pct']:.2f} % "
-                 f"[{g['goodput_pct_low']:.2f}–{g['goodput_pct_high']:.2f}]")
+                 f"[{g['goodput_pct_low']:.2f}–{g['goodput_pct_high']:.2f}]"
+                 f"{' (assumed: ' + ', '.join(g['cited']) + ')' if g['assumed'] else ''}")
     return [*lines, ""]

@@ -3,14 +3,15 @@
 ``job_for`` derives what the terms scale with from the checkpoint plan (``restartbench.plan``: every file and its
 writing rank), the layout and the cluster: the busiest rank's and node's bytes and files. ``predict_engine`` applies
 the fitted terms (``restartbench.whatif.terms``) and gives each part its value, its range (the calibration's spread),
-the resource that bounds it and whether a cited constant entered it ("assumed"); then the checkpoint interval and the
-goodput at that scale (``restartbench.goodput``). ``scale_sweep`` repeats it from 8 to 16,384 GPUs, the layout's tp and
-pp kept and dp grown.
+the resource that bounds it and the cited constants that entered it ("assumed", ``mark_cited``); then the
+checkpoint interval and the goodput at that scale (``restartbench.goodput``). ``scale_sweep`` repeats it from 8 to
+16,384 GPUs, the layout's tp and pp kept and dp grown.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,10 @@ from restartbench.whatif.terms import Job, Line
 SCALES = tuple(2**k for k in range(3, 15))  # 8 ... 16,384 GPUs
 RESTART_PARTS = ("launch", "imports", "dist init", "model build", "ds init", "engine setup", "ckpt load", "1st iter",
                  "gaps")
+#: How far ``mark_cited`` moves a cited constant, relative to its value, down and up.
+NUDGE = 1e-6
+Iteration = Callable[[Cluster], float]
+"""The iteration's seconds on a cluster (``iteration_s_for``: given, or estimated from the cluster's peak and MFU)."""
 
 
 class WhatIfError(ValueError):
@@ -147,83 +152,134 @@ def check_fits(preset: str, layout: str, cluster: Cluster) -> Layout:
 # -- one engine ------------------------------------------------------------------------------------------------
 
 
-def part(value: float, line: Line | None, bound: str, assumed: bool = False, fixed: float = 0.0) -> dict[str, Any]:
+def part(value: float, line: Line | None, bound: str, fixed: float = 0.0) -> dict[str, Any]:
     """A predicted figure: ``value`` (s), its range from ``line``'s spread (``fixed``: a share without spread, such
-    as a measured D2H copy), what bounds it, whether a cited constant entered it."""
+    as a measured D2H copy), what bounds it; not yet marked (``mark_cited`` says which cited constants entered it)."""
     spread = line.range(value - fixed) if line is not None else (value - fixed, value - fixed)
     return {"s": value, "low_s": min(value, spread[0] + fixed), "high_s": max(value, spread[1] + fixed),
-            "bound": bound, "assumed": assumed}
+            "bound": bound, **UNMARKED}
+
+
+UNMARKED = {"assumed": False, "cited": ()}
+"""A figure's marks before ``mark_cited``: the key ``assumed`` is what makes a dict a figure there."""
+
+
+# -- "assumed": which cited constants entered a figure -------------------------------------------------------------
+
+
+def mark_cited(figures: Callable[[Cluster], dict[str, Any]], cluster: Cluster) -> dict[str, Any]:
+    """``figures(cluster)`` with every figure in it (a dict with an ``assumed`` key, at any depth) marked with the
+    cited constants it depends on: ``cited``, the cluster's cited number fields whose move by ``NUDGE`` of their value
+    (down, then up; a zero moved up by ``NUDGE``) changes one of the figure's numbers, and ``assumed`` = any.
+
+    Depending on is what entering means: a limit that does not bind (the NIC under a slower file system), a rate
+    that is not used (the D2H on cpu, the cited rendezvous within the calibrated ranks, the core count where each
+    process has a core) moves nothing and marks nothing; at a tie between two limits the cited one binds one way
+    and marks it."""
+    result = figures(cluster)
+    base = dict(_figures_in(result))
+    cited: dict[tuple, set[str]] = {path: set() for path in base}
+    for name in cited_numbers(cluster):
+        value = getattr(cluster, name)
+        for moved in ((value * (1 - NUDGE), value * (1 + NUDGE)) if value else (NUDGE,)):
+            for path, figure in _figures_in(figures(replace(cluster, **{name: moved}))):
+                if _numbers(figure) != _numbers(base[path]):
+                    cited[path].add(name)
+    for path, figure in base.items():
+        figure["cited"], figure["assumed"] = sorted(cited[path]), bool(cited[path])
+    return result
+
+
+def cited_numbers(cluster: Cluster) -> list[str]:
+    """The cluster's number fields whose basis is ``cited``."""
+    return [name for name in NUMBER_FIELDS if cluster.assumed(name)]
+
+
+def _figures_in(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict[str, Any]]]:
+    if isinstance(tree, dict) and "assumed" in tree:
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _figures_in(value, (*path, key))
+
+
+def _numbers(figure: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in figure.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def checkpoint_parts(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The save's stall, durable time, slowdown and whole cost, each marked with the cited constants it depends on."""
+    return mark_cited(lambda on: _checkpoint_figures(engine, job, fit, on), cluster)
+
+
+def _checkpoint_figures(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[str, dict[str, Any]]:
     lines = fit.engine(engine)
     d2h = terms.d2h_s(engine, job, cluster)
     stall = terms.stall_s(lines["stall"], engine, job, cluster)
-    durable = max(stall, terms.durable_s(lines["durable"], engine, job, cluster))
-    fraction, sigma_line, sigma_assumed = _slowdown_fraction(engine, lines, cluster)
+    written = terms.durable_s(lines["durable"], engine, job, cluster)
+    durable = max(stall, written)
+    fraction, sigma_line = _slowdown_fraction(engine, lines, cluster)
     beside = terms.side_stream(engine, cluster)
     slowdown = terms.slowdown_s(fraction, engine, stall, durable, copies=d2h if beside else 0.0)
     limit = terms.node_write_limit(cluster, job.nodes)
     in_stall = 0.0 if beside else d2h
     stall_bound = "D2H" if in_stall > stall - in_stall else "host CPU (the engine's blocking path)"
     slowdown_bound = "D2H beside training (side stream)" if beside else "interference with training"
-    shared = cluster.storage == "shared" and limit.resource != "network (NIC)"
     parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=in_stall),
-             "durable": part(durable, lines["durable"], limit.resource, assumed=shared and _cited_shared(cluster),
-                             fixed=d2h),
-             "slowdown": part(slowdown, sigma_line, slowdown_bound, assumed=sigma_assumed,
-                              fixed=d2h if beside else 0.0)}
+             "durable": part(durable, lines["durable"], limit.resource, fixed=d2h),
+             "slowdown": part(slowdown, sigma_line, slowdown_bound, fixed=d2h if beside else 0.0)}
+    if written < stall:  # durable no sooner than the save returns: the stall's figure, range and bound
+        parts["durable"] = {**parts["stall"], "bound": f"{stall_bound}, durable as the save returns"}
     spread = {k: parts["stall"][k] + parts["slowdown"][k] for k in ("low_s", "high_s")}
     parts["cost"] = {"s": stall + slowdown, **spread,
-                     "bound": stall_bound if stall >= slowdown else slowdown_bound,
-                     "assumed": sigma_assumed}
+                     "bound": stall_bound if stall >= slowdown else slowdown_bound, **UNMARKED}
     return parts
 
 
-def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None, bool]:
-    """σ: the calibration's where it measured one, else the cluster's (cited) figure."""
+def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None]:
+    """σ: the calibration's where it measured one (on the cluster's device), else the cluster's figure."""
     if terms.base_engine(engine) not in terms.ASYNCHRONOUS:
-        return 0.0, None, False
+        return 0.0, None
     fitted = lines.get("slowdown")
     if cluster.device == "cuda" or fitted is None or not fitted.runs:
-        return cluster.async_slowdown_fraction, None, cluster.assumed("async_slowdown_fraction")
-    return fitted.intercept, fitted, False
-
-
-def _cited_shared(cluster: Cluster) -> bool:
-    return any(cluster.assumed(f) for f in ("shared_write_GBps", "shared_read_GBps", "shared_per_client_GBps"))
+        return cluster.async_slowdown_fraction, None
+    return fitted.intercept, fitted
 
 
 def restart_parts(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
                   prefetch: bool = False) -> dict[str, dict]:
-    """Every restart part; ``prefetch``: the engine reads the checkpoint beside the start-up
-    (``terms.prefetched_load_s``; only where the engine has a prefetcher, ``can_prefetch``: the others as without)."""
+    """Every restart part, each marked with the cited constants it depends on; ``prefetch``: the engine reads the
+    checkpoint beside the start-up (``terms.prefetched_load_s``; only where the engine has a prefetcher,
+    ``can_prefetch``: the others as without)."""
+    return mark_cited(lambda on: _restart_figures(engine, job, fit, on, iteration_s, prefetch), cluster)
+
+
+def _restart_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
+                     prefetch: bool) -> dict[str, dict]:
     prefetch = prefetch and can_prefetch(engine)
     s, lines = fit.startup, fit.engine(engine)
-    dist, cited = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
+    dist = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
     read = terms.node_read_limit(cluster, job.nodes)
     setup_line = lines.get("engine setup") or Line(0.0)
     first = s["1st iter ratio"].intercept * iteration_s
     parts = {
         "launch": part(s["launch"](), s["launch"], "start-up"),
         "imports": part(terms.startup_s(s["imports"], job, cluster), s["imports"], "start-up"),
-        "dist init": part(dist, s["dist init"], "start-up (rendezvous)", assumed=cited),
+        "dist init": part(dist, s["dist init"], "start-up (rendezvous)"),
         "model build": part(terms.startup_s(s["model build"], job, cluster, params=job.params_rank), s["model build"],
                             "start-up (host CPU)"),
         "ds init": part(terms.startup_s(s["ds init"], job, cluster, params=job.params_rank), s["ds init"],
                         "start-up (host CPU)"),
         "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster, prefetch), setup_line,
                              "pinning" if terms.pin_s(engine, job, cluster) and not prefetch else "start-up"),
-        "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource,
-                          assumed=cluster.storage == "shared" and _cited_shared(cluster)),
+        "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource),
         "1st iter": part(first, s["1st iter ratio"], "compute"),
         "gaps": part(terms.startup_s(s["gaps"], job, cluster), s["gaps"], "start-up"),
     }
     if prefetch:
         parts["ckpt load"] = _prefetched(parts, lines["load"], engine, job, cluster)
     parts["total"] = {"s": sum(p["s"] for p in parts.values()), "low_s": sum(p["low_s"] for p in parts.values()),
-                      "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts),
-                      "assumed": any(p["assumed"] for p in parts.values())}
+                      "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts), **UNMARKED}
     return parts
 
 
@@ -237,7 +293,7 @@ def _prefetched(parts: dict[str, dict], line: Line, engine: str, job: Job, clust
     left = figures["s"] > terms.copy_out_s(job, cluster) + 1e-12
     bound = f"{parts['ckpt load']['bound']} (read beside the start-up)" if left else \
         "copy out of the host buffer (the read ran beside the start-up)"
-    return {**figures, "bound": bound, "assumed": parts["ckpt load"]["assumed"], "prefetched": True}
+    return {**figures, "bound": bound, **UNMARKED, "prefetched": True}
 
 
 def can_prefetch(engine: str) -> bool:
@@ -270,14 +326,25 @@ def device_note(fit: Fit, cluster: Cluster) -> str | None:
             "target for measured lines (python -m restartbench.whatif --calibrate)")
 
 
-def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
+def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float | Iteration,
                    failures_per_gpu_hour: float, prefetch: bool = False) -> dict[str, Any]:
-    """One engine's checkpoint, restart and goodput; ``prefetch``: its restart prefetched where it can be."""
-    checkpoint = checkpoint_parts(engine, job, fit, cluster)
-    restart = restart_parts(engine, job, fit, cluster, iteration_s, prefetch)
+    """One engine's checkpoint, restart and goodput, every figure marked with the cited constants it depends on
+    (``mark_cited``), and all of them where the fit's device is not the cluster's (``device_note``);
+    ``iteration_s``: seconds, or how the cluster gives them (an estimate from its peak and MFU); ``prefetch``: its
+    restart prefetched where it can be."""
+    iteration = iteration_s if callable(iteration_s) else lambda _: iteration_s
+    result = mark_cited(lambda on: _engine_figures(engine, job, fit, on, iteration(on), failures_per_gpu_hour,
+                                                   prefetch), cluster)
     if device_note(fit, cluster):
-        for figure in (*checkpoint.values(), *restart.values()):
-            figure["assumed"] = True
+        for _, figure in _figures_in(result):
+            figure["assumed"], figure["cited"] = True, [*figure["cited"], "calibration"]
+    return result
+
+
+def _engine_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_s: float,
+                    failures_per_gpu_hour: float, prefetch: bool) -> dict[str, Any]:
+    checkpoint = _checkpoint_figures(engine, job, fit, cluster)
+    restart = _restart_figures(engine, job, fit, cluster, iteration_s, prefetch)
     rates = {key: goodput_at(checkpoint["cost"][key], restart["total"][key], job.ranks, failures_per_gpu_hour,
                              iteration_s) for key in ("s", "low_s", "high_s")}
     return {"engine": engine, "prefetched": restart["ckpt load"].get("prefetched", False), "ranks": job.ranks,
@@ -287,7 +354,7 @@ def predict_engine(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration_
             "tensors_per_rank": job.tensors_rank, "tensors_written_per_rank": job.tensors_written,
             "checkpoint": checkpoint, "restart": restart,
             "goodput": {**rates["s"], "goodput_pct_low": rates["high_s"]["goodput_pct"],
-                        "goodput_pct_high": rates["low_s"]["goodput_pct"]}}
+                        "goodput_pct_high": rates["low_s"]["goodput_pct"], **UNMARKED}}
 
 
 # -- the command's whole prediction --------------------------------------------------------------------------------
@@ -306,7 +373,12 @@ def iteration_s_for(preset: str, layout: Layout, cluster: Cluster, given: float 
     estimate = terms.iteration_estimate_s(model.param_count(), tokens, layout.world_size, cluster)
     return estimate, (f"estimated: 6·P·tokens/(GPUs·peak·MFU), {tokens} tokens per iteration (sequence "
                       f"{model.seq_len} × micro-batch {micro_batch} × {layout.pp} micro-batches × dp {layout.dp}), "
-                      f"peak {cluster.gpu_peak_tflops:g} TFLOP/s, MFU {cluster.mfu:g} (assumed)")
+                      f"peak {cluster.gpu_peak_tflops:g} TFLOP/s{_cited_mark(cluster, 'gpu_peak_tflops')}, "
+                      f"MFU {cluster.mfu:g}{_cited_mark(cluster, 'mfu')}")
+
+
+def _cited_mark(cluster: Cluster, name: str) -> str:
+    return " (assumed)" if cluster.assumed(name) else ""
 
 
 def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: Fit,
@@ -323,8 +395,9 @@ def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: 
     params = get_preset(preset).param_count()
     shapes = {e: shape_of(plan_for(preset, resolved.name, e, dtype), resolved, params) for e in engines}
     per_node = cluster.gpus_per_node
-    results = [predict_engine(e, job_for(shapes[e], resolved.dp, per_node), fit, cluster, iteration,
-                              failures_per_gpu_hour, prefetch) for e in engines]
+    results = [predict_engine(e, job_for(shapes[e], resolved.dp, per_node), fit, cluster,
+                              _iteration(preset, resolved, iteration_s), failures_per_gpu_hour, prefetch)
+               for e in engines]
     return {"preset": preset, "layout": resolved.name, "cluster": cluster.name, "cluster_file": cluster.path,
             "device": cluster.device, "storage": cluster.storage, "dtype": dtype,
             "iteration_s": iteration, "iteration_basis": how, "failures_per_gpu_hour": failures_per_gpu_hour,
@@ -344,17 +417,21 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
             continue
         at = Layout(layout.tp, layout.pp, gpus // (layout.tp * layout.pp))
         big = replace(cluster, nodes=max(cluster.nodes, math.ceil(gpus / cluster.gpus_per_node)))
-        iteration, _ = iteration_s_for(preset, at, big, iteration_s)
         for engine, shape in shapes.items():
-            result = predict_engine(engine, job_for(shape, at.dp, cluster.gpus_per_node), fit, big, iteration,
-                                    failures_per_gpu_hour, prefetch)
+            result = predict_engine(engine, job_for(shape, at.dp, cluster.gpus_per_node), fit, big,
+                                    _iteration(preset, at, iteration_s), failures_per_gpu_hour, prefetch)
+            figures = (result["checkpoint"]["cost"], result["restart"]["total"], result["goodput"])
             rows.append({"gpus": gpus, "layout": at.name, "engine": engine,
                          "cost_s": result["checkpoint"]["cost"]["s"], "restart_s": result["restart"]["total"]["s"],
                          **{k: result["goodput"][k] for k in ("goodput_pct", "goodput_pct_low", "goodput_pct_high",
                                                               "interval_s")},
-                         "assumed": result["restart"]["total"]["assumed"] or result["checkpoint"]["durable"]["assumed"]
-                         or result["checkpoint"]["cost"]["assumed"] or iteration_s is None})
+                         "assumed": any(f["assumed"] for f in figures),
+                         "cited": sorted({name for f in figures for name in f["cited"]})})
     return rows
+
+
+def _iteration(preset: str, layout: Layout, given: float | None) -> Iteration:
+    return lambda on: iteration_s_for(preset, layout, on, given)[0]
 
 
 def assumed_fields(cluster: Cluster, fit: Fit | None = None) -> dict[str, str]:

@@ -274,15 +274,14 @@ def prefetched_load_s(load: float, start_up: float, pin: float, job: Job, cluste
     return max(0.0, pin + load - copy - start_up) + copy
 
 
-def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -> tuple[float, bool]:
+def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -> float:
     """``c·(a + b·ranks)`` within the calibrated world size (``c``: the CPU share factor); beyond it the cited
-    rendezvous figure per rank is added for the ranks past it. Returns (seconds, whether the cited figure
-    entered)."""
+    rendezvous figure per rank is added for the ranks past it."""
     measured = job_cpu_factor(job, cluster) * line(ranks=min(job.ranks, calibrated_ranks))
     if job.ranks <= calibrated_ranks:
-        return measured, False
+        return measured
     per_rank = cluster.dist_init_anchor_s / cluster.dist_init_anchor_ranks
-    return measured + per_rank * (job.ranks - calibrated_ranks), True
+    return measured + per_rank * (job.ranks - calibrated_ranks)
 
 
 def engine_setup_s(line: Line, engine: str, job: Job, cluster: Cluster, prefetch: bool = False) -> float:
