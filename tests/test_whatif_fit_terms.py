@@ -508,7 +508,7 @@ def test_each_rows_regressors_from_its_nodes_processes_layout_and_the_machines_l
 
 def test_only_restarts_that_read_their_own_checkpoint_on_its_layout_enter_the_fit():
     rows = []
-    for run in ("kept", "prefetched", "not-prefetched", "unsaid", "unknown", "resharded", "no-load"):
+    for run in ("kept", "unnamed", "prefetched", "not-prefetched", "unsaid", "unknown", "resharded", "no-load"):
         rows += _checkpoint_and_restart(run, preset="tiny", layout="tp1pp1dp2", tp=1, pp=1, ranks=2, nodes=1,
                                         bytes_per_rank_max=1e8, files_per_rank_max=2, bytes=2e8, files=4)
         _set(rows, run, "restart", restore_layout="tp1pp1dp2")  # the analysis names the layout of every restart
@@ -516,12 +516,13 @@ def test_only_restarts_that_read_their_own_checkpoint_on_its_layout_enter_the_fi
     _set(rows, "not-prefetched", "restart", prefetched=False)
     _set(rows, "unsaid", "restart", prefetched=None)  # and "unknown" has no value at all: NaN
     _set(rows, "resharded", "restart", restore_layout="tp1pp2dp1")
+    _set(rows, "unnamed", "restart", restore_layout=None)  # a column of texts: NaN under pandas 3
     _set(rows, "no-load", "restart", restart_ckpt_load_s=math.nan)
     rows.append({**rows[1], "run_id": "no-checkpoint"})  # a restart of a run whose checkpoint is not in the table
     checkpoints, restarts = run_rows(pd.DataFrame(rows), LIMITS, {})
-    assert len(checkpoints) == 7
+    assert len(checkpoints) == 8
     assert [(r["run_id"], r["kind"]) for r in restarts] == [
-        (run, "restart") for run in ("kept", "not-prefetched", "unsaid", "unknown")]
+        (run, "restart") for run in ("kept", "unnamed", "not-prefetched", "unsaid", "unknown")]
 
 
 # -- an emulated checkpoint's own times ---------------------------------------------------------------------------

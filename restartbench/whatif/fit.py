@@ -308,13 +308,19 @@ def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
     restarts = []
     for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
         # a prefetched load (--lazy-prefetch) read beside the start-up: its span is no read, so it fits no load term
-        if row["run_id"] in sizes and (row.get("restore_layout") in (None, row["layout"])) \
-                and not _is_true(row.get("prefetched")):
+        if row["run_id"] in sizes and _same_layout(row) and not _is_true(row.get("prefetched")):
             size = sizes[row["run_id"]]
             restarts.append({**row, **{k: size[k] for k in ("concurrency", "bytes_rank", "files_rank",
                                                             "params_rank", "tensors_rank", "cpu_factor")},
                              "read_at_limit": size["bytes_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
     return checkpoints, restarts
+
+
+def _same_layout(row: dict[str, Any]) -> bool:
+    """A restart on the layout it saved on: its ``restore_layout`` is that layout, or missing (None, or NaN where a
+    column of texts has one: pandas 3)."""
+    layout = row.get("restore_layout")
+    return layout is None or layout != layout or layout == row["layout"]  # NaN != NaN
 
 
 def _is_true(value: Any) -> bool:
