@@ -69,7 +69,7 @@ class Target:
 
 
 TARGETS = (
-    Target("verify", ("restartbench/verify.py",), ("tests/test_verify.py",), 1.0),
+    Target("verify", ("restartbench/verify.py",), ("tests/test_verify.py", "tests/test_verify_chunked.py"), 1.0),
     Target("integrity", ("restartbench/integrity.py",), ("tests/test_integrity.py",), 1.0),
     Target("pagecache", ("restartbench/pagecache.py",), ("tests/test_pagecache.py",), 0.9),
     Target("layout", ("restartbench/layout.py",), ("tests/test_layout.py", "tests/test_properties.py"), 0.9),
