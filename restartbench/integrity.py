@@ -43,8 +43,8 @@ def _store(ckpt_dir: str | Path | Store) -> Store:
 def write_manifest(ckpt_dir: str | Path | Store, tag: str, files: list[dict[str, Any]]) -> None:
     """Atomically and durably write the manifest of ``tag`` (files: path relative to ckpt_dir, bytes, hash, rank;
     the hash of ``filehash.FORMAT``, which the manifest names)."""
-    text = json.dumps({"tag": tag, "hash_format": filehash.FORMAT, "files": sorted(files, key=lambda f: f["path"])},
-                      indent=1)
+    manifest = {"tag": tag, "hash_format": filehash.FORMAT, "files": sorted(files, key=lambda f: f["path"])}
+    text = json.dumps(manifest, indent=1)
     _store(ckpt_dir).write_durably(f"{tag}/{MANIFEST}", text)
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import threading
 
 import pytest
 from conftest import chunked_sha256
@@ -160,3 +161,24 @@ def test_a_share_checked_on_threads_names_each_damaged_file_in_the_manifests_ord
         f"{paths[4]}: {CORRUPT}",
         f"{paths[5]}: missing",
         f"{paths[6]}: {CORRUPT}"]
+
+
+@pytest.mark.parametrize("threads, default", [(1, 4), (3, 1)])
+def test_a_share_is_hashed_on_the_threads_it_is_given_not_the_default(tmp_path, monkeypatch, threads, default):
+    """check_share's ``threads`` decides, not FILE_THREADS: one thread hashes every file on the caller's own thread,
+    more hash them on a pool of at most that many (``filehash.map_on_threads``)."""
+    monkeypatch.setattr(integrity, "FILE_THREADS", default)
+    _commit(tmp_path, "step4", _shards(count=4))
+    hashed_on = []
+
+    class RecordingStore(LocalStore):
+        def file_hash(self, relative, fmt=filehash.FORMAT):
+            hashed_on.append(threading.get_ident())
+            return super().file_hash(relative, fmt)
+
+    assert check_share(RecordingStore(tmp_path), "step4", rank=0, world_size=1, threads=threads) == []
+    assert len(hashed_on) == 4
+    if threads == 1:
+        assert set(hashed_on) == {threading.get_ident()}
+    else:
+        assert threading.get_ident() not in hashed_on and len(set(hashed_on)) <= threads

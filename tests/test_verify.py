@@ -204,6 +204,16 @@ def test_bfloat16_tensors_empty_or_not_are_digested():
     assert len(hashes) == 4
 
 
+def test_a_digest_under_a_prefix_names_every_entry_under_it():
+    """consolidated.py digests parts of the state under their place in it (``digest(hyper, "optimizer.group0")``):
+    every key, of tensors and plain values alike, starts with the prefix; a bare tensor is the prefix itself."""
+    weight = torch.ones(2)
+    assert digest({"w": weight, "lr": 0.1, "betas": [0.9, 0.95]}, "optimizer.group0") == {
+        "optimizer.group0.w": tensor_hash(weight), "optimizer.group0.lr": "0.1",
+        "optimizer.group0.betas[0]": "0.9", "optimizer.group0.betas[1]": "0.95"}
+    assert digest(weight, "module.0.weight") == {"module.0.weight": tensor_hash(weight)}
+
+
 def test_none_is_recorded_and_objects_without_training_state_are_left_out():
     """An object's repr holds its address, which differs in the restoring process: recorded, it would fail
     every restore."""
@@ -216,6 +226,15 @@ def test_none_is_recorded_and_objects_without_training_state_are_left_out():
 def test_an_engine_without_optimizer_or_scheduler_digests_its_module_and_step():
     engine = SimpleNamespace(module=torch.nn.Linear(2, 1), optimizer=None, lr_scheduler=None, global_steps=3)
     assert training_state_digest(engine).keys() == {"module.weight", "module.bias", "global_steps"}
+
+
+def test_the_engine_digests_record_what_they_cost():
+    """The proof's spans (``proof.digest``, ``restore.verify``) get their digest's cost through these two."""
+    engine = SimpleNamespace(module=torch.nn.Linear(2, 1), optimizer=None, lr_scheduler=None, global_steps=3)
+    for take in (training_state_digest, module_digest):
+        cost = verify.DigestCost()
+        take(engine, cost)
+        assert (cost.tensor_bytes, cost.chunks) == (3 * 4, 2), take.__name__  # weight 2 and bias 1 float32
 
 
 def test_the_resumed_weights_are_digested_under_the_state_digests_keys(engine):

@@ -5,6 +5,9 @@ byte, the last chunk's included, and the chunks' order change it.
 Most tests shrink CHUNK_BYTES to a few KiB so that small tensors have many chunks; one runs at the real size.
 """
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -117,13 +120,105 @@ def test_a_digest_says_what_it_hashed_and_what_that_cost(threads):
     assert cost.fields()["digest_tensor_bytes"] == cost.tensor_bytes
 
 
+@pytest.mark.usefixtures("small_chunks")
+def test_a_cost_that_holds_earlier_figures_gets_this_digests_added():
+    """One cost over several digests adds them up: bytes and chunks grow by this digest's, the hashing time by at
+    most the wall time on each thread, and host tensors add no copy time to what the cost held."""
+    state = _state()
+    alone = verify.DigestCost()
+    digest(state, threads=3, cost=alone)
+    cost = verify.DigestCost(tensor_bytes=10, chunks=2, copy_s=0.5, hash_s=100.0)
+    began = time.perf_counter()
+    digest(state, threads=3, cost=cost)
+    elapsed = time.perf_counter() - began
+    assert (cost.tensor_bytes, cost.chunks, cost.threads) == (10 + alone.tensor_bytes, 2 + alone.chunks, 3)
+    assert cost.copy_s == 0.5
+    assert 100.0 < cost.hash_s <= 100.0 + 3 * elapsed
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_by_default_every_thread_is_taken_only_above_parallel_bytes(monkeypatch):
+    """Without ``threads``: HASH_THREADS threads once the tensors hold more than PARALLEL_BYTES, one up to it."""
+    tensors = [_bytes(3 * SMALL_CHUNK), _bytes(SMALL_CHUNK + 1, seed=1)]  # 5 chunks
+    total = sum(t.numel() for t in tensors)
+    monkeypatch.setattr(verify, "HASH_THREADS", 4)
+    for limit, threads in ((total, 1), (total - 1, 4), (0, 4), (10**12, 1)):
+        monkeypatch.setattr(verify, "PARALLEL_BYTES", limit)
+        cost = verify.DigestCost()
+        assert hash_tensors(tensors, cost=cost) == [tensor_hash(t, threads=1) for t in tensors]
+        assert cost.threads == threads, limit
+
+
+def _hashed_on(hash_of, tensor):
+    """``hash_of(tensor)``, the tensor made to note the thread that reads each chunk's bytes to hash them
+    (``Tensor.numpy``), each read held 5 ms so that reads on several threads overlap: (the hash, the readers' thread
+    ids, the most reads at once)."""
+    lock, readers, reading = threading.Lock(), [], [0, 0]  # reading: now, most
+
+    class Recording(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is not torch.Tensor.numpy:
+                return super().__torch_function__(func, types, args, kwargs or {})
+            with lock:
+                readers.append(threading.get_ident())
+                reading[0] += 1
+                reading[1] = max(reading)
+            time.sleep(0.005)
+            try:
+                return super().__torch_function__(func, types, args, kwargs or {})
+            finally:
+                with lock:
+                    reading[0] -= 1
+
+    return hash_of(tensor.as_subclass(Recording)), readers, reading[1]
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_the_chunks_are_hashed_on_the_threads_asked_for(monkeypatch):
+    """``threads`` decides, whatever the default would be: one thread hashes every chunk on the caller's own thread,
+    two hash them on a pool of two (never the caller's), no more than two at once."""
+    tensor = _bytes(11 * SMALL_CHUNK + 9)  # 12 chunks
+    whole = tensor_hash(tensor, threads=1)
+    monkeypatch.setattr(verify, "HASH_THREADS", 4)
+    monkeypatch.setattr(verify, "PARALLEL_BYTES", 0)  # by default: 4 threads
+    hashed, readers, most = _hashed_on(lambda t: tensor_hash(t, threads=1), tensor)
+    assert hashed == whole and len(readers) == 12 and set(readers) == {threading.get_ident()} and most == 1
+    monkeypatch.setattr(verify, "PARALLEL_BYTES", 10**12)  # by default: 1 thread
+    hashed, readers, most = _hashed_on(lambda t: tensor_hash(t, threads=2), tensor)
+    assert hashed == whole and len(readers) == 12 and threading.get_ident() not in readers
+    assert len(set(readers)) <= 2 and most <= 2
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_a_host_tensor_is_hashed_where_it_lies():
+    """No copy of a contiguous host tensor and no staging buffer (those are for CUDA tensors): hashing it, on one
+    thread or several, allocates nothing."""
+    tensor = _bytes(5 * SMALL_CHUNK + 3)
+    for threads in (1, 3):
+        with torch.autograd.profiler.profile(profile_memory=True, use_kineto=False) as profile:
+            tensor_hash(tensor, threads=threads)
+        assert [(event.name, event.cpu_memory_usage) for event in profile.function_events
+                if event.cpu_memory_usage] == [], threads
+
+
+def test_a_tensor_whose_bytes_are_not_on_the_host_needs_staging_buffers():
+    """Only a CUDA tensor's chunks are copied to the host, into staging buffers; any other tensor off the host (here
+    on the meta device, which holds no bytes at all) meets the same guard rather than being hashed as if it had."""
+    with pytest.raises(AssertionError, match=r"^a CUDA tensor's digest needs its staging buffers$"):
+        tensor_hash(torch.empty(4, device="meta"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.usefixtures("small_chunks")
 def test_a_cuda_tensor_hashes_as_its_host_copy():
-    """Each chunk is copied to the host on its own thread: the same hash as the CPU tensor, one thread or many."""
+    """Each chunk is copied to the host on its own thread: the same hash as the CPU tensor, one thread or many; the
+    copies' time is recorded apart from the hashing's."""
     state = _state()
     on_device = {key: value.cuda() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
     on_device["moments"] = [value.cuda() for value in state["moments"]]
     on_device["transposed"], state["transposed"] = on_device["moments"][0].t(), state["moments"][0].t()
-    assert digest(on_device, threads=4) == digest(state, threads=1)
+    cost = verify.DigestCost()
+    assert digest(on_device, threads=4, cost=cost) == digest(state, threads=1)
+    assert cost.copy_s > 0 and cost.hash_s > 0
