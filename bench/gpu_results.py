@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from results_io import ROOT, result_stem, write_results
+from results_io import ROOT, attempt_stem, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -119,22 +119,6 @@ def import_results(out: Path, results: Path) -> list[Path]:
         if engines:
             written.append(write_results(results, engines, markdown))
     return written
-
-
-def attempt_stem(results: Path, meta: dict) -> Path:
-    """Where a block's result goes: ``<date>-<machine>-gpu-<block>``, or ``<date>.N-...`` (N = 2, 3, ...) when that
-    file already holds another attempt of the block (another ``started``: a second call of the same visit, or a
-    later visit on the same day). An earlier attempt's result is never overwritten (the 2026-11-27 DataStates
-    build's failed first attempt was, and lived on in git only); importing the same visit again rewrites its own."""
-    stem, attempt = result_stem(results, meta), 1
-    while _holds_another_attempt(stem.with_suffix(".json"), meta):
-        attempt += 1
-        stem = result_stem(results, meta, f"{meta['date']}.{attempt}")
-    return stem
-
-
-def _holds_another_attempt(path: Path, meta: dict) -> bool:
-    return path.is_file() and json.loads(path.read_text()).get("meta", {}).get("started") != meta["started"]
 
 
 def block_meta(ledger: dict, name: str, entry: dict) -> dict:

@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results_io import add_output_arguments, machine_line, run_meta, write_results  # noqa: E402
+from results_io import add_output_arguments, attempt_stem, machine_line, run_meta, write_results  # noqa: E402
 
 MUTMUT = Path(sys.executable).parent / "mutmut"
 # The predictors' size arithmetic: every function that computes a file's bytes or sums them (the plan's totals, each
@@ -114,7 +114,10 @@ def scratch_copy(target: Target, into: Path) -> None:
 
 
 def mutmut(args: list[str], cwd: Path) -> str:
-    env = {**os.environ, "RESTARTBENCH_PLAN_CACHE": "off", "RESTARTBENCH_ALLOW_SKIPS": "1"}
+    # mutmut forks each mutant's test run from a process that has already run the tests: torch's OpenMP worker
+    # threads do not survive the fork, so the child hangs at its first parallel tensor operation (a 1M-element
+    # ``^=`` does; 1,000 elements do not), reported as "timeout" or "segfault". One OpenMP thread starts no workers.
+    env = {**os.environ, "RESTARTBENCH_PLAN_CACHE": "off", "RESTARTBENCH_ALLOW_SKIPS": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(MUTMUT), *args], cwd=cwd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"mutmut {' '.join(args)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -179,6 +182,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chosen_targets(names: str) -> tuple[Target, ...]:
+    """The targets named in ``names`` (comma-separated), in TARGETS' order; refuses a name that is none of them."""
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in {t.name for t in TARGETS}]
+    if unknown or not wanted:
+        what = f"unknown target(s) {', '.join(map(repr, unknown))}" if unknown else "no target named"
+        raise ValueError(f"--targets: {what}; the targets are {', '.join(repr(t.name) for t in TARGETS)}")
+    return tuple(t for t in TARGETS if t.name in wanted)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default=",".join(t.name for t in TARGETS),
@@ -193,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/mutation.py needs mutmut ({MUTMUT} is missing): "
               "pip install -c constraints.txt -e '.[bench]'", file=sys.stderr)
         return 2
+    try:
+        chosen = chosen_targets(args.targets)
+    except ValueError as error:
+        parser.error(str(error))
     meta = run_meta("mutation", sys.argv[1:] if argv is None else argv, args.machine)
-    wanted = args.targets.split(",")
     rows = []
-    for target in (t for t in TARGETS if t.name in wanted):
+    for target in chosen:
         print(f"[mutation] {target.name}: mutating {', '.join(target.modules)} against {', '.join(target.tests)}",
               flush=True)
         if args.keep:
@@ -209,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mutation] {target.name}: {row['counts']} score {row['score']:.1%}", flush=True)
         rows.append(row)
     version = f"mutmut {importlib.metadata.version('mutmut')}"
-    write_results(args.out, {"meta": meta, "mutmut": version, "targets": rows}, markdown)
+    write_results(args.out, {"meta": meta, "mutmut": version, "targets": rows}, markdown, attempt_stem(args.out, meta))
     return 0 if all(r["meets_target"] for r in rows) else 1
 
 

@@ -115,8 +115,24 @@ def speed_table(figures: list[dict], against: str, key: str) -> list[str]:
 
 def result_stem(out: Path, meta: dict, dated: str | None = None) -> Path:
     """``out/<date>-<machine>-<benchmark>``, the path of a result without its suffix; ``dated`` replaces the date
-    (``gpu_results.attempt_stem`` numbers a second attempt of the same date so)."""
+    (``attempt_stem`` numbers a second attempt of the same date so)."""
     return out / f"{dated or meta['date']}-{meta['machine']}-{meta['benchmark']}"
+
+
+def attempt_stem(results: Path, meta: dict) -> Path:
+    """Where a result goes: ``<date>-<machine>-<benchmark>``, or ``<date>.N-...`` (N = 2, 3, ...) when that file
+    already holds another attempt (another ``started``: a second call of the same GPU visit, a later visit or run on
+    the same day). An earlier attempt's result is never overwritten (the 2026-11-27 DataStates build's failed first
+    attempt was, and lived on in git only); writing the same run again rewrites its own."""
+    stem, attempt = result_stem(results, meta), 1
+    while _holds_another_attempt(Path(f"{stem}.json"), meta):  # not with_suffix: '.2-...' is a suffix
+        attempt += 1
+        stem = result_stem(results, meta, f"{meta['date']}.{attempt}")
+    return stem
+
+
+def _holds_another_attempt(path: Path, meta: dict) -> bool:
+    return path.is_file() and json.loads(path.read_text()).get("meta", {}).get("started") != meta["started"]
 
 
 def write_results(out: Path, result: dict, markdown: Callable[[dict], str], stem: Path | None = None) -> Path:
