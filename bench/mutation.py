@@ -84,6 +84,9 @@ TARGETS = (
 )
 
 ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why
+#: An accepted survivor whose reason starts so is no equivalent: its code runs only on CUDA, where the named GPU test
+#: guards it. It is left out of the CPU's score and listed as left to a GPU.
+GPU_ONLY = "gpu only:"
 
 
 def accepted(target: Target) -> dict[str, str]:
@@ -172,11 +175,15 @@ def markdown(result: dict) -> str:
                      f"{', '.join(r['tests'])} | {r['mutants']} | {r['counts'].get('killed', 0)} | "
                      f"{r['counts'].get('survived', 0)} | {other} | {r['score']:.1%} | "
                      f"{r['required_score']:.0%} | {'yes' if r['meets_target'] else '**no**'} |")
+    on_gpu = sum(1 for r in rows for s in r["survivors"] if (s["accepted"] or "").startswith(GPU_ONLY))
+    if on_gpu:
+        lines += ["", f"{on_gpu} survivor(s) run only on CUDA: not equivalents, but untestable on this machine; the "
+                  "score leaves them out and each is listed below as left to a GPU, with the test that guards it "
+                  "there."]
     lines += ["", "## Every survivor", ""]
     for r in rows:
         for s in r["survivors"]:
-            why = f"accepted: {s['accepted']}" if s["accepted"] else "**not accepted: a test is missing**"
-            lines.append(f"- `{s['mutant']}` ({s['status']}): `{s['line']}` — {why}")
+            lines.append(f"- `{s['mutant']}` ({s['status']}): `{s['line']}` — {_verdict(s['accepted'])}")
     if not any(r["survivors"] for r in rows):
         lines.append("None.")
     return "\n".join(lines) + "\n"
@@ -190,6 +197,14 @@ def chosen_targets(names: str) -> tuple[Target, ...]:
         what = f"unknown target(s) {', '.join(map(repr, unknown))}" if unknown else "no target named"
         raise ValueError(f"--targets: {what}; the targets are {', '.join(repr(t.name) for t in TARGETS)}")
     return tuple(t for t in TARGETS if t.name in wanted)
+
+
+def _verdict(accepted_why: str | None) -> str:
+    if not accepted_why:
+        return "**not accepted: a test is missing**"
+    if accepted_why.startswith(GPU_ONLY):
+        return f"left to a GPU: {accepted_why.removeprefix(GPU_ONLY).strip()}"
+    return f"accepted: {accepted_why}"
 
 
 def main(argv: list[str] | None = None) -> int:

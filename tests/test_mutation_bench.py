@@ -53,3 +53,24 @@ def test_a_second_run_on_the_same_day_is_numbered_and_a_run_rewrites_only_its_ow
     # suffix), so a third attempt overwrote the second, and with that file present the numbering never ended
     assert results_io.attempt_stem(tmp_path, _meta("14:00")) == second
     assert results_io.attempt_stem(tmp_path, _meta("16:00")).name == "2026-12-07.3-cpu2-mutation"
+
+
+def _result(accepted_why: str | None) -> dict:
+    survivor = {"mutant": "m.x_f__mutmut_1", "status": "survived", "line": "buffer = None", "accepted": accepted_why}
+    row = {"target": "verify", "modules": ["restartbench/verify.py"], "tests": ["tests/test_verify.py"],
+           "functions": [], "mutants": 10, "counts": {"killed": 9, "survived": 1}, "score": 1.0,
+           "required_score": 1.0, "meets_target": True, "survivors": [survivor]}
+    meta = {"date": "2026-12-07", "command": "python bench/mutation.py", "machine": "cpu2", "host": "h", "cpus": 2,
+            "cpu": "x86_64", "memory_bytes": 2**30, "device": "cpu", "python": "3.11", "torch": "2", "deepspeed": "0",
+            "commit": "c0de", "load_average_at_start": 0.0}
+    return {"meta": meta, "mutmut": "mutmut 3.8.1", "targets": [row]}
+
+
+@pytest.mark.parametrize("why,said", [
+    ("gpu only: CUDA staging; guarded by t", "— left to a GPU: CUDA staging; guarded by t"),
+    ("equivalent: whitespace", "— accepted: equivalent: whitespace"),
+    (None, "— **not accepted: a test is missing**")])
+def test_a_survivor_is_said_to_be_equivalent_left_to_a_gpu_or_missing_a_test(why, said):
+    text = mutation.markdown(_result(why))
+    assert text.splitlines()[-1].endswith(said)
+    assert ("1 survivor(s) run only on CUDA" in text) is (why is not None and why.startswith("gpu only:"))
