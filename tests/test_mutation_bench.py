@@ -55,10 +55,10 @@ def test_a_second_run_on_the_same_day_is_numbered_and_a_run_rewrites_only_its_ow
     assert results_io.attempt_stem(tmp_path, _meta("16:00")).name == "2026-12-07.3-cpu2-mutation"
 
 
-def _result(accepted_why: str | None) -> dict:
-    survivor = {"mutant": "m.x_f__mutmut_1", "status": "survived", "line": "buffer = None", "accepted": accepted_why}
+def _result(accepted_why: str | None, status: str = "survived") -> dict:
+    survivor = {"mutant": "m.x_f__mutmut_1", "status": status, "line": "buffer = None", "accepted": accepted_why}
     row = {"target": "verify", "modules": ["restartbench/verify.py"], "tests": ["tests/test_verify.py"],
-           "functions": [], "mutants": 10, "counts": {"killed": 9, "survived": 1}, "score": 1.0,
+           "functions": [], "mutants": 10, "counts": {"killed": 9, status: 1}, "score": 1.0,
            "required_score": 1.0, "meets_target": True, "survivors": [survivor]}
     meta = {"date": "2026-12-07", "command": "python bench/mutation.py", "machine": "cpu2", "host": "h", "cpus": 2,
             "cpu": "x86_64", "memory_bytes": 2**30, "device": "cpu", "python": "3.11", "torch": "2", "deepspeed": "0",
@@ -74,3 +74,17 @@ def test_a_survivor_is_said_to_be_equivalent_left_to_a_gpu_or_missing_a_test(why
     text = mutation.markdown(_result(why))
     assert text.splitlines()[-1].endswith(said)
     assert ("1 survivor(s) run only on CUDA" in text) is (why is not None and why.startswith("gpu only:"))
+
+
+def test_a_mutant_whose_tests_ran_out_of_time_is_listed_as_detected():
+    text = mutation.markdown(_result(None, status="timeout"))
+    assert text.splitlines()[-1].endswith("(timeout): `buffer = None` — detected: the tests ran past mutmut's time "
+                                          "limit against it")
+    assert "counts as detected" in text and "counts as detected" not in mutation.markdown(_result(None))
+
+
+def test_the_score_counts_timeouts_as_detected_and_leaves_accepted_survivors_out():
+    counts = {"killed": 90, "timeout": 2, "survived": 6, "no tests": 2}
+    survivors = [{"accepted": "equivalent: x"}, {"accepted": "gpu only: y"}, *[{"accepted": None}] * 6]
+    assert mutation.score_of(counts, survivors) == 92 / 98
+    assert mutation.score_of({"killed": 0}, []) == 1.0  # nothing to mutate: nothing missed
