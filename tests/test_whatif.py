@@ -2,6 +2,7 @@
 synthetic run tables with known constants, the cluster file's refusals, the layout refusals, and the CLI's JSON."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,6 +68,12 @@ def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_worl
     line = Line(1.0, {"ranks": 0.5})
     assert terms.dist_init_s(line, replace(JOB, ranks=4), cluster, 4) == 3.0
     assert terms.dist_init_s(line, replace(JOB, ranks=16_384), cluster, 4) == pytest.approx(3.0 + (16_384 - 4) * 1e-3)
+
+
+def test_a_relative_error_is_against_the_measured_figure_and_infinite_against_0():
+    assert terms.relative_error(1.5, 1.2) == pytest.approx(0.25)
+    assert terms.relative_error(0.9, 1.2) == pytest.approx(-0.25)
+    assert terms.relative_error(0.1, 0.0) == math.inf
 
 
 def test_engine_setup_pins_the_lazy_buffer_on_cuda_only():

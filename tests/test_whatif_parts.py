@@ -363,10 +363,14 @@ def test_mark_cited_names_what_moves_a_figure_through_a_tie_and_a_zero():
 
     def figures(on: Cluster) -> dict:
         return {"nested": {"tie": {"s": min(on.shared_write_GBps, on.shared_read_GBps), "assumed": False}},
+                "larger": {"s": max(on.shared_write_GBps, on.shared_read_GBps), "assumed": False},
+                "not near": {"s": max(on.mfu, 0.5), "assumed": False},
                 "zero": {"s": on.async_slowdown_fraction * 10.0, "bound": "σ", "assumed": False},
                 "unused": {"s": 1.0, "assumed": True}, "mfu": on.mfu}
     result = mark_cited(figures, cluster)
     assert result["nested"]["tie"] == {"s": 5.0, "assumed": True, "cited": ["shared_write_GBps"]}  # binds going down
+    assert result["larger"]["cited"] == ["shared_write_GBps"]  # and going up
+    assert result["not near"]["assumed"] is False  # an MFU of 0.38 moved by a millionth does not reach 0.5
     assert result["zero"]["cited"] == ["async_slowdown_fraction"]  # a cited 0 moved up to NUDGE
     assert result["unused"] == {"s": 1.0, "assumed": False, "cited": []}  # the mark is mark_cited's alone
     assert result["mfu"] == cluster.mfu  # a number outside a figure is left as it is
@@ -536,7 +540,14 @@ def test_a_replica_of_an_engine_writing_one_file_a_rank_writes_its_own_files_not
 
 def test_a_replica_that_writes_nothing_leaves_all_of_rank_0_s_bytes_to_the_module():
     shape = shape_of(_plan("tp1pp1dp2", [(0, "data", 5000)], engine="dcp"), Layout(1, 1, 2), params=1000)
-    assert shape.module[0, 0][0] == 5000 and shape.optimizer[0, 0][0] == 0
+    assert shape.module[0, 0] == (5000, 1) and shape.optimizer[0, 0] == (0, 0)
+
+
+def test_without_replicas_the_optimizer_files_are_the_optimizer_and_the_rest_the_module():
+    # tp1pp1dp1, DeepSpeed-like: the kinds say which is which (not the 2-of-14 estimate of an engine without kinds)
+    plan = _plan("tp1pp1dp1", [(0, "layer", 300), (0, "model", 20), (0, "optimizer", 4000)])
+    shape = shape_of(plan, Layout(1, 1, 1), params=1000)
+    assert shape.module == {(0, 0): (320, 2)} and shape.optimizer == {(0, 0): (4000, 1)}
 
 
 def test_without_replicas_the_module_is_2_bytes_of_14_per_parameter_and_a_silent_stage_has_nothing():
