@@ -836,3 +836,201 @@ def test_a_negative_slowdown_is_noise_and_never_brings_the_cost_below_the_stall(
     assert results.whole_cost(0.5, -0.2) == 0.5
     assert results.whole_cost(0.5, 0.25) == 0.75
     assert results.whole_cost(None, 0.25) is None and results.whole_cost(0.5, None) is None
+
+
+# -- restart figures of a relayout, a prefetch, a fallback (mutation survivors of 2026-12-07) ------------------------
+
+#: What rank 1's restore.convert span says the conversion read and wrote; rank 0's span (first in the events) has no
+#: figures (as a record from before they were taken), and rank 0's startup.engine carries a stray bytes_read: only a
+#: convert span with figures is the conversion's.
+CONVERTED = {"files_read": 4, "bytes_read": 4096, "files_written": 2, "bytes_written": 3072}
+
+
+def relayout_rank(rank: int, prefetched: bool = True) -> list[tuple[str, dict]]:
+    """One rank's restore on another layout after a fallback from step6 (then step4) to step2, the load taken from
+    an early read (prefetch) and from what the conversion had just written."""
+    load = {"tag": "step2", "cache": "converted", "resident_fraction": None, "n_files": 2, "bytes": 900 + rank,
+            "process_read_bytes": (1000, 2000)[rank], "prefetched": prefetched,
+            "prefetch_read_s": (2.5, 3.0)[rank], "prefetch_wait_s": (0.5, 0.25)[rank]}
+    if not prefetched:
+        load = {k: v for k, v in load.items() if not k.startswith("prefetch")}
+    return [("restore.fallback", {"wanted": "step6", "restored": "step4"}),
+            ("restore.fallback", {"wanted": "step4", "restored": "step2"}),
+            *back_to_back(100.0, ("process.start", 1.0, {}), ("startup.engine", 0.5, {"bytes_read": 7} if rank == 0
+                                                                                  else {}),
+                          ("restore.convert", 2.0, CONVERTED if rank == 1 else {}), ("restore.load", 1.5, load),
+                          ("train.iteration", 0.5, {"step": 3, "first_after_restore": True})),
+            ("restore.result", {"tag": "step2", "exact": True, "verified": True, "restore_layout": "tp1pp1dp2",
+                                "loss_diff": 1e-3})]
+
+
+def write_relayout_run(root: Path, prefetched_ranks: tuple[int, ...] = (0, 1)) -> Path:
+    run_dir = root / "run"
+    for rank in (0, 1):
+        write_events(run_dir, "restore", rank, *relayout_rank(rank, rank in prefetched_ranks))
+    write_plan(run_dir, run_dir / "checkpoints")
+    return run_dir
+
+
+def test_a_relayout_restart_reports_the_layout_the_loss_the_conversion_the_prefetch_and_the_fallback(tmp_path):
+    """The first fallback's wanted tag, the process's bytes read summed over ranks, the max over ranks of the
+    prefetch's read and wait, and the conversion's figures from the one convert span that has them."""
+    info = results.restart(read_events(write_relayout_run(tmp_path)))
+    assert {key: info[key] for key in ("fell_back_from", "process_bytes_read", "bytes_read", "cache",
+                                       *NO_RELAYOUT)} == pytest.approx({
+        "fell_back_from": "step6", "process_bytes_read": 3000, "bytes_read": 1801, "cache": "converted",
+        "restore_layout": "tp1pp1dp2", "loss_diff": 1e-3,
+        **{f"convert_{name}": value for name, value in CONVERTED.items()},
+        "prefetched": True, "prefetch_read_s": 3.0, "prefetch_wait_s": 0.5})
+    assert info["prefetched"] is True
+
+
+def test_a_prefetch_on_some_ranks_only_is_not_a_prefetched_restart(tmp_path):
+    info = results.restart(read_events(write_relayout_run(tmp_path, prefetched_ranks=(0,))))
+    assert (info["prefetched"], info["prefetch_read_s"], info["prefetch_wait_s"]) == (False, 2.5, 0.5)
+
+
+def test_the_process_bytes_read_are_none_where_a_rank_did_not_record_them(tmp_path):
+    run_dir = write_relayout_run(tmp_path)
+    events = [{k: v for k, v in e.items() if not (k == "process_read_bytes" and e["rank"] == 1)}
+              for e in read_events(run_dir)]
+    assert results.restart(events)["process_bytes_read"] is None
+
+
+def test_the_summary_of_a_relayout_restart_names_the_layout_the_conversion_and_the_prefetch(tmp_path):
+    assert results.summarize_run(write_relayout_run(tmp_path)) == [
+        "restart from step2 (loaded from what the conversion had just written) on tp1pp1dp2: 5.50 s from launch to "
+        "end of first iteration (max over ranks); parts (s, max over ranks): launch 1.00, engine setup 0.50, "
+        "convert 2.00, ckpt load 1.50, 1st iter 0.50; the read ran from before the model build (prefetch): 3.00 s, "
+        "of which the load waited 0.50 s",
+        "restore exact (consolidated state verified; resumed loss +1.00e-03 from the uninterrupted run's)",
+    ]
+
+
+def test_records_of_two_launches_are_refused_with_their_attempt_named(run):
+    """The message names the attempt whose records mix launches and says why and what to do."""
+    for rank in RANKS:
+        write_restore(run, rank, exact=True, attempt=2, later_s=500.0)
+    with events_file(run, "restore-2", 1).open("a") as records:
+        records.write(json.dumps({"event": "process.start", "phase": "restore", "rank": 1, "attempt": 2,
+                                  "time": 1700.0, "start": 1600.0, "duration_s": 1.0}) + "\n")
+    message = ("restore attempt 2 holds the records of 2 launches of rank 1: an earlier restartbench appended each "
+               "relaunch to the same events file, so its restart times would mix launches (even below zero); measure "
+               "it again in a new run")
+    with pytest.raises(RunFolderError) as refused:
+        results.restart(read_events(run), 2)
+    assert str(refused.value) == message
+
+
+def test_an_attempt_with_a_proof_that_found_nothing_beside_an_unverified_rank_is_not_exact():
+    """The first rank verified exactly, another recorded an inexact result it did not verify: not exact."""
+    records = [{"event": "restore.result", "verified": True, "exact": True},
+               {"event": "restore.result", "verified": False, "exact": False}]
+    assert results.verdict(records) == "not exact"
+
+
+def test_deepspeed_initialize_without_waits_or_rest_recorded_counts_them_as_zero():
+    events = [{"event": "startup.ds_initialize", "phase": "restore", "rank": 0, "attempt": 1, "start": 0.0,
+               "duration_s": 2.0, "parts": {"zero_optimizer": 0.5}}]
+    assert results.ds_init_breakdown(events) == {"zero_optimizer": 0.5, "collective wait": 0.0, "other": 0.0}
+
+
+def test_records_without_an_attempt_are_the_first_attempt():
+    assert results.restore_attempts([{"event": "process.start", "phase": "restore", "rank": 0}]) == [1]
+
+
+def test_a_check_that_began_with_the_first_resumed_iteration_is_not_on_the_path():
+    """A verify span that began as the first resumed iteration did, and one inside a later iteration: neither on the
+    path; only the first resumed iteration bounds it."""
+    events = [_span(0, "process.start", 100.0, 1.0), _span(0, "restore.verify", 101.0, 0.25),
+              _span(0, "train.iteration", 102.0, 1.0, step=7, first_after_restore=True),
+              _span(0, "restore.verify", 102.0, 4.0),
+              _span(0, "restore.verify", 104.5, 8.0),
+              _span(0, "train.iteration", 104.0, 1.0, step=8)]
+    assert results.harness_checks(events) == {"check files": None, "cache": None, "verify": 0.25}
+
+
+def test_a_checkpoints_times_are_on_its_own_clock_where_recorded(died):
+    """since_checkpoint_start_s, where a record has it, wins over the rank's own save start."""
+    events = [{**e, "since_checkpoint_start_s": e["since_save_start_s"] + 1.0}
+              if e["event"] in ("checkpoint.durable", "checkpoint.commit") else e for e in read_events(died)]
+    step1 = next(row for row in results.checkpoints(events) if row["tag"] == "step1")
+    assert (step1["durable_rank_max_s"], step1["committed_s"]) == pytest.approx((1.90, 2.00))
+
+
+# -- interference at the windows' edges (mutation survivors of 2026-12-07) ---------------------------------------
+
+
+def train_event(event: str, rank: int, **fields) -> dict:
+    return {"event": event, "phase": "train", "rank": rank, **fields}
+
+
+def iteration(rank: int, step: int, start: float, seconds: float, **fields) -> dict:
+    return train_event("train.iteration", rank, step=step, start=start, duration_s=seconds, **fields)
+
+
+def saved(rank: int, tag: str, step: int, start: float, stall: float, durable_after: float | None) -> list[dict]:
+    """A save span and, unless ``durable_after`` is None (the files never became durable), its durable record."""
+    records = [train_event("checkpoint.save", rank, tag=tag, step=step, start=start, duration_s=stall)]
+    if durable_after is not None:
+        records.append(train_event("checkpoint.durable", rank, tag=tag, step=step, since_save_start_s=durable_after,
+                                   bytes=10, n_files=1, files=[]))
+    return records
+
+
+def test_an_iteration_touching_a_window_does_not_overlap_it_and_a_copy_wait_on_an_edge_is_its_iterations():
+    """Rank 0: iteration 2 ends as save s2 returns (11.0) and iteration 4 begins as its files are durable (13.0):
+    neither overlaps the window (11, 13), iteration 3 does. The two copy waits of iteration 5 were written at its
+    start and at its end (a gap on both sides): both are its. Rank 1 saved too but recorded no iteration (its window
+    overlaps nothing, and training never went on after its save: not seen).
+    Step times: 2: 1.0, 3: 2.0, 4: 1.5, 5: 1.75 - 0.25 - 0.25 = 1.25, 6: 1.375, 7: 1.125; clean (all but 3):
+    median 1.25. s2's slowdown 2.0 - 1.25; its stall rank 0's copy waits, 0.5."""
+    events = [iteration(0, 2, 10.0, 1.0), *saved(0, "s2", 2, 11.0, 0.0, 2.0), iteration(0, 3, 11.0, 2.0),
+              iteration(0, 4, 13.0, 1.5), iteration(0, 5, 15.0, 1.75),
+              train_event("checkpoint.copy_wait", 0, tag="s2", step=2, time=15.0, duration_s=0.25),
+              train_event("checkpoint.copy_wait", 0, tag="s2", step=2, time=16.75, duration_s=0.25),
+              iteration(0, 6, 17.0, 1.375), iteration(0, 7, 18.5, 1.125), *saved(1, "s2", 2, 11.0, 0.0, 1.0)]
+    assert results.clean_iteration_time(events) == 1.25
+    assert results.interference(events) == {"s2": {"overlapped_iterations": 1, "slowdown_s": 0.75, "cost_s": 1.25,
+                                                   "background_seen": False}}
+
+
+def test_an_iteration_is_the_earliest_checkpoints_whatever_the_order_of_the_tags_or_the_events():
+    """step9's window (11, 15) holds iterations 10-12; step10's (12, 12.5) lies inside it: iteration 11 overlaps both
+    and is step9's, although "step10" sorts before "step9" and the events come in reverse (step10's records first,
+    the last iteration first). Training went on after both saves: both seen."""
+    events = [iteration(0, 9, 10.0, 1.0), *saved(0, "step9", 9, 11.0, 0.0, 4.0), iteration(0, 10, 11.0, 1.0),
+              *saved(0, "step10", 10, 12.0, 0.0, 0.5), iteration(0, 11, 12.0, 1.0), iteration(0, 12, 13.0, 1.0),
+              iteration(0, 13, 16.0, 1.0), iteration(0, 14, 17.0, 1.0)]
+    costs = results.interference(list(reversed(events)))
+    assert {tag: (row["overlapped_iterations"], row["background_seen"]) for tag, row in costs.items()} == {
+        "step9": (3, True), "step10": (0, True)}
+
+
+def test_background_seen_at_its_edges_and_only_where_every_rank_saw_it():
+    """Rank 0's last iteration begins as save s2 returns (11.5) and its files are durable (12.5) as the harness
+    begins waiting: seen. Rank 1's files were durable only inside the wait: not seen, so s2 is not, whichever rank's
+    records come first."""
+    def rank_records(rank, durable_after):
+        return [iteration(rank, 2, 10.0, 1.0), *saved(rank, "s2", 2, 11.0, 0.5, durable_after),
+                iteration(rank, 3, 11.5, 1.0),
+                train_event("checkpoint.wait_durable", rank, tag="s2", step=2, start=12.5, duration_s=0.5),
+                iteration(rank, 4, 13.0, 1.0, reference=True)]
+
+    assert results.interference(rank_records(0, 1.5))["s2"]["background_seen"] is True
+    assert results.interference(rank_records(1, 2.0) + rank_records(0, 1.5))["s2"]["background_seen"] is False
+
+
+def test_no_clean_iteration_no_slowdown_and_no_iterations_no_figures():
+    """Every counted iteration overlapped step1's window: no clean median, so no slowdown or cost (a save that
+    never became durable overlaps nothing: slowdown 0, never seen). Without phase-1 iterations (emulated) the three
+    figures are None, and no save is seen."""
+    events = [*saved(0, "step1", 1, 9.0, 0.0, 5.0), iteration(0, 2, 10.0, 1.0), iteration(0, 3, 11.0, 1.0),
+              *saved(0, "step3", 3, 12.0, 0.125, None)]
+    assert results.clean_iteration_time(events) is None
+    assert results.interference(events) == {
+        "step1": {"overlapped_iterations": 2, "slowdown_s": None, "cost_s": None, "background_seen": True},
+        "step3": {"overlapped_iterations": 0, "slowdown_s": 0.0, "cost_s": 0.125, "background_seen": False}}
+    emulated = [e for e in events if e["event"] != "train.iteration"]
+    assert results.interference(emulated)["step1"] == {"overlapped_iterations": None, "slowdown_s": None,
+                                                       "cost_s": None, "background_seen": False}
