@@ -162,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _figure(p: dict[str, Any]) -> str:
-    mark = f" (assumed: {', '.join(p['cited'])})" if p["assumed"] else ""
-    return f"{p['s']:.3g} s [{p['low_s']:.3g}–{p['high_s']:.3g}]{mark}"
+    return f"{p['s']:.3g} s [{p['low_s']:.3g}–{p['high_s']:.3g}]{_assumed(p)}"
+
+
+def _assumed(figure: dict[str, Any]) -> str:
+    """' (assumed: the cited constants that entered it)', or nothing."""
+    return f" (assumed: {', '.join(figure['cited'])})" if figure["assumed"] else ""
 
 
 def render_text(result: dict[str, Any]) -> str:
@@ -195,6 +199,5 @@ def _engine_text(r: dict[str, Any]) -> list[str]:
         lines.append(f"  restart {name:<12} {_figure(s[name]):<36} bound: {s[name]['bound']}")
     lines.append(f"  Daly interval {g['interval_s']:.3g} s ({g['interval_iterations']:.3g} iterations), MTBF "
                  f"{g['mtbf_s']:.3g} s on {g['gpus']} GPUs, goodput {g['goodput_pct']:.2f} % "
-                 f"[{g['goodput_pct_low']:.2f}–{g['goodput_pct_high']:.2f}]"
-                 f"{' (assumed: ' + ', '.join(g['cited']) + ')' if g['assumed'] else ''}")
+                 f"[{g['goodput_pct_low']:.2f}–{g['goodput_pct_high']:.2f}]{_assumed(g)}")
     return [*lines, ""]

@@ -437,7 +437,6 @@ def _iteration(preset: str, layout: Layout, given: float | None) -> Iteration:
 def assumed_fields(cluster: Cluster, fit: Fit | None = None) -> dict[str, str]:
     """The cluster's cited constants, each with its source; and the calibration, where its device is not the
     cluster's (``device_note``)."""
-    cited = {name: source for name, (basis, source) in cluster.sources.items()
-             if basis == "cited" and name in NUMBER_FIELDS}
+    cited = {name: cluster.sources[name][1] for name in cited_numbers(cluster)}
     note = device_note(fit, cluster) if fit is not None else None
     return {**cited, "calibration": note} if note else cited
