@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import re
 import statistics
@@ -358,10 +359,11 @@ class _Interference:
         self.clean_s = statistics.median(clean) if clean else None
 
     def _step_times(self) -> dict[int, float]:
-        """step -> max over ranks of the iteration's time less the copy waits inside it (by when they were written)."""
+        """step -> max over ranks of the iteration's time less the copy waits inside it (by when they began)."""
         waits: dict[tuple[int, int], float] = defaultdict(float)
         for e in _train(self.events, Event.CHECKPOINT_COPY_WAIT):
-            for _start, _end, step in self._overlapping(e["rank"], e["time"], e["time"], closed=True):
+            step = self._iteration_at(e["rank"], e["time"])
+            if step is not None:
                 waits[e["rank"], step] += e["duration_s"]
         step_s: dict[int, float] = {}
         for (rank, step), (start, end) in self.spans.items():
@@ -369,13 +371,20 @@ class _Interference:
         return step_s
 
     def _owners(self) -> dict[int, str]:
-        """step -> the earliest checkpoint (by step) whose window an iteration of that step overlapped on its rank."""
+        """step -> the earliest checkpoint (by step) whose window an iteration of that step overlapped on its rank.
+        Every window has its save (``background_windows``), so every window's tag has a step."""
         save_step = {e["tag"]: e["step"] for e in _train(self.events, Event.CHECKPOINT_SAVE)}
         owner: dict[int, str] = {}
-        for (tag, rank), (low, high) in sorted(self.windows.items(), key=lambda item: save_step.get(item[0][0], 0)):
+        for (tag, rank), (low, high) in sorted(self.windows.items(), key=lambda item: save_step[item[0][0]]):
             for _start, _end, step in self._overlapping(rank, low, high):
                 owner.setdefault(step, tag)
         return owner
+
+    def _iteration_at(self, rank: int, at: float) -> int | None:
+        """The step of the rank's iteration under way at ``at``: the last to begin at or before it, unless it had ended
+        before. A wait that begins as one iteration ends and the next begins is the next's, and only the next's."""
+        touching = self._overlapping(rank, at, at, closed=True)
+        return touching[-1][2] if touching else None
 
     def _overlapping(self, rank: int, low: float, high: float, closed: bool = False) -> list[tuple[float, float, int]]:
         """The rank's iterations overlapping (low, high), or touching [low, high] when ``closed``; a rank's iterations
@@ -405,7 +414,7 @@ class _Interference:
     def _slowdown(self, steps: list[int]) -> float | None:
         if not self.spans or (steps and self.clean_s is None):
             return None
-        return sum(self.step_s[step] - self.clean_s for step in steps) if steps else 0.0
+        return math.fsum(self.step_s[step] - self.clean_s for step in steps)
 
     def _seen(self) -> dict[str, bool]:
         """tag -> on every rank, training went on after the save (an iteration other than the reference began after

@@ -995,6 +995,18 @@ def test_an_iteration_touching_a_window_does_not_overlap_it_and_a_copy_wait_on_a
                                                    "background_seen": False}}
 
 
+def test_a_copy_wait_that_begins_as_one_iteration_ends_and_the_next_begins_is_the_next_ones_only():
+    """s3's window (13.0, 13.5) holds iteration 4 (13.0-14.5); iteration 5 begins as 4 ends, at 14.5, and a 0.5 s copy
+    wait begins then: it is 5's (2.0 s, 1.5 s without it), not subtracted from 4 as well. Every step then took 1.5 s:
+    s3 slowed training by 0.0 s (-0.5 s if 4 lost the wait too)."""
+    events = [iteration(0, 2, 10.0, 1.5), iteration(0, 3, 11.5, 1.5), *saved(0, "s3", 3, 13.0, 0.0, 0.5),
+              iteration(0, 4, 13.0, 1.5), iteration(0, 5, 14.5, 2.0),
+              train_event("checkpoint.copy_wait", 0, tag="s3", step=3, time=14.5, duration_s=0.5),
+              iteration(0, 6, 16.5, 1.5)]
+    assert results.clean_iteration_time(events) == 1.5
+    assert results.interference(events)["s3"]["slowdown_s"] == 0.0
+
+
 def test_an_iteration_is_the_earliest_checkpoints_whatever_the_order_of_the_tags_or_the_events():
     """step9's window (11, 15) holds iterations 10-12; step10's (12, 12.5) lies inside it: iteration 11 overlaps both
     and is step9's, although "step10" sorts before "step9" and the events come in reverse (step10's records first,
