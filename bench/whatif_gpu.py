@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+from results_io import ROOT, add_output_arguments, attempt_stem, machine_line, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     every = [p for r in rows for p in r["parts"]]
     write_results(args.out, {"meta": meta, "probe": probe["path"], "fit": str(FIT.relative_to(ROOT)),
                              "fit_runs": len(fit.runs), "cluster": written, "runs": rows,
-                             "by_part": by_part(rows), "summary": validation.summary(every)}, markdown)
+                             "by_part": by_part(rows), "summary": validation.summary(every)}, markdown,
+                  attempt_stem(args.out, meta))  # a later fit's comparison never overwrites an earlier one's
     return 0
 
 

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_results
+from results_io import ROOT, add_output_arguments, attempt_stem, machine_line, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -46,7 +46,7 @@ from restartbench.whatif import cluster as clusters  # noqa: E402
 from restartbench.whatif import fit as fitting  # noqa: E402
 from restartbench.whatif import limits as probes  # noqa: E402
 from restartbench.whatif import predict as model  # noqa: E402
-from restartbench.whatif.calibration_runs import Case, completed, per_process  # noqa: E402
+from restartbench.whatif.calibration_runs import Case, completed, emulate_scales, per_process  # noqa: E402
 
 
 def _real(preset: str, layout: str, engines: tuple[str, ...]) -> list[Case]:
@@ -387,7 +387,7 @@ def validate(args: argparse.Namespace, meta: dict, steps: list[dict], run_s: flo
     limit = fitting.Limits(cluster.local_write_GBps, cluster.local_read_GBps, cluster.sources["local_write_GBps"][1])
     calibration = collect(args.logs / "calibration")
     fit = fitting.fit_table(calibration.table(), limit, per_process(calibration),
-                            cores_per_node=cluster.cpu_cores_per_node)
+                            cores_per_node=cluster.cpu_cores_per_node, scales=emulate_scales(calibration))
     fitting.write_fit(fit, CLUSTERS / FIT_FILE)
     clusters.write_cluster(cluster, CPU2, "This machine (cpu2), written by bench/whatif_validation.py: its limits "
                            "as measured,\nthe engines' and start-up constants in the fit file it names.")
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_only:
         return 0 if all(step["exit"] == 0 for step in steps) else 1
     result = validate(args, meta, steps, time.perf_counter() - start)
-    write_results(args.out, result, markdown)
+    write_results(args.out, result, markdown, attempt_stem(args.out, meta))  # a refit never overwrites the runs'
     return 0
 
 

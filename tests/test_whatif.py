@@ -220,8 +220,8 @@ def test_a_layout_that_does_not_fit_the_preset_or_the_cluster_is_refused():
 
 
 def test_the_job_places_ranks_on_nodes_and_scales_the_optimizer_share_with_dp():
-    shape = Shape(Layout(1, 2, 2), module={(0, 0): (100, 3), (1, 0): (50, 2)},
-                  optimizer={(0, 0): (40, 1), (1, 0): (40, 1)}, params=1000)
+    shape = Shape(Layout(1, 2, 2), first={(0, 0): (100, 4), (1, 0): (50, 3)}, other={(0, 0): (0, 1), (1, 0): (0, 1)},
+                  optimizer={(0, 0): 40, (1, 0): 40}, params=1000)
     job = job_for(shape, dp=2, per_node=4)
     assert (job.ranks, job.nodes, job.concurrency) == (4, 1, 4)
     assert (job.bytes_rank, job.files_rank, job.bytes_node, job.files_node) == (140, 4, 310, 9)

@@ -151,6 +151,18 @@ def _fake_run(root: Path, case: cal.Case, status: str = "complete") -> Path:
     return folder
 
 
+def test_each_runs_ranks_per_process_and_width_are_read_from_its_config(tmp_path):
+    """The tidy table has neither; the fit needs both (the CPU share, and DCP's choice of replicas by bytes)."""
+    real = _fake_run(tmp_path, cal.Case("tiny", "tp1pp1dp2", "dcp"))
+    emulated = _fake_run(tmp_path, cal.Case("7B", "tp1pp1dp2", "dcp", 0.04, 4))
+
+    class Collected:
+        def table(self):  # a run's rows (its checkpoint and its restart) share its folder
+            return pd.DataFrame({"run_id": ["a", "a", "b"], "run": [str(real), str(real), str(emulated)]})
+    assert runs.per_process(Collected()) == {"a": 1, "b": 4}
+    assert runs.emulate_scales(Collected()) == {"a": 1.0, "b": 0.04}
+
+
 def test_a_complete_run_of_the_case_is_found_and_reused_without_running(tmp_path, monkeypatch):
     case = cal.Case("3B", "tp1pp1dp2", "lazy", 0.05)
     _fake_run(tmp_path, case, "failed")
@@ -238,6 +250,7 @@ def test_too_few_runs_for_a_term_refuse_naming_the_term_and_the_runs_that_would_
     monkeypatch.setattr("restartbench.analysis.collect", lambda root: Collected())
     monkeypatch.setattr(cal, "run_probe", _probes)
     monkeypatch.setattr(cal, "per_process", lambda collected: {})
+    monkeypatch.setattr(cal, "emulate_scales", lambda collected: {})
     with pytest.raises(cal.CalibrationError, match=r"too few runs.*torch: term 'torch stall'.*all have the same "
                                                    r"files, bytes; runs that would fit it:.*different bytes"):
         cal.calibrate(options, steps)

@@ -446,10 +446,11 @@ def test_the_durable_line_takes_the_files_per_writer_and_the_ranks_each_process_
 
 #: DCP runs: (preset, layout, dp, ranks, ranks per process, bytes per rank, tensors written at that dp, held), the
 #: counts as restartbench.whatif.tensors gives them (tests/test_whatif_tensors.py holds them to the decoder's
-#: arithmetic): tiny 39 module tensors on one stage, 19 and 20 on two; small 75, and 37 and 38; 4 optimizer tensors.
-DCP = (("tiny", "tp1pp1dp2", 2, 2, 1, 1e8, 24, 43), ("tiny", "tp1pp2dp1", 1, 2, 2, 2e8, 24, 24),
-       ("small", "tp1pp1dp2", 2, 2, 1, 3e8, 42, 79), ("small", "tp1pp2dp1", 1, 2, 2, 1.5e8, 42, 42),
-       ("small", "tp1pp2dp2", 2, 4, 4, 2.5e8, 23, 42), ("tiny", "tp1pp1dp2", 2, 2, 2, 0.7e8, 24, 43))
+#: arithmetic and to DCP's deduplication): tiny 39 module tensors on one stage, 19 and 20 on two; small 75, and 37
+#: and 38; 4 optimizer tensors. At dp 2 the busiest replica writes 25 of tiny's 39, 45 of small's 75, 27 of 38.
+DCP = (("tiny", "tp1pp1dp2", 2, 2, 1, 1e8, 29, 43), ("tiny", "tp1pp2dp1", 1, 2, 2, 2e8, 24, 24),
+       ("small", "tp1pp1dp2", 2, 2, 1, 3e8, 49, 79), ("small", "tp1pp2dp1", 1, 2, 2, 1.5e8, 42, 42),
+       ("small", "tp1pp2dp2", 2, 4, 4, 2.5e8, 31, 42), ("tiny", "tp1pp1dp2", 2, 2, 2, 0.7e8, 29, 43))
 
 
 def test_dcps_durable_line_pays_the_tensors_written_once_for_each_rank_a_process_handles_in_turn():
@@ -473,6 +474,18 @@ def test_dcps_durable_line_pays_the_tensors_written_once_for_each_rank_a_process
     assert durable.intercept == pytest.approx(0.1, rel=1e-6)
     assert durable.coefficients == {"at_limit": pytest.approx(1.1, rel=1e-6),
                                     "tensors": pytest.approx(0.0015, rel=1e-6)}
+
+
+def test_an_emulated_dcp_runs_tensors_written_are_weighed_at_its_width():
+    """3B tp1pp1dp2: at full width DCP's busiest replica writes 179 module tensors, at --emulate-scale 0.08 (the
+    embedding a smaller share of a stage's bytes) 161; held is the same."""
+    row = {"run_id": "e", "engine": "dcp-emulated", "preset": "3B", "layout": "tp1pp1dp2", "dtype": "bf16", "tp": 1,
+           "pp": 1, "dp": 2, "ranks": 2, "nodes": 1, "kind": "checkpoint", "bytes_per_rank_max": 1e8,
+           "files_per_rank_max": 1, "bytes": 2e8, "files": 3, "restart_ckpt_load_s": None}
+    full, _ = run_rows(pd.DataFrame([row]), LIMITS, {})
+    scaled, _ = run_rows(pd.DataFrame([row]), LIMITS, {}, scales={"e": 0.08})
+    assert (full[0]["tensors_rank"], full[0]["tensors_written"]) == (259, 179 + 4)
+    assert (scaled[0]["tensors_rank"], scaled[0]["tensors_written"]) == (259, 161 + 4)
 
 
 # -- the rows' regressors ------------------------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 handle one item per tensor (DCP): the count against the decoder's arithmetic, what a rank writes, the terms' form,
 and the fit recovering a known per-tensor constant from a synthetic run table."""
 
-import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from restartbench.layout import Layout, validate_layout
 from restartbench.presets import get_preset
@@ -43,21 +46,64 @@ def test_the_count_does_not_depend_on_the_dtype():
     assert tensors.stage_tensors("tiny", "tp1pp2dp2", "fp32") == tensors.stage_tensors("tiny", "tp1pp2dp2", "bf16")
 
 
-def test_dcp_spreads_the_module_tensors_over_the_replicas_deepspeed_writes_them_from_rank_0():
-    counts = {(0, 0): (39, 4), (1, 0): (40, 4)}
-    assert tensors.busiest(counts, 2, "dcp") == (44, 24)  # held 40 + 4; written ceil(40 / 2) + 4
-    assert tensors.busiest(counts, 2, "dcp-async-emulated") == (44, 24)
-    assert tensors.busiest(counts, 1, "dcp") == (44, 44)
-    assert tensors.busiest(counts, 2, "torch") == (44, 44)
-    assert tensors.busiest({}, 2, "dcp") == (0, 0)
+def _write_item(fqn: str, raw: int) -> WriteItem:
+    """A tensor write item of ``raw`` bytes (uint8), as DCP weighs items in its deduplication."""
+    size = torch.Size([raw])
+    return WriteItem(index=MetadataIndex(fqn), type=WriteItemType.TENSOR,
+                     tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets=torch.Size([0]), sizes=size),
+                                                 properties=TensorProperties(dtype=torch.uint8), size=size))
+
+
+@pytest.mark.parametrize("preset, layout, dp", [("3B", "tp1pp1dp2", 2), ("3B", "tp1pp1dp2", 8),
+                                                ("small", "tp1pp2dp2", 3), ("7B", "tp1pp1dp2", 64)])
+def test_dcps_share_of_the_module_is_what_dcps_own_deduplication_gives_each_replica(preset, layout, dp):
+    """Each replica's plan: the stage module's tensors (shared names, the state's order) then its own optimizer
+    items; DCP's dedup_save_plans keeps each shared item in one plan."""
+    for module in tensors.stage_module(preset, layout).values():
+        plans = [SavePlan([_write_item(f"module/{i}", t.raw) for i, t in enumerate(module)]
+                          + [_write_item(f"{replica}/optimizer/{j}", 10**9) for j in range(4)])
+                 for replica in range(dp)]
+        kept = [[int(item.index.fqn.split("/")[1]) for item in plan.items if item.index.fqn.startswith("module/")]
+                for plan in dedup_save_plans(plans)]
+        shares = tensors.module_shares(module, dp, "dcp")
+        assert [(share.raw, share.written, share.tensors) for share in shares] == [
+            (sum(module[i].raw for i in ids), sum(module[i].entry for i in ids), len(ids)) for ids in kept]
+
+
+def test_the_module_goes_to_the_replica_with_the_fewest_bytes_the_lowest_on_a_tie_for_dcp_only():
+    module = (tensors.Tensor(100, 110), tensors.Tensor(30, 40), tensors.Tensor(0, 5), tensors.Tensor(50, 60),
+              tensors.Tensor(20, 30))
+    # 100 → 0; 30 → 1 (0 planned); the empty one → 2 (weighed 1); 50 → 2 (1 < 30); 20 → 1 (30 < 51)
+    assert tensors.module_shares(module, 3, "dcp") == [(100, 110, 1), (50, 70, 2), (50, 65, 2)]
+    assert tensors.module_shares(module, 3, "dcp-async-emulated") == tensors.module_shares(module, 3, "dcp")
+    whole = (200, 200, 5)  # the others' file framing is not the tensors': written = raw
+    assert tensors.module_shares(module, 3, "torch") == [whole, (0, 0, 0), (0, 0, 0)]
+    assert tensors.module_shares(module, 3, "lazy") == [whole, (0, 0, 0), (0, 0, 0)]
+    assert tensors.module_shares(module, 3, "torchsnapshot") == [whole] * 3
+
+
+def test_dcp_writes_its_share_of_the_module_the_others_all_they_hold():
+    counts = {(0, 0): (3, 4), (1, 0): (2, 4)}
+    module = {(0, 0): (tensors.Tensor(100, 1), tensors.Tensor(10, 1), tensors.Tensor(10, 1)),
+              (1, 0): (tensors.Tensor(5, 1), tensors.Tensor(5, 1))}
+    assert tensors.busiest(counts, module, 2, "dcp") == (7, 6)  # stage 0: replica 1 writes two; stage 1: one each
+    assert tensors.busiest(counts, module, 1, "dcp") == (7, 7)
+    assert tensors.busiest(counts, module, 2, "torch") == (7, 7)
+    assert tensors.busiest(counts, module, 2, "torchsnapshot") == (7, 7)
+    assert tensors.busiest({}, {}, 2, "dcp") == (0, 0)
+
+
+def test_dcps_index_holds_each_module_tensor_once_and_every_ranks_own_items():
+    assert tensors.index_items({(0, 0): (39, 4), (1, 0): (40, 4)}, 3) == 39 + 40 + 2 * 3 * (4 + 1)
 
 
 def test_the_job_carries_the_tensors_at_its_dp():
-    shape = Shape(Layout(1, 2, 2), module={(0, 0): (100, 3), (1, 0): (50, 2)},
-                  optimizer={(0, 0): (40, 1), (1, 0): (40, 1)}, params=1000,
-                  tensors={(0, 0): (37, 4), (1, 0): (38, 4)}, engine="dcp")
+    shape = Shape(Layout(1, 2, 2), first={(0, 0): (100, 3), (1, 0): (50, 2)}, other={(0, 0): (0, 1), (1, 0): (0, 1)},
+                  optimizer={(0, 0): 40, (1, 0): 40}, params=1000, tensors={(0, 0): (3, 4), (1, 0): (2, 4)},
+                  module={(0, 0): (tensors.Tensor(100, 1), tensors.Tensor(10, 1), tensors.Tensor(10, 1)),
+                          (1, 0): (tensors.Tensor(5, 1), tensors.Tensor(5, 1))}, engine="dcp")
     job = job_for(shape, dp=4, per_node=4)
-    assert (job.tensors_rank, job.tensors_written) == (42, 14)
+    assert (job.tensors_rank, job.tensors_written) == (7, 5)
 
 
 # -- the terms -------------------------------------------------------------------------------------------------
@@ -92,12 +138,14 @@ def test_a_line_without_a_per_tensor_coefficient_ignores_the_tensors():
 # -- the fit ---------------------------------------------------------------------------------------------------
 
 LIMITS = Limits(write_GBps=1.0, read_GBps=2.0, source="synthetic")
-#: (preset, layout, dp, bytes per rank, tensors written, tensors held): the counts by the arithmetic above.
-RUNS = (("3B", "tp1pp1dp2", 2, 0.6e8, math.ceil((9 * 28 + 3) / 2) + 4, 9 * 28 + 3 + 4),
-        ("3B", "tp1pp1dp2", 2, 2.4e8, math.ceil((9 * 28 + 3) / 2) + 4, 9 * 28 + 3 + 4),
+#: (preset, layout, dp, bytes per rank, tensors written, tensors held): held by the arithmetic above; written as DCP's
+#: deduplication gives them at dp 2 (the busiest replica: 3B's second writes 179 of 255 module tensors, the first
+#: the embedding and 75 more; 7B's 151 of 291), all a rank holds at dp 1.
+RUNS = (("3B", "tp1pp1dp2", 2, 0.6e8, 179 + 4, 9 * 28 + 3 + 4),
+        ("3B", "tp1pp1dp2", 2, 2.4e8, 179 + 4, 9 * 28 + 3 + 4),
         ("3B", "tp1pp2dp1", 1, 1.6e8, 9 * 14 + 2 + 4, 9 * 14 + 2 + 4),
         ("33B", "tp1pp2dp1", 1, 0.7e8, 9 * 30 + 2 + 4, 9 * 30 + 2 + 4),
-        ("7B", "tp1pp1dp2", 2, 0.9e8, math.ceil((9 * 32 + 3) / 2) + 4, 9 * 32 + 3 + 4))
+        ("7B", "tp1pp1dp2", 2, 0.9e8, 151 + 4, 9 * 32 + 3 + 4))
 STALL = (0.02, 4e-9, 0.0017)  # intercept, s per byte, s per tensor written
 DURABLE = (0.03, 1.1, 0.0015)  # intercept, 1/η, s per tensor written
 LOAD = (0.05, 3.0, 0.0025)  # intercept, 1/η, s per tensor held

@@ -58,7 +58,7 @@ from restartbench.progress import say
 from restartbench.whatif import cluster as clusters
 from restartbench.whatif import fit as fitting
 from restartbench.whatif import limits as probes
-from restartbench.whatif.calibration_runs import Case, completed, per_process, run_case
+from restartbench.whatif.calibration_runs import Case, completed, emulate_scales, per_process, run_case
 from restartbench.whatif.slurm import (
     SLURM_HOWTO,
     SLURM_NODES,
@@ -577,7 +577,8 @@ def fit_runs(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], optio
     limits = fitting.Limits(_find_storage(done, "write"), _find_storage(done, "read"),
                             f"calibration: storage limits of {runs_folder.parent / 'probe'}")
     try:
-        fit = fitting.fit_table(table, limits, per_process(collected), cores_per_node=os.cpu_count())
+        fit = fitting.fit_table(table, limits, per_process(collected), cores_per_node=os.cpu_count(),
+                                scales=emulate_scales(collected))
     except fitting.FitError as error:
         raise CalibrationError(f"the fit refused: {error}") from error
     problems = [f"{engine}: {why}" for engine, why in fit.unfitted.items()]

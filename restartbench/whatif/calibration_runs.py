@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,8 +202,17 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def per_process(collected) -> dict[str, int]:
     """run_id → --ranks-per-process of each emulated run (config.json), which the tidy table does not carry."""
-    out = {}
+    return {run_id: int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
+            for run_id, emulation in _emulations(collected)}
+
+
+def emulate_scales(collected) -> dict[str, float]:
+    """run_id → --emulate-scale of each emulated run (config.json; 1.0 for a real run), which the tidy table does not
+    carry."""
+    return {run_id: float(emulation.get("emulate_scale") or 1.0) if emulation.get("emulate") else 1.0
+            for run_id, emulation in _emulations(collected)}
+
+
+def _emulations(collected) -> Iterator[tuple[str, dict]]:
     for run_id, run in collected.table()[["run_id", "run"]].drop_duplicates().itertuples(index=False):
-        emulation = json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}
-        out[run_id] = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
-    return out
+        yield run_id, json.loads((Path(run) / "config.json").read_text()).get("emulation") or {}

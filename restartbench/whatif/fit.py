@@ -296,14 +296,17 @@ def with_own_times(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
-             cores_per_node: int | None = None) -> tuple[list[dict], list[dict]]:
+             cores_per_node: int | None = None,
+             scales: dict[str, float] | None = None) -> tuple[list[dict], list[dict]]:
     """(checkpoint rows, restart rows) with the regressors of every term and the run's CPU share factor
     (``cpu_factor``: its processes per node over ``cores_per_node``; 1 where None). ``per_process``: run_id → ranks
-    each process handles (emulated runs' --ranks-per-process; 1 where absent)."""
+    each process handles (emulated runs' --ranks-per-process; 1 where absent); ``scales``: run_id → an emulated
+    run's --emulate-scale (1 where absent)."""
     checkpoints = table[table["kind"] == "checkpoint"].to_dict("records")
     sizes = {}
     for row in checkpoints:
-        _regressors(row, limits, per_process.get(row["run_id"], 1), cores_per_node)
+        run = row["run_id"]
+        _regressors(row, limits, per_process.get(run, 1), cores_per_node, (scales or {}).get(run, 1.0))
         sizes[row["run_id"]] = row
     restarts = []
     for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
@@ -328,7 +331,8 @@ def _is_true(value: Any) -> bool:
     return value is not None and value == value and bool(value)  # NaN != NaN
 
 
-def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per_node: int | None) -> None:
+def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per_node: int | None,
+                scale: float) -> None:
     nodes = int(row.get("nodes") or 1)
     ranks = int(row["ranks"])
     concurrency = max(1, ranks // nodes // per_process)  # the node's processes (as terms.job_cpu_factor takes them)
@@ -343,7 +347,9 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per
                params_rank=preset.param_count() / (int(row["tp"] or 1) * int(row["pp"] or 1)),
                tensors_rank=0.0, tensors_written=0.0)
     if base_engine(row["engine"]) in PER_TENSOR:  # counted from the run's preset and layout, as for a prediction
-        held, written = tensors.busiest(tensors.stage_tensors(row["preset"], row["layout"], row.get("dtype") or "bf16"),
+        dtype = row.get("dtype") or "bf16"  # an emulated run's tensors at its width: DCP weighs them by their bytes
+        held, written = tensors.busiest(tensors.stage_tensors(row["preset"], row["layout"], dtype),
+                                        tensors.stage_module(row["preset"], row["layout"], dtype, scale),
                                         int(row.get("dp") or 1), row["engine"])
         row.update(tensors_rank=held, tensors_written=written)
 
@@ -352,14 +358,15 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per
 
 
 def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] | None = None, *,
-              cores_per_node: int | None = None) -> Fit:
+              cores_per_node: int | None = None, scales: dict[str, float] | None = None) -> Fit:
     """Every term, fitted on the complete runs of ``table``; ``cores_per_node``: the calibrating machine's CPU cores
     per node (``os.cpu_count()`` where the runs were made), by which each run's CPU-bound parts are divided by its
-    CPU share factor (None: not divided, see ``Fit.cores_per_node``)."""
+    CPU share factor (None: not divided, see ``Fit.cores_per_node``); ``scales``: run_id → an emulated run's
+    --emulate-scale (``calibration_runs.emulate_scales``; its width weighs DCP's choice of replicas)."""
     if table.empty:
         raise FitError("the calibration has no complete runs; runs that would fit the model: real runs of tiny and "
                        "small tp1pp1dp2 per engine, and emulated big checkpoints (bench/whatif_validation.py)")
-    checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {}, cores_per_node)
+    checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {}, cores_per_node, scales)
     real = [r for r in restarts if not r["engine"].endswith("-emulated")]
     result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
                  runs=sorted(set(table["run_id"])), cores_per_node=cores_per_node, device=_devices(table))

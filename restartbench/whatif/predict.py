@@ -44,19 +44,28 @@ class WhatIfError(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """One checkpoint's bytes and files per (pipeline stage, tensor rank), from the plan at data-parallel ``dp``:
-    the module (written once per data-parallel group) and one rank's optimizer share (ZeRO-1: ∝ 1/dp)."""
+    """One checkpoint's bytes and files per (pipeline stage, tensor rank), from the plan at data-parallel ``dp``,
+    split into what changes with dp and what does not: each rank's ZeRO-1 optimizer tensors (∝ 1/dp), its share of
+    the stage module (``tensors.module_shares``: the engine's choice of replicas) and the rest (the files' framing,
+    the harness's skeleton, DCP's ``.metadata``)."""
 
     layout: Layout
-    module: dict[tuple[int, int], tuple[int, int]]
-    """(stage, tp rank) → (bytes, files) of its module files."""
-    optimizer: dict[tuple[int, int], tuple[int, int]]
-    """(stage, tp rank) → (bytes, files) of one data-parallel rank's optimizer files."""
+    first: dict[tuple[int, int], tuple[int, int]]
+    """(stage, tp rank) → (bytes, files) of data-parallel rank 0 there beside its optimizer tensors and module share."""
+    other: dict[tuple[int, int], tuple[int, int]]
+    """(stage, tp rank) → (bytes, files) of each other data-parallel rank there, the same way (rank 1's)."""
+    optimizer: dict[tuple[int, int], int]
+    """(stage, tp rank) → one rank's optimizer tensor bytes at ``layout.dp``."""
     params: int
     tensors: tensors.StageTensors = field(default_factory=dict)
     """(stage, tp rank) → (module tensors, optimizer tensors) of one rank (``restartbench.whatif.tensors``)."""
+    module: tensors.StageModule = field(default_factory=dict)
+    """(stage, tp rank) → the stage module's tensors (``tensors.stage_module``)."""
     engine: str = ""
     """The plan's engine (what its ranks write of the tensors they hold)."""
+    index: tuple[int, int, int] = (0, 0, 0)
+    """DCP's ``.metadata``, which rank 0 writes: (its bytes, files, the items it indexes) at ``layout.dp`` (``first``
+    leaves it out); it grows with the items (``tensors.index_items``), about 225 bytes each. Zeros: no such file."""
 
 
 def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0) -> CheckpointPlan:
@@ -72,32 +81,36 @@ def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: 
 
 
 def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
-    """Module and optimizer bytes per (stage, tp rank): the optimizer files are kind ``optimizer``; where an engine
-    writes both in one file (DCP), the module is what data-parallel rank 0 writes beyond rank 1 (dp ≥ 2), else
-    the module's share of parameters in the DLIO estimate (2 bytes of 14 per parameter)."""
-    per_rank: dict[int, dict[str, int]] = {}
+    """The plan's files split as ``Shape`` says. Data-parallel rank 1 gives the optimizer's tensor bytes: its files'
+    tensor bytes less its module share's; each rank's rest is its bytes less those two (and rank 0's less DCP's
+    ``.metadata``). So at the plan's own dp ranks 0 and 1 have the plan's bytes exactly. At dp 1 rank 0 stands for
+    rank 1: every replica is then taken to write what rank 0 writes beside its module share and the index (one plan
+    cannot tell)."""
+    per_rank: dict[int, list[int]] = {}  # rank -> [bytes, files, tensor bytes]
     for f in plan.files:
-        entry = per_rank.setdefault(f.rank, {"mb": 0, "mf": 0, "ob": 0, "of": 0})
-        key = ("ob", "of") if f.kind == "optimizer" else ("mb", "mf")
-        entry[key[0]] += f.bytes
-        entry[key[1]] += 1
-    module, optimizer = {}, {}
+        entry = per_rank.setdefault(f.rank, [0, 0, 0])
+        entry[0] += f.bytes
+        entry[1] += 1
+        entry[2] += f.payload_bytes
+    module = tensors.stage_module(plan.preset, layout.name, plan.dtype, plan.scale)
+    counts = tensors.stage_tensors(plan.preset, layout.name, plan.dtype)
+    index = (0, 0, 0)
+    if tensors.spreads_module(plan.engine):
+        files = [f.bytes for f in plan.files if f.kind == "metadata"]
+        index = (sum(files), len(files), tensors.index_items(counts, layout.dp))
+    rank0 = per_rank.setdefault(0, [0, 0, 0])
+    rank0[0], rank0[1] = rank0[0] - index[0], rank0[1] - index[1]
+    first, other, optimizer = {}, {}, {}
     for stage in range(layout.pp):
         for tp in range(layout.tp):
-            first = per_rank.get(_rank(layout, stage, 0, tp), {"mb": 0, "mf": 0, "ob": 0, "of": 0})
-            module[stage, tp], optimizer[stage, tp] = _split(first, per_rank, layout, stage, tp)
-    return Shape(layout, module, optimizer, params, tensors.stage_tensors(plan.preset, layout.name, plan.dtype),
-                 plan.engine)
-
-
-def _split(first: dict[str, int], per_rank: dict[int, dict[str, int]], layout: Layout, stage: int,
-           tp: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    if first["ob"]:
-        return (first["mb"], first["mf"]), (first["ob"], first["of"])
-    if layout.dp >= 2:  # one file per rank holding both: the module is dp rank 0's extra bytes (and files)
-        other = per_rank.get(_rank(layout, stage, 1, tp), {"mb": 0, "mf": 0})
-        return (first["mb"] - other["mb"], first["mf"] - other["mf"]), (other["mb"], other["mf"])
-    return (first["mb"] // 7, 0), (first["mb"] - first["mb"] // 7, first["mf"])
+            shares = tensors.module_shares(module[stage, tp], layout.dp, plan.engine)
+            replica = min(1, layout.dp - 1)
+            size, files, payload = per_rank.get(_rank(layout, stage, replica, tp), [0, 0, 0])
+            optimizer[stage, tp] = payload - shares[replica].raw
+            first_size, first_files, _ = per_rank.get(_rank(layout, stage, 0, tp), [0, 0, 0])
+            first[stage, tp] = (first_size - optimizer[stage, tp] - shares[0].written, first_files)
+            other[stage, tp] = (size - optimizer[stage, tp] - shares[replica].written, files)
+    return Shape(layout, first, other, optimizer, params, counts, module, plan.engine, index)
 
 
 def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
@@ -106,20 +119,24 @@ def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
 
 
 def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
-    """The terms' regressors at data-parallel ``dp`` (the optimizer shares scaled from the plan's dp), ranks placed
-    ``per_node`` to a node in rank order, ``per_process`` ranks per process; the tensors a rank holds and writes at
-    ``dp`` (``restartbench.whatif.tensors.busiest``)."""
+    """The terms' regressors at data-parallel ``dp`` (the optimizer tensors scaled from the plan's dp, the module
+    shared out as the engine does at ``dp``), ranks placed ``per_node`` to a node in rank order, ``per_process`` ranks
+    per process; the tensors a rank holds and writes at ``dp`` (``restartbench.whatif.tensors.busiest``)."""
     layout = Layout(shape.layout.tp, shape.layout.pp, dp)
     ranks = layout.world_size
     nodes = max(1, math.ceil(ranks / per_node))
     ratio = shape.layout.dp / dp
+    shares = {key: tensors.module_shares(module, dp, shape.engine) for key, module in shape.module.items()}
     rank_bytes, rank_files = [], []
     node_bytes, node_files = [0.0] * nodes, [0] * nodes
     for rank in range(ranks):
         stage, rest = divmod(rank, dp * layout.tp)
         data, tp = divmod(rest, layout.tp)
-        (mb, mf), (ob, of) = shape.module[stage, tp], shape.optimizer[stage, tp]
-        b, f = ob * ratio + (mb if data == 0 else 0), of + (mf if data == 0 else 0)
+        rest_bytes, f = (shape.first if data == 0 else shape.other)[stage, tp]
+        b = rest_bytes + shape.optimizer[stage, tp] * ratio + (shares[stage, tp][data].written if shares else 0)
+        if rank == 0 and shape.index[2]:
+            b += shape.index[0] * tensors.index_items(shape.tensors, dp) / shape.index[2]
+            f += shape.index[1]
         rank_bytes.append(b)
         rank_files.append(f)
         node_bytes[rank // per_node] += b
@@ -127,7 +144,7 @@ def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     busiest = max(range(ranks), key=rank_bytes.__getitem__)
     node = max(range(nodes), key=node_bytes.__getitem__)
     concurrency = max(1, min(ranks, per_node) // per_process)
-    held, written = tensors.busiest(shape.tensors, dp, shape.engine)
+    held, written = tensors.busiest(shape.tensors, shape.module, dp, shape.engine)
     return Job(ranks=ranks, nodes=nodes, concurrency=concurrency, bytes_rank=rank_bytes[busiest],
                files_rank=rank_files[busiest], bytes_node=node_bytes[node], files_node=node_files[node],
                params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process, tensors_rank=held,

@@ -19,47 +19,96 @@ partition of the layers into stages, on meta tensors; ``tests/test_whatif_tensor
 against it).
 
 Held and written. Each rank holds (plans, and reads back at a load) its module and optimizer tensors. What it writes
-depends on the engine: DCP's global plan deduplicates the module tensors the data-parallel replicas share and gives
-each to the replica with the least bytes planned so far (``torch.distributed.checkpoint._dedup_save_plans``), which
-spreads them over the replicas: the busiest writes about ``ceil(module / dp)`` of them beside its optimizer's. The
-balance is by bytes, not by count, so a replica that takes a large tensor takes fewer others and the busiest by count
-writes more: the rule gives 132 where DCP's planner gives 141 (3B tp1pp1dp2), 150 for 152 (7B tp1pp1dp2), 42 for 49
-and 23 for 31 (small on tp1pp1dp2 and tp1pp2dp2, whose embedding is a large share of a stage's bytes). DeepSpeed's
-engines write the module from data-parallel rank 0 only, as the plan's bytes do
-(``restartbench.whatif.predict.job_for``).
+of its stage's module depends on the engine (``module_shares``): DeepSpeed's engines and the lazy engine write it
+from data-parallel rank 0 only; torchsnapshot from every replica; DCP's global plan deduplicates the tensors the
+replicas share and gives each to the replica with the fewest bytes planned so far
+(``torch.distributed.checkpoint._dedup_save_plans``), which spreads them over the replicas by bytes, not by count: a
+replica that takes the embedding takes few others, and at a large dp the busiest writes at least the largest tensor.
+``module_shares`` replays that choice on the stage's tensors (``stage_module``), so the bytes and tensors each replica
+writes at any dp are DCP's own (``tests/test_whatif_tensors.py`` holds it to DCP's function,
+``tests/test_whatif_parts.py`` the bytes to the plan at a larger dp).
 """
 
 from __future__ import annotations
 
-import math
+import heapq
+import tempfile
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from typing import Any, NamedTuple
 
 from restartbench.config import RunConfig
 from restartbench.engines import harness_state
+from restartbench.engines.dcp.predict import tensor_saved_size
 from restartbench.plan import setup_for
 from restartbench.shards import training_states
-from restartbench.whatif.terms import COLLECTIVE, base_engine
+from restartbench.whatif.terms import COLLECTIVE, EVERY_REPLICA, base_engine
 
 #: (pipeline stage, tensor-parallel rank) → (module tensors, optimizer tensors) of one rank there.
 StageTensors = dict[tuple[int, int], tuple[int, int]]
+
+
+class Tensor(NamedTuple):
+    """One module tensor as the engines write it."""
+
+    raw: int
+    """Its bytes (elements × element size): what DCP's deduplication weighs it by."""
+    entry: int
+    """Bytes of its ``torch.save`` entry in a DCP ``.distcp`` file (the tensor and its zip records)."""
+
+
+#: (pipeline stage, tensor-parallel rank) → the stage module's tensors of one rank there, in the state's order.
+StageModule = dict[tuple[int, int], tuple[Tensor, ...]]
+
+
+class Share(NamedTuple):
+    """What one data-parallel replica writes of its stage's module at a save."""
+
+    raw: int
+    """Tensor bytes."""
+    written: int
+    """Bytes it adds to the replica's files: the tensor bytes, or for DCP their ``torch.save`` entries; the
+    other engines' file framing does not grow with the tensors and is counted with the rank's files."""
+    tensors: int
 
 
 @lru_cache(maxsize=64)
 def stage_tensors(preset: str, layout: str, dtype: str = "bf16") -> StageTensors:
     """The tensors of one rank at each (stage, tp rank): counted on the plan's training state of data-parallel rank
     0 there (the other replicas hold as many)."""
+    counts: StageTensors = {}
+    for key, tensors in _first_replicas(preset, layout, dtype, 1.0):
+        module = sum(1 for name in tensors if name.startswith("module/"))
+        counts[key] = (module, len(tensors) - module)
+    return counts
+
+
+@lru_cache(maxsize=64)
+def stage_module(preset: str, layout: str, dtype: str = "bf16", scale: float = 1.0) -> StageModule:
+    """The stage module's tensors at each (stage, tp rank), in the state's order (DCP plans them in it), on the plan's
+    training state of data-parallel rank 0 there (``scale``: an emulated run's width factor)."""
+    module: StageModule = {}
+    with tempfile.TemporaryDirectory(prefix="restartbench-whatif-") as scratch:
+        for key, tensors in _first_replicas(preset, layout, dtype, scale):
+            module[key] = tuple(Tensor(t.numel() * t.element_size(),
+                                       tensor_saved_size(t.dtype, tuple(t.shape), scratch))
+                                for name, t in tensors.items() if name.startswith("module/"))
+    return module
+
+
+def _first_replicas(preset: str, layout: str, dtype: str,
+                    scale: float) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
+    """((stage, tp rank), its tensors by the harness state's keys) of data-parallel rank 0 at each stage and tp rank,
+    on meta tensors."""
     cfg = RunConfig()
     cfg.model.preset, cfg.model.dtype, cfg.layout.layout = preset, dtype, layout
     cfg.storage.checkpoint_dir = "/checkpoints"  # the folder's path changes no tensor
-    setup = setup_for(cfg)
+    setup = setup_for(cfg, scale=scale)
     tp, pp, dp = setup.layout.tp, setup.layout.pp, setup.layout.dp
     first = {(stage * dp) * tp + t for stage in range(pp) for t in range(tp)}  # DeepSpeed's axes: pipe, data, model
-    counts: StageTensors = {}
     for _, coord, state in training_states(setup, first):
         _, tensors = harness_state.split(harness_state.capture(state))
-        module = sum(1 for key in tensors if key.startswith("module/"))
-        counts[coord.pipe, coord.model] = (module, len(tensors) - module)
-    return counts
+        yield (coord.pipe, coord.model), tensors
 
 
 def spreads_module(engine: str) -> bool:
@@ -68,14 +117,43 @@ def spreads_module(engine: str) -> bool:
     return base_engine(engine) in COLLECTIVE
 
 
-def busiest(counts: StageTensors, dp: int, engine: str) -> tuple[int, int]:
+def module_shares(module: Sequence[Tensor], dp: int, engine: str) -> list[Share]:
+    """What each of ``dp`` replicas writes of a stage module at a save: DCP (``spreads_module``) gives each tensor, in
+    the state's order, to the replica with the fewest raw bytes planned so far, the lowest rank on a tie, as
+    ``torch.distributed.checkpoint._dedup_save_plans`` does (the module's items come first in every plan, before a
+    replica's own, so only they weigh); torchsnapshot writes all of it from every replica; DeepSpeed's engines and the
+    lazy engine from replica 0."""
+    if spreads_module(engine):
+        shares = [[0, 0, 0] for _ in range(dp)]
+        planned = [(0, replica) for replica in range(dp)]  # a heap of (raw bytes planned, replica)
+        for tensor in module:
+            size, replica = heapq.heappop(planned)
+            share = shares[replica]
+            share[0], share[1], share[2] = share[0] + tensor.raw, share[1] + tensor.entry, share[2] + 1
+            heapq.heappush(planned, (size + (tensor.raw or 1), replica))  # DCP weighs an empty tensor as 1
+        return [Share(*share) for share in shares]
+    whole = Share(sum(t.raw for t in module), sum(t.raw for t in module), len(module))
+    if base_engine(engine) in EVERY_REPLICA:
+        return [whole] * dp
+    return [whole] + [Share(0, 0, 0)] * (dp - 1)
+
+
+def index_items(counts: StageTensors, dp: int) -> int:
+    """The items DCP's ``.metadata`` indexes at data-parallel ``dp``: each stage module's tensors once (the replicas
+    share them) and every rank's optimizer tensors and its own object (the harness state's skeleton)."""
+    return sum(module + dp * (optimizer + 1) for module, optimizer in counts.values())
+
+
+def busiest(counts: StageTensors, module: StageModule, dp: int, engine: str) -> tuple[int, int]:
     """(held, written): the most tensors a rank holds (module and optimizer: what it plans and reads back), and the
-    most it writes at data-parallel ``dp`` (each over the ranks; 0, 0 without counts)."""
+    most it writes at data-parallel ``dp``: for DCP its share of the module (``module_shares``) beside its
+    optimizer's, for the other engines all it holds (its module, on replica 0 or on every one). Each over the ranks;
+    0, 0 without counts."""
     if not counts:
         return 0, 0
-    held = max(module + optimizer for module, optimizer in counts.values())
-    if spreads_module(engine):
-        written = max(math.ceil(module / dp) + optimizer for module, optimizer in counts.values())
-    else:
-        written = held  # data-parallel rank 0 writes the module beside its optimizer share
+    held = max(stage + optimizer for stage, optimizer in counts.values())
+    if not spreads_module(engine):
+        return held, held
+    written = max(max(share.tensors for share in module_shares(module[key], dp, engine)) + optimizer
+                  for key, (_, optimizer) in counts.items())
     return held, written

@@ -170,6 +170,9 @@ def node_read_limit(cluster: Cluster, nodes: int) -> Bound:
 PAGEABLE = ("torch", "fastpersist", "dcp", "torchsnapshot")
 #: Engines whose save is a collective: every rank of the group takes part at once (DCP's save plans and gathers).
 COLLECTIVE = ("dcp", "dcp-async")
+#: Engines whose every data-parallel replica writes its stage's module (torchsnapshot: each rank takes its own
+#: snapshot of its whole state); DCP spreads it over them (``COLLECTIVE``), the others write it from replica 0.
+EVERY_REPLICA = ("torchsnapshot",)
 #: Engines whose durable write runs in the background while training goes on.
 ASYNCHRONOUS = ("lazy", "dcp-async")
 #: Engines that copy device tensors into their pinned host buffer on a CUDA side stream while training goes on: on cuda
