@@ -61,6 +61,8 @@ def test_load_is_the_ranks_share_of_the_read_limit():
     line = Line(0.2, {"files": 0.05, "at_limit": 1.25})
     # 2 GB × 8 ranks at 16 GB/s per node = 1 s at the limit
     assert terms.load_s(line, JOB, cluster) == pytest.approx(0.2 + 0.15 + 1.25)
+    # a rank that holds more than it wrote (DCP) reads all of it
+    assert terms.load_s(line, replace(JOB, bytes_held=3 * GB), cluster) == pytest.approx(0.2 + 0.15 + 1.25 * 1.5)
 
 
 def test_dist_init_adds_the_cited_rendezvous_per_rank_beyond_the_calibrated_world():

@@ -31,6 +31,7 @@ from restartbench.whatif.predict import (
     part,
     plan_for,
     predict_engine,
+    ranks_at,
     restart_parts,
     scale_sweep,
     shape_of,
@@ -518,6 +519,15 @@ def test_at_the_plans_own_dp_the_job_has_the_plans_busiest_rank_and_node(engine)
     assert (job.bytes_node, job.files_node) == (pytest.approx(node_bytes, rel=1e-12), node_files)
 
 
+def test_every_dcp_rank_at_the_plans_own_dp_writes_the_plans_bytes_whichever_replica_wins_a_tie():
+    """small tp4pp1dp4: tp rank 1's replicas are ranks 1, 5, 9 and 13, which DCP's set of plan indices iterates 1,
+    13, 5, 9: the tensors that tie go to 13 before 5."""
+    plan = plan_for("small", "tp4pp1dp4", "dcp")
+    job_ranks, _ = ranks_at(shape_of(plan, Layout(4, 1, 4), params=1000), 4)
+    per_rank = _per_rank(plan)
+    assert [rank.bytes for rank in job_ranks] == [per_rank[number][0] for number in range(16)]
+
+
 @pytest.mark.parametrize("engine", SPLIT_ENGINES)
 @pytest.mark.parametrize("preset, tp, pp", [("tiny", 2, 1), ("small", 1, 2)])
 def test_a_larger_dp_writes_what_the_plan_at_that_dp_writes(engine, preset, tp, pp):
@@ -542,6 +552,25 @@ def test_dcp_from_one_replica_gives_the_plan_at_sixteen_to_the_byte_but_for_the_
     assert (job.bytes_node, job.files_node) == (pytest.approx(node_bytes, rel=1e-3), node_files)
 
 
+def test_a_dcp_rank_reads_what_it_holds_and_the_index_the_others_what_their_busiest_wrote():
+    """At a load a DCP rank reads its whole stage module (its replicas wrote it in shares), its optimizer share and
+    the whole .metadata: at dp 1 what the one rank wrote; at dp 8 the dp-1 checkpoint less seven eighths of the
+    optimizer tensors, with the dp-8 index. DeepSpeed's engines and torchsnapshot: what the busiest wrote."""
+    one = plan_for("small", "tp1pp1dp1", "dcp")
+    shape = shape_of(one, Layout(1, 1, 1), params=1000)
+    alone = job_for(shape, 1, per_node=8)
+    assert alone.held_rank == pytest.approx(alone.bytes_rank, rel=1e-12) == one.checkpoint_bytes
+    optimizer = one.payload_bytes - sum(t.raw for t in tensors.stage_module("small", "tp1pp1dp1")[0, 0])
+    eight = plan_for("small", "tp1pp1dp8", "dcp")
+    index_one, index_eight = (sum(f.bytes for f in plan.files if f.kind == "metadata") for plan in (one, eight))
+    expected = one.checkpoint_bytes - optimizer * 7 / 8 - index_one + index_eight
+    job = job_for(shape, 8, per_node=8)
+    assert job.held_rank == pytest.approx(expected, rel=1e-4) and job.held_rank > 1.7 * job.bytes_rank  # 111 MB, 62
+    for engine in ("torch", "torchsnapshot"):
+        job = job_for(shape_of(plan_for("small", "tp1pp1dp2", engine), Layout(1, 1, 2), params=1000), 8, per_node=8)
+        assert job.held_rank == pytest.approx(job.bytes_rank, rel=1e-12)
+
+
 def test_the_split_of_a_plan_optimizer_tensors_module_share_and_the_rest():
     plan = plan_for("tiny", "tp1pp2dp2", "torch")
     shape = shape_of(plan, Layout(1, 2, 2), params=1000)
@@ -564,7 +593,8 @@ def test_the_shape_carries_the_plan_s_engine_and_its_tensors():
     assert shape.engine == "dcp" and shape.tensors == tensors.stage_tensors("tiny", "tp1pp2dp2")
     assert shape.module == tensors.stage_module("tiny", "tp1pp2dp2")
     job = job_for(shape, dp=2, per_node=8)
-    assert (job.tensors_rank, job.tensors_written) == tensors.busiest(shape.tensors, shape.module, 2, "dcp")
+    assert (job.tensors_rank, job.tensors_written) == tensors.busiest(shape.tensors, shape.module, Layout(1, 2, 2),
+                                                                      "dcp")
     assert job.tensors_written < job.tensors_rank
 
 

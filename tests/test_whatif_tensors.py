@@ -55,42 +55,58 @@ def _write_item(fqn: str, raw: int) -> WriteItem:
 
 
 @pytest.mark.parametrize("preset, layout, dp", [("3B", "tp1pp1dp2", 2), ("3B", "tp1pp1dp2", 8),
-                                                ("small", "tp1pp2dp2", 3), ("7B", "tp1pp1dp2", 64)])
+                                                ("small", "tp1pp2dp2", 3), ("7B", "tp1pp1dp2", 64),
+                                                ("small", "tp4pp1dp4", 4), ("70B", "tp8pp1dp2", 4)])
 def test_dcps_share_of_the_module_is_what_dcps_own_deduplication_gives_each_replica(preset, layout, dp):
-    """Each replica's plan: the stage module's tensors (shared names, the state's order) then its own optimizer
-    items; DCP's dedup_save_plans keeps each shared item in one plan."""
-    for module in tensors.stage_module(preset, layout).values():
-        plans = [SavePlan([_write_item(f"module/{i}", t.raw) for i, t in enumerate(module)]
-                          + [_write_item(f"{replica}/optimizer/{j}", 10**9) for j in range(4)])
-                 for replica in range(dp)]
+    """Every rank's plan (tp ranks of one stage, ``dp`` replicas each): its stage module's tensors (names shared
+    with its replicas, in the state's order) then its own optimizer items; DCP's dedup_save_plans keeps each shared
+    item in one plan. With tp above 1 a tp rank's replicas are plans 1, 1 + tp, ...: on a tie DCP takes the first
+    in the order CPython iterates that set, not the lowest."""
+    stages = tensors.stage_module(preset, layout)
+    tp = 1 + max(t for _, t in stages)
+    resolved = Layout(tp, 1, dp)
+    for (stage, tp_rank), module in stages.items():
+        if stage:
+            continue
+        plans = [SavePlan([]) for _ in range(resolved.world_size)]
+        for rank in tensors.replica_ranks(0, tp_rank, resolved):
+            plans[rank] = SavePlan([_write_item(f"module/{i}", t.raw) for i, t in enumerate(module)]
+                                   + [_write_item(f"{rank}/optimizer/{j}", 10**9) for j in range(4)])
         kept = [[int(item.index.fqn.split("/")[1]) for item in plan.items if item.index.fqn.startswith("module/")]
-                for plan in dedup_save_plans(plans)]
-        shares = tensors.module_shares(module, dp, "dcp")
+                for rank, plan in enumerate(dedup_save_plans(plans))
+                if rank in tensors.replica_ranks(0, tp_rank, resolved)]
+        shares = tensors.module_shares(module, tensors.replica_ranks(0, tp_rank, resolved), "dcp")
         assert [(share.raw, share.written, share.tensors) for share in shares] == [
             (sum(module[i].raw for i in ids), sum(module[i].entry for i in ids), len(ids)) for ids in kept]
 
 
-def test_the_module_goes_to_the_replica_with_the_fewest_bytes_the_lowest_on_a_tie_for_dcp_only():
+def test_the_module_goes_to_the_replica_with_the_fewest_bytes_the_first_in_dcps_set_on_a_tie_for_dcp_only():
     module = (tensors.Tensor(100, 110), tensors.Tensor(30, 40), tensors.Tensor(0, 5), tensors.Tensor(50, 60),
               tensors.Tensor(20, 30))
     # 100 → 0; 30 → 1 (0 planned); the empty one → 2 (weighed 1); 50 → 2 (1 < 30); 20 → 1 (30 < 51)
-    assert tensors.module_shares(module, 3, "dcp") == [(100, 110, 1), (50, 70, 2), (50, 65, 2)]
-    assert tensors.module_shares(module, 3, "dcp-async-emulated") == tensors.module_shares(module, 3, "dcp")
+    assert tensors.module_shares(module, [0, 1, 2], "dcp") == [(100, 110, 1), (50, 70, 2), (50, 65, 2)]
+    # CPython iterates {1, 9, 17, 25} as 1, 25, 9, 17: 100 → 1; 30 → 25; the empty one → 9; 50 → 17 (still 0);
+    # 20 → 9 (1 planned)
+    assert tensors.module_shares(module, [1, 9, 17, 25], "dcp") == [(100, 110, 1), (20, 35, 2), (50, 60, 1),
+                                                                    (30, 40, 1)]
+    assert tensors.module_shares(module, [0, 1, 2], "dcp-async-emulated") == tensors.module_shares(
+        module, [0, 1, 2], "dcp")
     whole = (200, 200, 5)  # the others' file framing is not the tensors': written = raw
-    assert tensors.module_shares(module, 3, "torch") == [whole, (0, 0, 0), (0, 0, 0)]
-    assert tensors.module_shares(module, 3, "lazy") == [whole, (0, 0, 0), (0, 0, 0)]
-    assert tensors.module_shares(module, 3, "torchsnapshot") == [whole] * 3
+    assert tensors.module_shares(module, [0, 1, 2], "torch") == [whole, (0, 0, 0), (0, 0, 0)]
+    assert tensors.module_shares(module, [0, 1, 2], "lazy") == [whole, (0, 0, 0), (0, 0, 0)]
+    assert tensors.module_shares(module, [0, 1, 2], "torchsnapshot") == [whole] * 3
 
 
 def test_dcp_writes_its_share_of_the_module_the_others_all_they_hold():
     counts = {(0, 0): (3, 4), (1, 0): (2, 4)}
     module = {(0, 0): (tensors.Tensor(100, 1), tensors.Tensor(10, 1), tensors.Tensor(10, 1)),
               (1, 0): (tensors.Tensor(5, 1), tensors.Tensor(5, 1))}
-    assert tensors.busiest(counts, module, 2, "dcp") == (7, 6)  # stage 0: replica 1 writes two; stage 1: one each
-    assert tensors.busiest(counts, module, 1, "dcp") == (7, 7)
-    assert tensors.busiest(counts, module, 2, "torch") == (7, 7)
-    assert tensors.busiest(counts, module, 2, "torchsnapshot") == (7, 7)
-    assert tensors.busiest({}, {}, 2, "dcp") == (0, 0)
+    two, one = Layout(1, 2, 2), Layout(1, 2, 1)
+    assert tensors.busiest(counts, module, two, "dcp") == (7, 6)  # stage 0: replica 1 writes two; stage 1: one each
+    assert tensors.busiest(counts, module, one, "dcp") == (7, 7)
+    assert tensors.busiest(counts, module, two, "torch") == (7, 7)
+    assert tensors.busiest(counts, module, two, "torchsnapshot") == (7, 7)
+    assert tensors.busiest({}, {}, two, "dcp") == (0, 0)
 
 
 def test_dcps_index_holds_each_module_tensor_once_and_every_ranks_own_items():
@@ -154,6 +170,8 @@ LOAD = (0.05, 3.0, 0.0025)  # intercept, 1/η, s per tensor held
 def _dcp_table(engine: str = "dcp") -> pd.DataFrame:
     rows = []
     for i, (preset, layout, dp, size, written, held) in enumerate(RUNS):
+        # a DCP rank reads its replicas' module shares too (test_a_dcp_rank_reads_what_it_holds...)
+        read = size + tensors.read_beyond_written(tensors.stage_module(preset, layout), Layout(1, 2 // dp, dp), engine)
         common = {"run_id": f"r{i}", "engine": engine, "preset": preset, "layout": layout, "dtype": "bf16",
                   "tp": 1, "pp": 2 // dp, "dp": dp, "ranks": 2, "nodes": 1, "iteration_s": 0.5,
                   "restore_layout": None}
@@ -162,7 +180,7 @@ def _dcp_table(engine: str = "dcp") -> pd.DataFrame:
                      "stall_max_s": STALL[0] + STALL[1] * size + STALL[2] * written,
                      "durable_rank_max_s": DURABLE[0] + DURABLE[1] * 2 * size / GB + DURABLE[2] * written})
         rows.append({**common, "kind": "restart",
-                     "restart_ckpt_load_s": LOAD[0] + LOAD[1] * size * 2 / (2 * GB) + LOAD[2] * held,
+                     "restart_ckpt_load_s": LOAD[0] + LOAD[1] * read * 2 / (2 * GB) + LOAD[2] * held,
                      "restart_launch_s": 0.1, "restart_imports_s": 5.0, "restart_dist_init_s": 0.5,
                      "restart_model_build_s": 0.2, "restart_ds_init_s": 1.0, "restart_engine_setup_s": 0.01,
                      "restart_1st_iter_s": 1.5, "path_gaps_s": 0.05})

@@ -29,6 +29,7 @@ import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
 from restartbench.events import Event, read_events
+from restartbench.layout import Layout
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
 from restartbench.whatif.terms import (
@@ -315,7 +316,7 @@ def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
             size = sizes[row["run_id"]]
             restarts.append({**row, **{k: size[k] for k in ("concurrency", "bytes_rank", "files_rank",
                                                             "params_rank", "tensors_rank", "cpu_factor")},
-                             "read_at_limit": size["bytes_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
+                             "read_at_limit": size["held_rank"] * size["concurrency"] / (limits.read_GBps * GB)})
     return checkpoints, restarts
 
 
@@ -345,13 +346,17 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per
                files_node=row["files"] / nodes / concurrency,
                at_limit=row["bytes"] / nodes / (limits.write_GBps * GB),
                params_rank=preset.param_count() / (int(row["tp"] or 1) * int(row["pp"] or 1)),
-               tensors_rank=0.0, tensors_written=0.0)
+               tensors_rank=0.0, tensors_written=0.0, held_rank=row["bytes_per_rank_max"])
     if base_engine(row["engine"]) in PER_TENSOR:  # counted from the run's preset and layout, as for a prediction
         dtype = row.get("dtype") or "bf16"  # an emulated run's tensors at its width: DCP weighs them by their bytes
-        held, written = tensors.busiest(tensors.stage_tensors(row["preset"], row["layout"], dtype),
-                                        tensors.stage_module(row["preset"], row["layout"], dtype, scale),
-                                        int(row.get("dp") or 1), row["engine"])
-        row.update(tensors_rank=held, tensors_written=written)
+        module = tensors.stage_module(row["preset"], row["layout"], dtype, scale)
+        layout = Layout(int(row["tp"] or 1), int(row["pp"] or 1), int(row.get("dp") or 1))
+        held, written = tensors.busiest(tensors.stage_tensors(row["preset"], row["layout"], dtype), module, layout,
+                                        row["engine"])
+        # what the busiest rank read at the load: what it wrote and its replicas' module shares (its .metadata read,
+        # tens of kB at these sizes, not counted)
+        row.update(tensors_rank=held, tensors_written=written,
+                   held_rank=row["bytes_per_rank_max"] + tensors.read_beyond_written(module, layout, row["engine"]))
 
 
 # -- the whole fit -------------------------------------------------------------------------------------------

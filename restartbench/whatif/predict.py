@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from restartbench import goodput
 from restartbench.config import RunConfig
@@ -103,7 +103,7 @@ def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
     first, other, optimizer = {}, {}, {}
     for stage in range(layout.pp):
         for tp in range(layout.tp):
-            shares = tensors.module_shares(module[stage, tp], layout.dp, plan.engine)
+            shares = tensors.module_shares(module[stage, tp], tensors.replica_ranks(stage, tp, layout), plan.engine)
             replica = min(1, layout.dp - 1)
             size, files, payload = per_rank.get(_rank(layout, stage, replica, tp), [0, 0, 0])
             optimizer[stage, tp] = payload - shares[replica].raw
@@ -118,37 +118,62 @@ def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
     return (stage * layout.dp + data) * layout.tp + tp
 
 
+class RankCheckpoint(NamedTuple):
+    """One rank's checkpoint at a data-parallel size (``ranks_at``)."""
+
+    group: tuple[int, int]
+    """(stage, tp rank)."""
+    bytes: float
+    """Written at a save, its module share included."""
+    files: int
+    own: float
+    """Of ``bytes``, all but its module share and DCP's index: its optimizer tensors and its files' rest."""
+    module: float
+    """The stage module's bytes it reads at a load (all of it, whoever wrote it)."""
+
+
+def ranks_at(shape: Shape, dp: int) -> tuple[list[RankCheckpoint], float]:
+    """Every rank's checkpoint at data-parallel ``dp``, in rank order, and DCP's index there (0 without one)."""
+    layout = Layout(shape.layout.tp, shape.layout.pp, dp)
+    ratio = shape.layout.dp / dp
+    shares = {(stage, tp): tensors.module_shares(module, tensors.replica_ranks(stage, tp, layout), shape.engine)
+              for (stage, tp), module in shape.module.items()}
+    held = {key: tensors.module_held(module, shape.engine) for key, module in shape.module.items()}
+    index = shape.index[0] * tensors.index_items(shape.tensors, dp) / shape.index[2] if shape.index[2] else 0.0
+    out = []
+    for rank in range(layout.world_size):
+        stage, rest = divmod(rank, dp * layout.tp)
+        data, tp = divmod(rest, layout.tp)
+        rest_bytes, files = (shape.first if data == 0 else shape.other)[stage, tp]
+        own = rest_bytes + shape.optimizer[stage, tp] * ratio
+        share = shares[stage, tp][data].written if shares else 0
+        index_here, index_files = (index, shape.index[1]) if rank == 0 else (0.0, 0)
+        out.append(RankCheckpoint((stage, tp), own + share + index_here, files + index_files, own,
+                         held.get((stage, tp), share)))
+    return out, index
+
+
 def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     """The terms' regressors at data-parallel ``dp`` (the optimizer tensors scaled from the plan's dp, the module
     shared out as the engine does at ``dp``), ranks placed ``per_node`` to a node in rank order, ``per_process`` ranks
-    per process; the tensors a rank holds and writes at ``dp`` (``restartbench.whatif.tensors.busiest``)."""
+    per process; the tensors a rank holds and writes at ``dp`` (``restartbench.whatif.tensors.busiest``), and the
+    bytes it reads at a load: all it holds (its optimizer share, its stage module wherever it was written, DCP's
+    index)."""
     layout = Layout(shape.layout.tp, shape.layout.pp, dp)
-    ranks = layout.world_size
-    nodes = max(1, math.ceil(ranks / per_node))
-    ratio = shape.layout.dp / dp
-    shares = {key: tensors.module_shares(module, dp, shape.engine) for key, module in shape.module.items()}
-    rank_bytes, rank_files = [], []
+    ranks, index = ranks_at(shape, dp)
+    nodes = max(1, math.ceil(len(ranks) / per_node))
     node_bytes, node_files = [0.0] * nodes, [0] * nodes
-    for rank in range(ranks):
-        stage, rest = divmod(rank, dp * layout.tp)
-        data, tp = divmod(rest, layout.tp)
-        rest_bytes, f = (shape.first if data == 0 else shape.other)[stage, tp]
-        b = rest_bytes + shape.optimizer[stage, tp] * ratio + (shares[stage, tp][data].written if shares else 0)
-        if rank == 0 and shape.index[2]:
-            b += shape.index[0] * tensors.index_items(shape.tensors, dp) / shape.index[2]
-            f += shape.index[1]
-        rank_bytes.append(b)
-        rank_files.append(f)
-        node_bytes[rank // per_node] += b
-        node_files[rank // per_node] += f
-    busiest = max(range(ranks), key=rank_bytes.__getitem__)
+    for number, rank in enumerate(ranks):
+        node_bytes[number // per_node] += rank.bytes
+        node_files[number // per_node] += rank.files
+    busiest = max(range(len(ranks)), key=lambda number: ranks[number].bytes)
     node = max(range(nodes), key=node_bytes.__getitem__)
-    concurrency = max(1, min(ranks, per_node) // per_process)
-    held, written = tensors.busiest(shape.tensors, shape.module, dp, shape.engine)
-    return Job(ranks=ranks, nodes=nodes, concurrency=concurrency, bytes_rank=rank_bytes[busiest],
-               files_rank=rank_files[busiest], bytes_node=node_bytes[node], files_node=node_files[node],
+    concurrency = max(1, min(len(ranks), per_node) // per_process)
+    held, written = tensors.busiest(shape.tensors, shape.module, layout, shape.engine)
+    return Job(ranks=len(ranks), nodes=nodes, concurrency=concurrency, bytes_rank=ranks[busiest].bytes,
+               files_rank=ranks[busiest].files, bytes_node=node_bytes[node], files_node=node_files[node],
                params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process, tensors_rank=held,
-               tensors_written=written)
+               tensors_written=written, bytes_held=max(rank.own + rank.module for rank in ranks) + index)
 
 
 def check_fits(preset: str, layout: str, cluster: Cluster) -> Layout:
@@ -366,7 +391,7 @@ def _engine_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteration
                              iteration_s) for key in ("s", "low_s", "high_s")}
     return {"engine": engine, "prefetched": restart["ckpt load"].get("prefetched", False), "ranks": job.ranks,
             "nodes": job.nodes,
-            "bytes_per_rank": job.bytes_rank,
+            "bytes_per_rank": job.bytes_rank, "bytes_held_per_rank": job.held_rank,
             "files_per_rank": job.files_rank, "bytes_per_node": job.bytes_node, "files_per_node": job.files_node,
             "tensors_per_rank": job.tensors_rank, "tensors_written_per_rank": job.tensors_written,
             "checkpoint": checkpoint, "restart": restart,

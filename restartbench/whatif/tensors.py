@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from restartbench.config import RunConfig
 from restartbench.engines import harness_state
 from restartbench.engines.dcp.predict import tensor_saved_size
+from restartbench.layout import Layout
 from restartbench.plan import setup_for
 from restartbench.shards import training_states
 from restartbench.whatif.terms import COLLECTIVE, EVERY_REPLICA, base_engine
@@ -117,25 +118,60 @@ def spreads_module(engine: str) -> bool:
     return base_engine(engine) in COLLECTIVE
 
 
-def module_shares(module: Sequence[Tensor], dp: int, engine: str) -> list[Share]:
-    """What each of ``dp`` replicas writes of a stage module at a save: DCP (``spreads_module``) gives each tensor, in
-    the state's order, to the replica with the fewest raw bytes planned so far, the lowest rank on a tie, as
-    ``torch.distributed.checkpoint._dedup_save_plans`` does (the module's items come first in every plan, before a
-    replica's own, so only they weigh); torchsnapshot writes all of it from every replica; DeepSpeed's engines and the
-    lazy engine from replica 0."""
+def replica_ranks(stage: int, tp_rank: int, layout: Layout) -> list[int]:
+    """The global ranks of the data-parallel replicas at (stage, tp rank), in data-parallel order (DeepSpeed's axes:
+    pipe, data, model)."""
+    return [(stage * layout.dp + data) * layout.tp + tp_rank for data in range(layout.dp)]
+
+
+def module_shares(module: Sequence[Tensor], ranks: Sequence[int], engine: str) -> list[Share]:
+    """What each replica (``ranks``: their global ranks, ``replica_ranks``) writes of a stage module at a save, in
+    data-parallel order: DCP (``spreads_module``) gives each tensor, in the state's order, to the replica with the
+    fewest raw bytes planned so far, as ``torch.distributed.checkpoint._dedup_save_plans`` does (the module's items
+    come first in every plan, before a replica's own, so only they weigh); a tie goes to the first in the order
+    CPython iterates the set of the replicas' plan indices, which DCP builds in rank order and takes ``min`` of (not
+    the lowest rank: {1, 9, 17, 25} iterates 1, 25, 9, 17). torchsnapshot writes all of it from every replica;
+    DeepSpeed's engines and the lazy engine from replica 0."""
+    dp = len(ranks)
     if spreads_module(engine):
+        plans: set[int] = set()
+        for rank in ranks:  # as DCP adds each plan index: one at a time, in rank order
+            plans.add(rank)
+        turn = {rank: position for position, rank in enumerate(plans)}
         shares = [[0, 0, 0] for _ in range(dp)]
-        planned = [(0, replica) for replica in range(dp)]  # a heap of (raw bytes planned, replica)
+        planned = [(0, turn[rank], replica) for replica, rank in enumerate(ranks)]  # a heap: (raw bytes, turn, replica)
+        heapq.heapify(planned)
         for tensor in module:
-            size, replica = heapq.heappop(planned)
+            size, position, replica = heapq.heappop(planned)
             share = shares[replica]
             share[0], share[1], share[2] = share[0] + tensor.raw, share[1] + tensor.entry, share[2] + 1
-            heapq.heappush(planned, (size + (tensor.raw or 1), replica))  # DCP weighs an empty tensor as 1
+            heapq.heappush(planned, (size + (tensor.raw or 1), position, replica))  # DCP weighs an empty tensor as 1
         return [Share(*share) for share in shares]
     whole = Share(sum(t.raw for t in module), sum(t.raw for t in module), len(module))
-    if base_engine(engine) in EVERY_REPLICA:
+    if every_replica(engine):
         return [whole] * dp
     return [whole] + [Share(0, 0, 0)] * (dp - 1)
+
+
+def read_beyond_written(module: StageModule, layout: Layout, engine: str) -> int:
+    """The most bytes a rank reads at a load beyond what it wrote, of its stage module: for DCP the tensors its
+    replicas wrote (a rank reads every tensor it holds); 0 for the others, whose writer of the module holds it."""
+    if not spreads_module(engine):
+        return 0
+    return max((module_held(tensors, engine) - max(share.written for share in
+                                                   module_shares(tensors, replica_ranks(stage, tp, layout), engine))
+                for (stage, tp), tensors in module.items()), default=0)
+
+
+def module_held(module: Sequence[Tensor], engine: str) -> int:
+    """The bytes of a stage module each of its ranks reads at a load: all of it, whoever wrote it (DCP: its entries
+    in the replicas' files; the others: the tensors, from replica 0's files or, torchsnapshot, from its own)."""
+    return sum(t.entry if spreads_module(engine) else t.raw for t in module)
+
+
+def every_replica(engine: str) -> bool:
+    """Whether every data-parallel replica writes (and reads back) its own copy of the stage module."""
+    return base_engine(engine) in EVERY_REPLICA
 
 
 def index_items(counts: StageTensors, dp: int) -> int:
@@ -144,16 +180,17 @@ def index_items(counts: StageTensors, dp: int) -> int:
     return sum(module + dp * (optimizer + 1) for module, optimizer in counts.values())
 
 
-def busiest(counts: StageTensors, module: StageModule, dp: int, engine: str) -> tuple[int, int]:
+def busiest(counts: StageTensors, module: StageModule, layout: Layout, engine: str) -> tuple[int, int]:
     """(held, written): the most tensors a rank holds (module and optimizer: what it plans and reads back), and the
-    most it writes at data-parallel ``dp``: for DCP its share of the module (``module_shares``) beside its
-    optimizer's, for the other engines all it holds (its module, on replica 0 or on every one). Each over the ranks;
-    0, 0 without counts."""
+    most it writes on ``layout``: for DCP its share of the module (``module_shares``) beside its optimizer's, for the
+    other engines all it holds (its module, on replica 0 or on every one). Each over the ranks; 0, 0 without
+    counts."""
     if not counts:
         return 0, 0
     held = max(stage + optimizer for stage, optimizer in counts.values())
     if not spreads_module(engine):
         return held, held
-    written = max(max(share.tensors for share in module_shares(module[key], dp, engine)) + optimizer
-                  for key, (_, optimizer) in counts.items())
+    written = max(max(share.tensors for share in module_shares(module[stage, tp], replica_ranks(stage, tp, layout),
+                                                               engine)) + optimizer
+                  for (stage, tp), (_, optimizer) in counts.items())
     return held, written

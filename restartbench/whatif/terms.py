@@ -58,10 +58,11 @@ Restart (each part by what it scales with):
 - ``ds init``: ``c·(a + b·params_per_rank)`` (ZeRO's flat buffers and partitions, the optimizer's state).
 - ``engine setup``: ``c·a + host_buffer_bytes / pin_rate`` (the lazy engine pins a buffer as large as the rank's
   optimizer state; on cpu nothing is pinned and the fitted ``a`` stands).
-- ``ckpt load``: ``a + f·files_rank + bytes_rank·concurrency / (η·R)``: the rank's share of the node's read bandwidth
-  ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together); a ``PER_TENSOR``
-  engine adds ``+ t·tensors_rank``: it plans, seeks and deserialises every tensor the rank holds, those another
-  data-parallel replica wrote included.
+- ``ckpt load``: ``a + f·files_rank + held_rank·concurrency / (η·R)``: the rank's share of the node's read bandwidth
+  ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together); ``held_rank`` is
+  what the rank reads: what it holds (the busiest writer's bytes; for DCP, whose ranks write shares of the stage
+  module, all of it and the whole ``.metadata``); a ``PER_TENSOR`` engine adds ``+ t·tensors_rank``: it plans, seeks
+  and deserialises every tensor the rank holds, those another data-parallel replica wrote included.
 - a prefetched restart (the lazy engine's ``--lazy-prefetch``): the rank's files are read into its host buffer from
   just after the distributed init, beside the model build, ds init and engine set-up (``S``); the load then waits for
   what is left of the read and copies the tensors out: ``max(0, pin + load − copy − S) + copy``, where ``load`` is
@@ -110,6 +111,14 @@ class Job:
     tensors_written: float = 0.0
     """The most tensors a rank writes at a save (``restartbench.whatif.tensors``: DCP spreads the replicas' module
     tensors over them)."""
+    bytes_held: float | None = None
+    """The most checkpoint bytes a rank reads into place at a load, where they are not ``bytes_rank``: a DCP rank
+    holds its whole stage module, which its replicas wrote in shares, and reads the whole ``.metadata``."""
+
+    @property
+    def held_rank(self) -> float:
+        """The most checkpoint bytes a rank reads at a load (``bytes_held``, else ``bytes_rank``)."""
+        return self.bytes_rank if self.bytes_held is None else self.bytes_held
 
 
 @dataclass(frozen=True)
@@ -252,21 +261,21 @@ def slowdown_s(fraction: float, engine: str, stall: float, durable: float, copie
 
 
 def read_seconds(job: Job, limit: Bound) -> float:
-    """The rank's bytes at its share of the node's read limit (the load's byte regressor)."""
-    return job.bytes_rank * job.concurrency / (limit.GBps * GB)
+    """The bytes a rank reads at its share of the node's read limit (the load's byte regressor)."""
+    return job.held_rank * job.concurrency / (limit.GBps * GB)
 
 
 def load_s(line: Line, job: Job, cluster: Cluster) -> float:
-    """The checkpoint load: ``a + f·files_rank + (1/η)·bytes_rank·concurrency/R``, ``+ t·tensors_rank`` where the
+    """The checkpoint load: ``a + f·files_rank + (1/η)·held_rank·concurrency/R``, ``+ t·tensors_rank`` where the
     line has a per-tensor coefficient."""
     return line(files=job.files_rank, at_limit=read_seconds(job, node_read_limit(cluster, job.nodes)),
                 tensors=job.tensors_rank)
 
 
 def copy_out_s(job: Job, cluster: Cluster) -> float:
-    """The rank's bytes copied out of a host buffer into its tensors: H2D from pinned memory on cuda (at the pinned
-    D2H rate), a memcpy on cpu (a cpu cluster's ``d2h_pinned_GBps``)."""
-    return job.bytes_rank / (cluster.d2h_pinned_GBps * GB)
+    """The bytes a rank reads copied out of a host buffer into its tensors: H2D from pinned memory on cuda (at the
+    pinned D2H rate), a memcpy on cpu (a cpu cluster's ``d2h_pinned_GBps``)."""
+    return job.held_rank / (cluster.d2h_pinned_GBps * GB)
 
 
 def prefetched_load_s(load: float, start_up: float, pin: float, job: Job, cluster: Cluster) -> float:
