@@ -35,6 +35,7 @@ from restartbench.whatif.predict import (
     restart_parts,
     scale_sweep,
     shape_of,
+    shapes_for,
     whatif,
 )
 from restartbench.whatif.terms import GB, Line
@@ -569,6 +570,17 @@ def test_a_dcp_rank_reads_what_it_holds_and_the_index_the_others_what_their_busi
     for engine in ("torch", "torchsnapshot"):
         job = job_for(shape_of(plan_for("small", "tp1pp1dp2", engine), Layout(1, 1, 2), params=1000), 8, per_node=8)
         assert job.held_rank == pytest.approx(job.bytes_rank, rel=1e-12)
+
+
+def test_a_layout_of_one_replica_is_planned_at_two_so_the_other_replicas_write_their_own_files():
+    """tiny tp1pp1dp1 with torch: at dp 8 ranks 1 to 7 write their optimizer file, not rank 0's layer files."""
+    (shape,) = shapes_for("tiny", Layout(1, 1, 1), ["torch"]).values()
+    assert shape.layout == Layout(1, 1, 2)
+    plan = plan_for("tiny", "tp1pp1dp8", "torch")
+    job = job_for(shape, 8, per_node=8)
+    assert job.files_node == len(plan.files) and job.files_rank == len(plan.rank_files(0))
+    assert job_for(shape, 1, per_node=8).bytes_rank == pytest.approx(plan_for("tiny", "tp1pp1dp1", "torch")
+                                                                       .checkpoint_bytes, abs=PER_FILE_SLACK * 9)
 
 
 def test_the_split_of_a_plan_optimizer_tensors_module_share_and_the_rest():

@@ -153,6 +153,14 @@ def ranks_at(shape: Shape, dp: int) -> tuple[list[RankCheckpoint], float]:
     return out, index
 
 
+def shapes_for(preset: str, layout: Layout, engines: list[str], dtype: str = "bf16") -> dict[str, Shape]:
+    """Each engine's ``Shape`` of ``layout``, planned at dp 2 where its dp is 1: a prediction at another dp (the
+    scale sweep's) then knows what a replica other than rank 0 writes."""
+    planned = layout if layout.dp > 1 else Layout(layout.tp, layout.pp, 2)
+    params = get_preset(preset).param_count()
+    return {engine: shape_of(plan_for(preset, planned.name, engine, dtype), planned, params) for engine in engines}
+
+
 def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     """The terms' regressors at data-parallel ``dp`` (the optimizer tensors scaled from the plan's dp, the module
     shared out as the engine does at ``dp``), ranks placed ``per_node`` to a node in rank order, ``per_process`` ranks
@@ -434,8 +442,7 @@ def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: 
     for engine in engines:
         fit.engine(engine)  # refuses an engine the calibration never ran, before any work
     iteration, how = iteration_s_for(preset, resolved, cluster, iteration_s)
-    params = get_preset(preset).param_count()
-    shapes = {e: shape_of(plan_for(preset, resolved.name, e, dtype), resolved, params) for e in engines}
+    shapes = shapes_for(preset, resolved, engines, dtype)
     per_node = cluster.gpus_per_node
     results = [predict_engine(e, job_for(shapes[e], resolved.dp, per_node), fit, cluster,
                               _iteration(preset, resolved, iteration_s), failures_per_gpu_hour, prefetch)
