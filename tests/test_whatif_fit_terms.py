@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from whatif_cases import JOB, h100_cluster
 
+from restartbench.layout import Layout
 from restartbench.presets import get_preset
-from restartbench.whatif import terms
+from restartbench.whatif import tensors, terms
 from restartbench.whatif.fit import (
     HINTS,
     Fit,
@@ -454,6 +455,17 @@ DCP = (("tiny", "tp1pp1dp2", 2, 2, 1, 1e8, 29, 43), ("tiny", "tp1pp2dp1", 1, 2, 
 
 
 def test_dcps_durable_line_pays_the_tensors_written_once_for_each_rank_a_process_handles_in_turn():
+    rows, per_process = _dcp_rows()
+    durable = fit_table(pd.DataFrame(rows), LIMITS, per_process).engines["dcp"]["durable"]
+    assert durable.intercept == pytest.approx(0.1, rel=1e-6)
+    assert durable.coefficients == {"at_limit": pytest.approx(1.1, rel=1e-6),
+                                    "tensors": pytest.approx(0.0015, rel=1e-6)}
+    # the fit hands each run's width on: small tp1pp1dp2 weighed at 0.1, its busiest replica writes 53 tensors, not 49
+    rescaled = fit_table(pd.DataFrame(rows), LIMITS, per_process, scales={"d2": 0.1}).engines["dcp"]["durable"]
+    assert rescaled.coefficients["tensors"] != pytest.approx(0.0015, rel=1e-3)
+
+
+def _dcp_rows() -> tuple[list[dict], dict[str, int]]:
     rows, per_process = [], {}
     for i, (preset, layout, dp, world, k, bytes_rank, written, held) in enumerate(DCP):
         writers = world // k
@@ -470,10 +482,7 @@ def test_dcps_durable_line_pays_the_tensors_written_once_for_each_rank_a_process
                      "restart_launch_s": 0.1, "restart_imports_s": 5.0, "restart_dist_init_s": 0.5 + 0.01 * world,
                      "restart_model_build_s": 0.2, "restart_ds_init_s": 1.0, "restart_engine_setup_s": 0.01,
                      "restart_1st_iter_s": 1.5, "path_gaps_s": 0.05})
-    durable = fit_table(pd.DataFrame(rows), LIMITS, per_process).engines["dcp"]["durable"]
-    assert durable.intercept == pytest.approx(0.1, rel=1e-6)
-    assert durable.coefficients == {"at_limit": pytest.approx(1.1, rel=1e-6),
-                                    "tensors": pytest.approx(0.0015, rel=1e-6)}
+    return rows, per_process
 
 
 def test_an_emulated_dcp_runs_tensors_written_are_weighed_at_its_width():
@@ -486,6 +495,20 @@ def test_an_emulated_dcp_runs_tensors_written_are_weighed_at_its_width():
     scaled, _ = run_rows(pd.DataFrame([row]), LIMITS, {}, scales={"e": 0.08})
     assert (full[0]["tensors_rank"], full[0]["tensors_written"]) == (259, 179 + 4)
     assert (scaled[0]["tensors_rank"], scaled[0]["tensors_written"]) == (259, 161 + 4)
+
+
+def test_a_dcp_rows_held_bytes_are_its_dtypes():
+    """What a DCP run's busiest rank read at its load: what it wrote, and its replica's module share, whose bytes
+    are the run's dtype's (bf16 where the table has none)."""
+    row = {"run_id": "d", "engine": "dcp", "preset": "tiny", "layout": "tp1pp1dp2", "tp": 1, "pp": 1, "dp": 2,
+           "ranks": 2, "nodes": 1, "kind": "checkpoint", "bytes_per_rank_max": 1e6, "files_per_rank_max": 1,
+           "bytes": 2e6, "files": 3, "restart_ckpt_load_s": None}
+    held = {dtype: run_rows(pd.DataFrame([{**row, **({"dtype": dtype} if dtype else {})}]), LIMITS, {})[0][0][
+        "held_rank"] for dtype in (None, "bf16", "fp32")}
+    module = {dtype: tensors.stage_module("tiny", "tp1pp1dp2", dtype) for dtype in ("bf16", "fp32")}
+    beyond = {dtype: tensors.read_beyond_written(module[dtype], Layout(1, 1, 2), "dcp") for dtype in module}
+    assert held == {None: 1e6 + beyond["bf16"], "bf16": 1e6 + beyond["bf16"], "fp32": 1e6 + beyond["fp32"]}
+    assert beyond["fp32"] > beyond["bf16"] > 0
 
 
 # -- the rows' regressors ------------------------------------------------------------------------------------------

@@ -576,11 +576,22 @@ def test_a_layout_of_one_replica_is_planned_at_two_so_the_other_replicas_write_t
     """tiny tp1pp1dp1 with torch: at dp 8 ranks 1 to 7 write their optimizer file, not rank 0's layer files."""
     (shape,) = shapes_for("tiny", Layout(1, 1, 1), ["torch"]).values()
     assert shape.layout == Layout(1, 1, 2)
+    assert shapes_for("tiny", Layout(1, 1, 4), ["torch"])["torch"].layout == Layout(1, 1, 4)  # its own where dp > 1
     plan = plan_for("tiny", "tp1pp1dp8", "torch")
     job = job_for(shape, 8, per_node=8)
     assert job.files_node == len(plan.files) and job.files_rank == len(plan.rank_files(0))
     assert job_for(shape, 1, per_node=8).bytes_rank == pytest.approx(plan_for("tiny", "tp1pp1dp1", "torch")
                                                                        .checkpoint_bytes, abs=PER_FILE_SLACK * 9)
+
+
+def test_an_emulated_runs_plan_is_split_at_its_own_width():
+    """An emulated run's plan is of its preset scaled (--emulate-scale): its module's tensors are the scaled ones,
+    so from the plan at dp 2 the plan at dp 8 of the same width."""
+    shape = shape_of(plan_for("small", "tp1pp1dp2", "dcp", scale=0.25), Layout(1, 1, 2), params=1000)
+    job = job_for(shape, 8, per_node=8)
+    (rank_bytes, rank_files), (node_bytes, _) = _busiest(plan_for("small", "tp1pp1dp8", "dcp", scale=0.25), 8)
+    assert job.bytes_rank == pytest.approx(rank_bytes, abs=PER_FILE_SLACK * rank_files)
+    assert job.bytes_node == pytest.approx(node_bytes, rel=1e-3)
 
 
 def test_the_split_of_a_plan_optimizer_tensors_module_share_and_the_rest():
@@ -616,6 +627,7 @@ def test_a_process_handling_all_of_a_node_s_ranks_writes_alone_and_in_turn():
     job = job_for(shape, dp=8, per_node=4, per_process=4)
     assert (job.nodes, job.concurrency, job.sequential) == (2, 1, 4)
     assert job_for(shape, dp=8, per_node=4, per_process=2).concurrency == 2
+    assert job_for(shape, dp=8, per_node=4, per_process=3).concurrency == 1  # whole processes: 4 // 3
 
 
 # -- the plan the prediction starts from ---------------------------------------------------------------------------
@@ -692,10 +704,12 @@ def test_goodput_at_a_scale_is_daly_s_interval_and_says_it_in_iterations():
 def test_an_engine_s_prediction_reports_the_job_it_was_made_for():
     job = replace(JOB, tensors_rank=44, tensors_written=24)
     result = predict_engine("torch", job, _fit(), LOCAL, ITERATION, 1e-5)
-    assert {k: result[k] for k in ("engine", "ranks", "nodes", "bytes_per_rank", "files_per_rank", "bytes_per_node",
-                                   "files_per_node", "tensors_per_rank", "tensors_written_per_rank")} == {
-        "engine": "torch", "ranks": 16, "nodes": 2, "bytes_per_rank": 2 * GB, "files_per_rank": 3,
-        "bytes_per_node": 10 * GB, "files_per_node": 24, "tensors_per_rank": 44, "tensors_written_per_rank": 24}
+    assert {k: result[k] for k in ("engine", "ranks", "nodes", "bytes_per_rank", "bytes_held_per_rank",
+                                   "files_per_rank", "bytes_per_node", "files_per_node", "tensors_per_rank",
+                                   "tensors_written_per_rank")} == {
+        "engine": "torch", "ranks": 16, "nodes": 2, "bytes_per_rank": 2 * GB, "bytes_held_per_rank": 2 * GB,
+        "files_per_rank": 3, "bytes_per_node": 10 * GB, "files_per_node": 24, "tensors_per_rank": 44,
+        "tensors_written_per_rank": 24}
 
 
 def test_the_device_note_says_what_the_fit_rests_on_and_how_to_get_measured_lines():

@@ -97,6 +97,29 @@ def test_the_module_goes_to_the_replica_with_the_fewest_bytes_the_first_in_dcps_
     assert tensors.module_shares(module, [0, 1, 2], "torchsnapshot") == [whole] * 3
 
 
+@pytest.mark.parametrize("raws, ranks", [((0, 1, 5), [0, 1]), ((7, 0, 0, 3, 3, 1), [2, 5, 8]),
+                                         ((4, 4, 4, 4, 1, 1), [1, 9, 17, 25])])
+def test_ties_and_empty_tensors_go_where_dcps_own_deduplication_puts_them(raws, ranks):
+    """DCP weighs an empty tensor as 1 byte: (0, 1, 5) on two replicas puts 5 beside the empty one (1 against 1, the
+    first in the set's order); weighed 2, it would go beside the 1-byte one."""
+    module = tuple(tensors.Tensor(raw, raw + 10) for raw in raws)
+    plans = [SavePlan([]) for _ in range(max(ranks) + 1)]
+    for rank in ranks:
+        plans[rank] = SavePlan([_write_item(f"module/{i}", raw) for i, raw in enumerate(raws)])
+    kept = [len(dedup_save_plans(plans)[rank].items) for rank in ranks]
+    assert [share.tensors for share in tensors.module_shares(module, ranks, "dcp")] == kept
+
+
+def test_a_dcp_rank_reads_beyond_what_it_wrote_the_module_its_replicas_wrote():
+    module = {(0, 0): (tensors.Tensor(100, 110), tensors.Tensor(30, 40), tensors.Tensor(20, 30)),
+              (1, 0): (tensors.Tensor(10, 20),)}
+    # stage 0 on 2 replicas: 100 → 0, 30 → 1, 20 → 1; the busiest by bytes wrote 110 of 180; stage 1: 20 of 20
+    assert tensors.read_beyond_written(module, Layout(1, 2, 2), "dcp") == 180 - 110
+    assert tensors.read_beyond_written(module, Layout(1, 2, 1), "dcp") == 0
+    assert tensors.read_beyond_written(module, Layout(1, 2, 2), "torch") == 0
+    assert tensors.read_beyond_written({}, Layout(1, 1, 2), "dcp") == 0
+
+
 def test_dcp_writes_its_share_of_the_module_the_others_all_they_hold():
     counts = {(0, 0): (3, 4), (1, 0): (2, 4)}
     module = {(0, 0): (tensors.Tensor(100, 1), tensors.Tensor(10, 1), tensors.Tensor(10, 1)),

@@ -29,7 +29,7 @@ import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
 from restartbench.events import Event, read_events
-from restartbench.layout import Layout
+from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
 from restartbench.whatif.terms import (
@@ -350,7 +350,7 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per
     if base_engine(row["engine"]) in PER_TENSOR:  # counted from the run's preset and layout, as for a prediction
         dtype = row.get("dtype") or "bf16"  # an emulated run's tensors at its width: DCP weighs them by their bytes
         module = tensors.stage_module(row["preset"], row["layout"], dtype, scale)
-        layout = Layout(int(row["tp"] or 1), int(row["pp"] or 1), int(row.get("dp") or 1))
+        layout = validate_layout(row["layout"], preset)
         held, written = tensors.busiest(tensors.stage_tensors(row["preset"], row["layout"], dtype), module, layout,
                                         row["engine"])
         # what the busiest rank read at the load: what it wrote and its replicas' module shares (its .metadata read,

@@ -98,16 +98,16 @@ def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
     if tensors.spreads_module(plan.engine):
         files = [f.bytes for f in plan.files if f.kind == "metadata"]
         index = (sum(files), len(files), tensors.index_items(counts, layout.dp))
-    rank0 = per_rank.setdefault(0, [0, 0, 0])
+    rank0 = per_rank[0]
     rank0[0], rank0[1] = rank0[0] - index[0], rank0[1] - index[1]
     first, other, optimizer = {}, {}, {}
     for stage in range(layout.pp):
         for tp in range(layout.tp):
             shares = tensors.module_shares(module[stage, tp], tensors.replica_ranks(stage, tp, layout), plan.engine)
             replica = min(1, layout.dp - 1)
-            size, files, payload = per_rank.get(_rank(layout, stage, replica, tp), [0, 0, 0])
+            size, files, payload = per_rank[_rank(layout, stage, replica, tp)]
             optimizer[stage, tp] = payload - shares[replica].raw
-            first_size, first_files, _ = per_rank.get(_rank(layout, stage, 0, tp), [0, 0, 0])
+            first_size, first_files, _ = per_rank[_rank(layout, stage, 0, tp)]
             first[stage, tp] = (first_size - optimizer[stage, tp] - shares[0].written, first_files)
             other[stage, tp] = (size - optimizer[stage, tp] - shares[replica].written, files)
     return Shape(layout, first, other, optimizer, params, counts, module, plan.engine, index)
@@ -121,8 +121,6 @@ def _rank(layout: Layout, stage: int, data: int, tp: int) -> int:
 class RankCheckpoint(NamedTuple):
     """One rank's checkpoint at a data-parallel size (``ranks_at``)."""
 
-    group: tuple[int, int]
-    """(stage, tp rank)."""
     bytes: float
     """Written at a save, its module share included."""
     files: int
@@ -148,8 +146,7 @@ def ranks_at(shape: Shape, dp: int) -> tuple[list[RankCheckpoint], float]:
         own = rest_bytes + shape.optimizer[stage, tp] * ratio
         share = shares[stage, tp][data].written if shares else 0
         index_here, index_files = (index, shape.index[1]) if rank == 0 else (0.0, 0)
-        out.append(RankCheckpoint((stage, tp), own + share + index_here, files + index_files, own,
-                         held.get((stage, tp), share)))
+        out.append(RankCheckpoint(own + share + index_here, files + index_files, own, held.get((stage, tp), share)))
     return out, index
 
 
