@@ -147,7 +147,8 @@ def module_shares(module: Sequence[Tensor], ranks: Sequence[int], engine: str) -
             share[0], share[1], share[2] = share[0] + tensor.raw, share[1] + tensor.entry, share[2] + 1
             heapq.heappush(planned, (size + (tensor.raw or 1), position, replica))  # DCP weighs an empty tensor as 1
         return [Share(*share) for share in shares]
-    whole = Share(sum(t.raw for t in module), sum(t.raw for t in module), len(module))
+    raw = sum(t.raw for t in module)
+    whole = Share(raw, raw, len(module))
     if every_replica(engine):
         return [whole] * dp
     return [whole] + [Share(0, 0, 0)] * (dp - 1)
