@@ -308,7 +308,7 @@ def run_rows(table: pd.DataFrame, limits: Limits, per_process: dict[str, int],
     for row in checkpoints:
         run = row["run_id"]
         _regressors(row, limits, per_process.get(run, 1), cores_per_node, (scales or {}).get(run, 1.0))
-        sizes[row["run_id"]] = row
+        sizes[run] = row
     restarts = []
     for row in table[(table["kind"] == "restart") & table["restart_ckpt_load_s"].notna()].to_dict("records"):
         # a prefetched load (--lazy-prefetch) read beside the start-up: its span is no read, so it fits no load term

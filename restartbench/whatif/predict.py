@@ -100,10 +100,11 @@ def shape_of(plan: CheckpointPlan, layout: Layout, params: int) -> Shape:
         index = (sum(files), len(files), tensors.index_items(counts, layout.dp))
     rank0 = per_rank[0]
     rank0[0], rank0[1] = rank0[0] - index[0], rank0[1] - index[1]
+    stage_shares = tensors.stage_shares(module, layout, plan.engine)
     first, other, optimizer = {}, {}, {}
     for stage in range(layout.pp):
         for tp in range(layout.tp):
-            shares = tensors.module_shares(module[stage, tp], tensors.replica_ranks(stage, tp, layout), plan.engine)
+            shares = stage_shares[stage, tp]
             replica = min(1, layout.dp - 1)
             size, files, payload = per_rank[_rank(layout, stage, replica, tp)]
             optimizer[stage, tp] = payload - shares[replica].raw
@@ -134,8 +135,7 @@ def ranks_at(shape: Shape, dp: int) -> tuple[list[RankCheckpoint], float]:
     """Every rank's checkpoint at data-parallel ``dp``, in rank order, and DCP's index there (0 without one)."""
     layout = Layout(shape.layout.tp, shape.layout.pp, dp)
     ratio = shape.layout.dp / dp
-    shares = {(stage, tp): tensors.module_shares(module, tensors.replica_ranks(stage, tp, layout), shape.engine)
-              for (stage, tp), module in shape.module.items()}
+    shares = tensors.stage_shares(shape.module, layout, shape.engine)
     held = {key: tensors.module_held(module, shape.engine) for key, module in shape.module.items()}
     index = shape.index[0] * tensors.index_items(shape.tensors, dp) / shape.index[2] if shape.index[2] else 0.0
     out = []

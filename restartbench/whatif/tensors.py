@@ -154,14 +154,19 @@ def module_shares(module: Sequence[Tensor], ranks: Sequence[int], engine: str) -
     return [whole] + [Share(0, 0, 0)] * (dp - 1)
 
 
+def stage_shares(module: StageModule, layout: Layout, engine: str) -> dict[tuple[int, int], list[Share]]:
+    """(stage, tp rank) → ``module_shares`` of its replicas on ``layout``."""
+    return {(stage, tp): module_shares(tensors, replica_ranks(stage, tp, layout), engine)
+            for (stage, tp), tensors in module.items()}
+
+
 def read_beyond_written(module: StageModule, layout: Layout, engine: str) -> int:
     """The most bytes a rank reads at a load beyond what it wrote, of its stage module: for DCP the tensors its
     replicas wrote (a rank reads every tensor it holds); 0 for the others, whose writer of the module holds it."""
     if not spreads_module(engine):
         return 0
-    return max((module_held(tensors, engine) - max(share.written for share in
-                                                   module_shares(tensors, replica_ranks(stage, tp, layout), engine))
-                for (stage, tp), tensors in module.items()), default=0)
+    return max((module_held(module[key], engine) - max(share.written for share in shares)
+                for key, shares in stage_shares(module, layout, engine).items()), default=0)
 
 
 def module_held(module: Sequence[Tensor], engine: str) -> int:
@@ -191,7 +196,6 @@ def busiest(counts: StageTensors, module: StageModule, layout: Layout, engine: s
     held = max(stage + optimizer for stage, optimizer in counts.values())
     if not spreads_module(engine):
         return held, held
-    written = max(max(share.tensors for share in module_shares(module[stage, tp], replica_ranks(stage, tp, layout),
-                                                               engine)) + optimizer
-                  for (stage, tp), (_, optimizer) in counts.items())
+    shares = stage_shares(module, layout, engine)
+    written = max(max(share.tensors for share in shares[key]) + optimizer for key, (_, optimizer) in counts.items())
     return held, written
