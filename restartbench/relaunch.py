@@ -136,7 +136,7 @@ def _restartable(run_dir: Path, tag: str | None) -> tuple[RunConfig, RunPlan, di
     if meta.get("status") not in FINISHED:
         raise StudyError(f"run {run_dir} has not finished (status {meta.get('status')!r}): its phases may still be "
                          "running; restore it again once it is complete or failed")
-    if cfg.engine.engine == "none":
+    if not engines.engine_info(cfg.engine.engine).saves_state:  # nothing to check or restore
         return cfg, plan, meta
     _checkpoints_present(run_dir, plan)
     committed = committed_tags(storage.open_store(plan.checkpoint_dir, plan.remote))

@@ -27,7 +27,16 @@ import importlib.util
 from typing import Any
 
 from restartbench.config_fields import device_default, flag, saved_value
-from restartbench.engines.base import CheckpointEngine, Converter, EngineInfo, EngineOptions, Prefetcher, load
+from restartbench.engines.base import (
+    CheckpointEngine,
+    Converter,
+    CostTraits,
+    EngineInfo,
+    EngineOptions,
+    ModuleSplit,
+    Prefetcher,
+    load,
+)
 from restartbench.storage import LocalStore, ObjectStore, StorageError
 
 _REGISTRY: dict[str, EngineInfo] = {}
@@ -108,6 +117,19 @@ def converter(name: str) -> Converter | None:
     """The engine's offline conversion for a restart on another layout (``EngineInfo.converter``), imported; None
     where it has none."""
     ref = engine_info(name).converter
+    return load(ref) if ref else None
+
+
+def cost_traits(name: str) -> CostTraits:
+    """How the engine's save and load spend their time beyond its files (``EngineInfo.cost``); an emulated run's
+    name (``torch-emulated``) stands for its engine's."""
+    return engine_info(name.removesuffix("-emulated")).cost
+
+
+def module_split(name: str) -> ModuleSplit | None:
+    """The engine's share-out of a stage module among its replicas (``CostTraits.module_split``), imported; None
+    where one replica, or every one, writes it whole."""
+    ref = cost_traits(name).module_split
     return load(ref) if ref else None
 
 

@@ -38,6 +38,52 @@ class EngineOptions(Protocol):
     engine: str
 
 
+class ModuleSplit(Protocol):
+    """How an engine's save shares a stage module's tensors out among the data-parallel replicas that hold them
+    (``CostTraits.module_split``)."""
+
+    def __call__(self, sizes: Sequence[int], ranks: Sequence[int]) -> list[int]:
+        """For each tensor of the module (its bytes, in the state's order), the position in ``ranks`` (the replicas'
+        global ranks, in data-parallel order) of the replica whose files hold it."""
+
+
+@dataclass(frozen=True)
+class CostTraits:
+    """How an engine spends its save and load beyond its files: what the what-if model (``restartbench.whatif.terms``)
+    gives it terms for. Its files themselves come from its predictor."""
+
+    pageable_copy: bool = False
+    """On cuda its save copies device tensors into pageable host memory (torch.save of CUDA tensors, DCP's sync save),
+    at the pageable D2H rate; the others stage into a pinned buffer they reuse."""
+    collective: bool = False
+    """Its save is a collective: every rank of the group takes part at once (DCP's save plans and gathers), so a rank
+    that arrives first waits for the last."""
+    asynchronous: bool = False
+    """Its durable write runs in the background while training goes on (slowdown: σ of that time)."""
+    side_stream: bool = False
+    """On cuda it copies device tensors into its pinned host buffer on a side stream beside training: its save blocks
+    for its fixed host-side cost only, and the copy is slowdown."""
+    pins_at_setup: bool = False
+    """On cuda it pins a host buffer as large as the rank's checkpoint when it sets up (at the cluster's pinning
+    rate), or on its prefetch's thread."""
+    per_tensor: bool = False
+    """Its save and load handle one item per tensor (DCP: a WriteItem and a ``torch.save`` entry each at a save, a
+    ReadItem and a ``torch.load`` each at a load), so its lines have a cost per tensor; the others' per-item costs
+    are per file: DeepSpeed's engines write a file per layer, whose tensors go through one ``torch.save``; the lazy
+    engine writes each rank's tensors as one stream. (On this study's CPU calibration a tensor term improves none of
+    the torch and lazy lines left out in turn but torch's emulated load, whose tensors follow its layer files.)"""
+    every_replica: bool = False
+    """Every data-parallel replica writes (and reads back) its own copy of the stage module (torchsnapshot: each rank
+    takes its own snapshot of its whole state); else, without a ``module_split``, replica 0 writes it."""
+    module_split: str | None = None
+    """``module:attribute`` of its ``ModuleSplit``, where the save spreads the stage module over the replicas (DCP's
+    deduplication); each rank then reads at a load the module tensors its replicas wrote too."""
+
+    def __post_init__(self) -> None:
+        if self.every_replica and self.module_split is not None:
+            raise ValueError("CostTraits: a stage module is written either by every replica or split among them")
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     name: str
@@ -88,6 +134,8 @@ class EngineInfo:
     """``module:attribute`` of the engine's ``Prefetcher``: how, on a relaunch in the layout that saved, it starts
     reading the checkpoint as soon as the checkpoint is chosen, while the model is built and DeepSpeed initializes;
     None where the engine reads only in ``load``."""
+    cost: CostTraits = CostTraits()
+    """How its save and load spend their time beyond its files (the what-if model's terms for it)."""
     options: tuple[str, ...] = ()
     """The engine options it reads: fields of its folder's ``options.py`` (``--lazy-chunk-mb``'s ``lazy_chunk_mb``).
     Another engine's option set away from its default is refused before a launch (``engines.ignored_options``): the

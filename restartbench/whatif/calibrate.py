@@ -257,8 +257,8 @@ def check_options(options: Options) -> None:
             engine_info(engine)
         except UnknownEngineError as error:
             raise CalibrationError(str(error)) from None
-        if engine == "none":
-            raise CalibrationError("--engines: 'none' saves no checkpoint, so there is nothing to fit")
+        if not engine_info(engine).saves_state:
+            raise CalibrationError(f"--engines: {engine!r} saves no checkpoint, so there is nothing to fit")
         missing = missing_requirements(engine)
         if missing:
             raise CalibrationError("; ".join(missing))

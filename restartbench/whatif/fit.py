@@ -28,20 +28,12 @@ import numpy as np
 import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
+from restartbench.engines import cost_traits
 from restartbench.events import Event, read_events
 from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors
-from restartbench.whatif.terms import (
-    ASYNCHRONOUS,
-    COLLECTIVE,
-    CPU_BOUND,
-    GB,
-    PER_TENSOR,
-    Line,
-    base_engine,
-    cpu_share_factor,
-)
+from restartbench.whatif.terms import CPU_BOUND, GB, Line, cpu_share_factor
 
 #: Per term, the regressors it is fitted on and which calibration runs would make each one fittable.
 HINTS = {
@@ -235,9 +227,9 @@ def emulated_own_times(run_dir: Path, engine: str) -> dict[str, dict[str, float]
     - ``durable``: per process, the sum over its ranks (done one after another) of each rank's save start →
       its files durable; the largest process's;
     - ``stall``: each rank's save plus its copy wait, the largest (as the analysis's ``stall_max_s``);
-    - for a collective save (``COLLECTIVE``: every rank of the group takes part at once, one rank per process), the
-      rank that arrived first waits in the collective for the last: both are counted from the last rank's save
-      start.
+    - for a collective save (``CostTraits.collective``: every rank of the group takes part at once, one rank per
+      process), the rank that arrived first waits in the collective for the last: both are counted from the last
+      rank's save start.
     """
     saves, waits, durable, process = _save_records(read_events(run_dir, record="train"))
     out: dict[str, dict[str, float]] = {}
@@ -245,7 +237,7 @@ def emulated_own_times(run_dir: Path, engine: str) -> dict[str, dict[str, float]
         ranks = [r for t, r in saves if t == tag and (t, r) in durable]
         if not ranks:
             continue
-        if base_engine(engine) in COLLECTIVE:
+        if cost_traits(engine).collective:
             arrival = max(saves[tag, r][0] for r in ranks)
             stall = max(saves[tag, r][1] - arrival + waits.get((tag, r), 0.0) for r in ranks)
             done = max(saves[tag, r][0] + durable[tag, r] - arrival for r in ranks)
@@ -347,7 +339,7 @@ def _regressors(row: dict[str, Any], limits: Limits, per_process: int, cores_per
                at_limit=row["bytes"] / nodes / (limits.write_GBps * GB),
                params_rank=preset.param_count() / (int(row["tp"] or 1) * int(row["pp"] or 1)),
                tensors_rank=0.0, tensors_written=0.0, held_rank=row["bytes_per_rank_max"])
-    if base_engine(row["engine"]) in PER_TENSOR:  # counted from the run's preset and layout, as for a prediction
+    if cost_traits(row["engine"]).per_tensor:  # counted from the run's preset and layout, as for a prediction
         dtype = row.get("dtype") or "bf16"  # an emulated run's tensors at its width: DCP weighs them by their bytes
         module = tensors.stage_module(row["preset"], row["layout"], dtype, scale)
         layout = validate_layout(row["layout"], preset)
@@ -392,15 +384,15 @@ def _devices(table: pd.DataFrame) -> str:
 
 
 def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) -> dict[str, Line]:
-    """The engine's lines; a ``PER_TENSOR`` engine's with a cost per tensor: the tensors the rank writes for the
-    stall and, for each of the ranks its process handles in turn, the durable time; those it holds for the load
-    (``restartbench.whatif.terms``). The per-tensor cost is part of those engines' form, not tried as the per-file
-    cost is (kept only where it predicts the calibration's runs better, each left out in turn): the tensors per rank
-    vary with the depth per stage only, which few calibration configurations vary (in bench/whatif_validation.py's,
-    33B tp1pp2 alone has another count at similar bytes; left out, the others' 132 and 133 tensors say nothing
-    of the slope, so the comparison measures noise). Where the runs cannot tell it from the bytes (two real
-    configurations, tiny and small, for an intercept and two slopes) it is left out, with a note."""
-    per_tensor = ("tensors",) if base_engine(engine) in PER_TENSOR else ()
+    """The engine's lines; a ``per_tensor`` engine's (``CostTraits``) with a cost per tensor: the tensors the rank
+    writes for the stall and, for each of the ranks its process handles in turn, the durable time; those it holds for
+    the load (``restartbench.whatif.terms``). The per-tensor cost is part of those engines' form, not tried as the
+    per-file cost is (kept only where it predicts the calibration's runs better, each left out in turn): the tensors per
+    rank vary with the depth per stage only, which few calibration configurations vary (in bench/whatif_validation.py's,
+    33B tp1pp2 alone has another count at similar bytes; left out, the others' 132 and 133 tensors say nothing of the
+    slope, so the comparison measures noise). Where the runs cannot tell it from the bytes (two real configurations,
+    tiny and small, for an intercept and two slopes) it is left out, with a note."""
+    per_tensor = ("tensors",) if cost_traits(engine).per_tensor else ()
     terms = {"stall": fit_line(f"{engine} stall", [{**r, "tensors": r["tensors_written"]}
                                                    for r in per_core(checkpoints, "stall_max_s")],
                                ("files", "bytes", *per_tensor), "stall_max_s"),
@@ -411,7 +403,7 @@ def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) ->
              "load": fit_line(f"{engine} ckpt load", [{**r, "at_limit": r["read_at_limit"], "files": r["files_rank"],
                                                        "tensors": r["tensors_rank"]} for r in restarts],
                               ("files", "at_limit", *per_tensor), "restart_ckpt_load_s")}
-    if base_engine(engine) in ASYNCHRONOUS:
+    if cost_traits(engine).asynchronous:
         terms["slowdown"] = _slowdown(engine, checkpoints)
     if not engine.endswith("-emulated"):
         terms["engine setup"] = fit_constant(f"{engine} engine setup", per_core(restarts, "restart_engine_setup_s"),

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from restartbench import goodput
 from restartbench.config import RunConfig
-from restartbench.engines import engine_info
+from restartbench.engines import cost_traits, engine_info
 from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, predict
 from restartbench.presets import get_preset
@@ -285,7 +285,7 @@ def _checkpoint_figures(engine: str, job: Job, fit: Fit, cluster: Cluster) -> di
 
 def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None]:
     """σ: the calibration's where it measured one (on the cluster's device), else the cluster's figure."""
-    if terms.base_engine(engine) not in terms.ASYNCHRONOUS:
+    if not cost_traits(engine).asynchronous:
         return 0.0, None
     fitted = lines.get("slowdown")
     if cluster.device == "cuda" or fitted is None or not fitted.runs:

@@ -24,26 +24,25 @@ from data-parallel rank 0 only; torchsnapshot from every replica; DCP's global p
 replicas share and gives each to the replica with the fewest bytes planned so far
 (``torch.distributed.checkpoint._dedup_save_plans``), which spreads them over the replicas by bytes, not by count: a
 replica that takes the embedding takes few others, and at a large dp the busiest writes at least the largest tensor.
-``module_shares`` replays that choice on the stage's tensors (``stage_module``), so the bytes and tensors each replica
-writes at any dp are DCP's own (``tests/test_whatif_tensors.py`` holds it to DCP's function,
-``tests/test_whatif_parts.py`` the bytes to the plan at a larger dp).
+``module_shares`` replays that choice (``restartbench.engines.dcp.predict.dedup_owners``, the engine's
+``CostTraits.module_split``) on the stage's tensors (``stage_module``), so the bytes and tensors each replica writes at
+any dp are DCP's own (``tests/test_whatif_tensors.py`` holds it to DCP's function, ``tests/test_whatif_parts.py`` the
+bytes to the plan at a larger dp).
 """
 
 from __future__ import annotations
 
-import heapq
 import tempfile
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from restartbench.config import RunConfig
-from restartbench.engines import harness_state
+from restartbench.engines import cost_traits, harness_state, module_split
 from restartbench.engines.dcp.predict import tensor_saved_size
 from restartbench.layout import Layout
 from restartbench.plan import setup_for
 from restartbench.shards import training_states
-from restartbench.whatif.terms import COLLECTIVE, EVERY_REPLICA, base_engine
 
 #: (pipeline stage, tensor-parallel rank) → (module tensors, optimizer tensors) of one rank there.
 StageTensors = dict[tuple[int, int], tuple[int, int]]
@@ -114,8 +113,8 @@ def _first_replicas(preset: str, layout: str, dtype: str,
 
 def spreads_module(engine: str) -> bool:
     """Whether the engine's save spreads the replicas' module tensors over them (DCP's deduplication), rather than
-    writing them from data-parallel rank 0 (DeepSpeed's engines)."""
-    return base_engine(engine) in COLLECTIVE
+    writing them whole from one replica or from each (``CostTraits.module_split``)."""
+    return cost_traits(engine).module_split is not None
 
 
 def replica_ranks(stage: int, tp_rank: int, layout: Layout) -> list[int]:
@@ -126,32 +125,21 @@ def replica_ranks(stage: int, tp_rank: int, layout: Layout) -> list[int]:
 
 def module_shares(module: Sequence[Tensor], ranks: Sequence[int], engine: str) -> list[Share]:
     """What each replica (``ranks``: their global ranks, ``replica_ranks``) writes of a stage module at a save, in
-    data-parallel order: DCP (``spreads_module``) gives each tensor, in the state's order, to the replica with the
-    fewest raw bytes planned so far, as ``torch.distributed.checkpoint._dedup_save_plans`` does (the module's items
-    come first in every plan, before a replica's own, so only they weigh); a tie goes to the first in the order
-    CPython iterates the set of the replicas' plan indices, which DCP builds in rank order and takes ``min`` of (not
-    the lowest rank: {1, 9, 17, 25} iterates 1, 25, 9, 17). torchsnapshot writes all of it from every replica;
-    DeepSpeed's engines and the lazy engine from replica 0."""
-    dp = len(ranks)
-    if spreads_module(engine):
-        plans: set[int] = set()
-        for rank in ranks:  # as DCP adds each plan index: one at a time, in rank order
-            plans.add(rank)
-        turn = {rank: position for position, rank in enumerate(plans)}
-        shares = [[0, 0, 0] for _ in range(dp)]
-        planned = [(0, turn[rank], replica) for replica, rank in enumerate(ranks)]  # a heap: (raw bytes, turn, replica)
-        heapq.heapify(planned)
-        for tensor in module:
-            size, position, replica = heapq.heappop(planned)
+    data-parallel order, as the engine's ``CostTraits`` say: shared out by its ``module_split`` (DCP's deduplication,
+    ``restartbench.engines.dcp.predict.dedup_owners``), all of it from every replica (torchsnapshot), or all of it
+    from replica 0 (DeepSpeed's engines, the lazy engine)."""
+    split = module_split(engine)
+    if split is not None:
+        shares = [[0, 0, 0] for _ in ranks]
+        for tensor, replica in zip(module, split([t.raw for t in module], ranks)):
             share = shares[replica]
             share[0], share[1], share[2] = share[0] + tensor.raw, share[1] + tensor.entry, share[2] + 1
-            heapq.heappush(planned, (size + (tensor.raw or 1), position, replica))  # DCP weighs an empty tensor as 1
         return [Share(*share) for share in shares]
     raw = sum(t.raw for t in module)
     whole = Share(raw, raw, len(module))
     if every_replica(engine):
-        return [whole] * dp
-    return [whole] + [Share(0, 0, 0)] * (dp - 1)
+        return [whole] * len(ranks)
+    return [whole] + [Share(0, 0, 0)] * (len(ranks) - 1)
 
 
 def stage_shares(module: StageModule, layout: Layout, engine: str) -> dict[tuple[int, int], list[Share]]:
@@ -177,7 +165,7 @@ def module_held(module: Sequence[Tensor], engine: str) -> int:
 
 def every_replica(engine: str) -> bool:
     """Whether every data-parallel replica writes (and reads back) its own copy of the stage module."""
-    return base_engine(engine) in EVERY_REPLICA
+    return cost_traits(engine).every_replica
 
 
 def index_items(counts: StageTensors, dp: int) -> int:

@@ -5,7 +5,9 @@ and files (``restartbench.plan``), the node's bytes and files, the ranks doing I
 (``concurrency``), the ranks and nodes, parameters per rank, and the tensors a rank holds and writes
 (``restartbench.whatif.tensors``). ``Line`` holds a term's fitted constants: an intercept
 and one coefficient per regressor (``restartbench.whatif.fit`` fits them on the study's run folders), with the
-spread of the calibration's relative residuals, which gives every prediction its range.
+spread of the calibration's relative residuals, which gives every prediction its range. What sets one engine's
+form apart (a pageable copy, a collective save, an asynchronous write, a side stream, a per-tensor cost, who writes
+the stage module) is its registry entry's ``CostTraits`` (``restartbench.engines.base``), in the engine's folder.
 
 Checkpoint:
 
@@ -14,9 +16,9 @@ Checkpoint:
   ``torch.save`` of device tensors) plus the engine's host-side work, ``c·(a + f·files_rank + bytes_rank / r)``
   (serialisation, or the staging copy, at ``r`` bytes per second per process; per file a fixed cost: create, header,
   plan). Host-side rates are the calibration machine's (an assumption where the target's CPUs differ). An engine that
-  saves one item per tensor (``PER_TENSOR``: DCP plans, deduplicates and ``torch.save``s each tensor on its own) adds
+  saves one item per tensor (``per_tensor``: DCP plans, deduplicates and ``torch.save``s each tensor on its own) adds
   ``+ t·tensors_written``, a cost per tensor the rank writes (``restartbench.whatif.tensors`` says why and how they
-  are counted). A ``SIDE_STREAM`` engine on cuda (the lazy engine: its copies into its pinned buffer run on a CUDA
+  are counted). A ``side_stream`` engine on cuda (the lazy engine: its copies into its pinned buffer run on a CUDA
   side stream, and only the optimizer step after them waits for them) blocks for ``c·(a + f·files_rank)`` alone: its
   bytes go by the D2H copy, beside training, which is its host-side staging copy on cpu.
 - ``durable``: the node's bytes go to storage at the node's bandwidth ``L`` (``node_write_limit``: the local disk, or
@@ -24,10 +26,10 @@ Checkpoint:
   engine reaches a fraction ``η`` (fitted against this machine's measured limit), plus a cost per file and a cost
   per rank, paid once for each of the ``k`` ranks a process handles one after another (``Job.sequential``: an
   emulated run's --ranks-per-process; 1 for real ranks): ``a·k + f·files_node/concurrency + bytes_node / (η·L)``.
-  For a synchronous engine this includes the stall. A ``PER_TENSOR`` engine adds ``+ t·k·tensors_written``: each
+  For a synchronous engine this includes the stall. A ``per_tensor`` engine adds ``+ t·k·tensors_written``: each
   rank's tensors cost their planning and serialisation on its own process, the ranks of one process in turn.
 - ``slowdown``: an asynchronous engine's background work slows the iterations it overlaps by a fraction ``σ``
-  of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits). A ``SIDE_STREAM`` engine
+  of its duration: ``σ · (durable − stall)``; 0 for a synchronous engine (training waits). A ``side_stream`` engine
   on cuda adds its D2H copy whole, ``D2H + σ · (durable − stall − D2H)``: the copies share the GPU with the
   iterations they overlap, and the first optimizer step after them waits for what is left (an upper bound where
   the iteration's compute hides them: on one H100 at 1B, 1.0-1.2× the D2H at iterations of 0.18-0.20 s, 0.26× at
@@ -61,7 +63,7 @@ Restart (each part by what it scales with):
 - ``ckpt load``: ``a + f·files_rank + held_rank·concurrency / (η·R)``: the rank's share of the node's read bandwidth
   ``R``, of which the engine reaches ``η`` (reads, deserialisation and copies into place together); ``held_rank`` is
   what the rank reads: what it holds (the busiest writer's bytes; for DCP, whose ranks write shares of the stage
-  module, all of it and the whole ``.metadata``); a ``PER_TENSOR`` engine adds ``+ t·tensors_rank``: it plans, seeks
+  module, all of it and the whole ``.metadata``); a ``per_tensor`` engine adds ``+ t·tensors_rank``: it plans, seeks
   and deserialises every tensor the rank holds, those another data-parallel replica wrote included.
 - a prefetched restart (the lazy engine's ``--lazy-prefetch``): the rank's files are read into its host buffer from
   just after the distributed init, beside the model build, ds init and engine set-up (``S``); the load then waits for
@@ -79,6 +81,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from restartbench.engines import cost_traits
 from restartbench.whatif.cluster import Cluster
 
 GB = 1e9
@@ -174,26 +177,6 @@ def node_read_limit(cluster: Cluster, nodes: int) -> Bound:
                 Bound(cluster.nic_GBps, "network (NIC)")), key=lambda b: b.GBps)
 
 
-#: Engines whose save copies device tensors into pageable memory (torch.save of CUDA tensors; DCP's sync save);
-#: the others stage into a pinned buffer they reuse.
-PAGEABLE = ("torch", "fastpersist", "dcp", "torchsnapshot")
-#: Engines whose save is a collective: every rank of the group takes part at once (DCP's save plans and gathers).
-COLLECTIVE = ("dcp", "dcp-async")
-#: Engines whose every data-parallel replica writes its stage's module (torchsnapshot: each rank takes its own
-#: snapshot of its whole state); DCP spreads it over them (``COLLECTIVE``), the others write it from replica 0.
-EVERY_REPLICA = ("torchsnapshot",)
-#: Engines whose durable write runs in the background while training goes on.
-ASYNCHRONOUS = ("lazy", "dcp-async")
-#: Engines that copy device tensors into their pinned host buffer on a CUDA side stream while training goes on: on cuda
-#: their save blocks for its fixed host-side cost only and the copy is slowdown (``stall_s``, ``slowdown_s``).
-SIDE_STREAM = ("lazy",)
-#: Engines whose save and load handle one item per tensor (DCP: a WriteItem and a ``torch.save`` entry per tensor at
-#: a save, a ReadItem and a ``torch.load`` per tensor at a load), whose lines have a cost per tensor. The others'
-#: per-item costs are per file: DeepSpeed's engines write a file per layer, whose tensors go through one
-#: ``torch.save``; the lazy engine writes each rank's tensors as one stream. (On this study's CPU calibration a
-#: tensor term improves none of the torch and lazy lines left out in turn but torch's emulated load, whose tensors
-#: follow its layer files.)
-PER_TENSOR = ("dcp", "dcp-async")
 
 
 #: Start-up parts that are CPU work in each process, scaled by ``cpu_share_factor`` (see the module's notes).
@@ -216,14 +199,14 @@ def d2h_s(engine: str, job: Job, cluster: Cluster) -> float:
     """The copy out of GPU memory of the busiest rank's bytes (0 on cpu: the state is in host memory already)."""
     if cluster.device == "cpu":
         return 0.0
-    rate = cluster.d2h_pageable_GBps if base_engine(engine) in PAGEABLE else cluster.d2h_pinned_GBps
+    rate = cluster.d2h_pageable_GBps if cost_traits(engine).pageable_copy else cluster.d2h_pinned_GBps
     return job.bytes_rank / (rate * GB)
 
 
 def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
     """The training stall: D2H + ``c·(a + f·files_rank + bytes_rank·s)`` (``s`` = 1/r, the host-side rate with a
     core per process; ``c`` the CPU share factor, ``job_cpu_factor``), ``+ c·t·tensors_written`` where the line has
-    a per-tensor coefficient (``PER_TENSOR`` engines). A ``SIDE_STREAM`` engine on cuda: ``c·(a + f·files_rank)``
+    a per-tensor coefficient (``per_tensor`` engines). A ``side_stream`` engine on cuda: ``c·(a + f·files_rank)``
     (its bytes go by the D2H copy beside training: ``slowdown_s``)."""
     if side_stream(engine, cluster):
         return job_cpu_factor(job, cluster) * line(files=job.files_rank, bytes=0.0, tensors=job.tensors_written)
@@ -233,8 +216,8 @@ def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
 
 
 def side_stream(engine: str, cluster: Cluster) -> bool:
-    """Whether ``engine`` copies out of the GPU beside training on ``cluster`` (``SIDE_STREAM``, on cuda)."""
-    return cluster.device == "cuda" and base_engine(engine) in SIDE_STREAM
+    """Whether ``engine`` copies out of the GPU beside training on ``cluster`` (``side_stream``, on cuda)."""
+    return cluster.device == "cuda" and cost_traits(engine).side_stream
 
 
 def write_seconds(job: Job, limit: Bound) -> float:
@@ -253,9 +236,9 @@ def durable_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
 
 
 def slowdown_s(fraction: float, engine: str, stall: float, durable: float, copies: float = 0.0) -> float:
-    """σ · (durable − stall) for an asynchronous engine, 0 for a synchronous one; ``copies``: a ``SIDE_STREAM``
+    """σ · (durable − stall) for an asynchronous engine, 0 for a synchronous one; ``copies``: a ``side_stream``
     engine's D2H on cuda, added whole and taken out of the background time σ applies to."""
-    if base_engine(engine) not in ASYNCHRONOUS:
+    if not cost_traits(engine).asynchronous:
         return 0.0
     return copies + fraction * max(0.0, durable - stall - copies)
 
@@ -305,7 +288,7 @@ def engine_setup_s(line: Line, engine: str, job: Job, cluster: Cluster, prefetch
 def pin_s(engine: str, job: Job, cluster: Cluster) -> float:
     """The lazy engine's pinning of its host buffer on cuda (as large as the rank's optimizer state, about its
     checkpoint bytes) at ``pin_GBps`` (the cluster's measured pinning rate, unscaled); 0 elsewhere."""
-    return job.bytes_rank / (cluster.pin_GBps * GB) if cluster.device == "cuda" and base_engine(engine) == "lazy" \
+    return job.bytes_rank / (cluster.pin_GBps * GB) if cluster.device == "cuda" and cost_traits(engine).pins_at_setup \
         else 0.0
 
 

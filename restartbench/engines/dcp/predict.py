@@ -6,9 +6,11 @@ torch and the engine are imported inside the functions: the launcher and ``--dry
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import pickle
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -123,6 +125,27 @@ def tensor_saved_size(dtype: Any, shape: tuple[int, ...], scratch: str) -> int:
         meta = torch.empty(shape, dtype=dtype, device="meta")
         TENSOR_SIZES[dtype, shape] = saved_size(meta, "tensor", scratch, stream=True)
     return TENSOR_SIZES[dtype, shape]
+
+
+def dedup_owners(sizes: Sequence[int], ranks: Sequence[int]) -> list[int]:
+    """The replica that writes each tensor of a stage module its data-parallel replicas share (``ModuleSplit``), as
+    the coordinator's ``torch.distributed.checkpoint._dedup_save_plans`` chooses: each tensor, in the state's order,
+    goes to the replica with the fewest bytes planned so far (an empty tensor weighs 1; the module's items come
+    first in every plan, before a replica's own, so only they weigh). A tie goes to the first in the order CPython
+    iterates the set of the replicas' plan indices, which DCP builds in rank order and takes ``min`` of: not the
+    lowest rank ({1, 9, 17, 25} iterates 1, 25, 9, 17)."""
+    plans: set[int] = set()
+    for rank in ranks:  # as DCP adds each plan index: one at a time, in rank order
+        plans.add(rank)
+    turn = {rank: position for position, rank in enumerate(plans)}
+    planned = [(0, turn[rank], replica) for replica, rank in enumerate(ranks)]  # a heap: (bytes, turn, replica)
+    heapq.heapify(planned)
+    owners = []
+    for size in sizes:
+        weight, position, replica = heapq.heappop(planned)
+        owners.append(replica)
+        heapq.heappush(planned, (weight + (size or 1), position, replica))
+    return owners
 
 
 PREDICTOR = EnginePredictor(dcp_save_files, DCP_TOLERANCE_BYTES, needs_folder=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from restartbench.engines.base import EngineInfo
+from restartbench.engines.base import CostTraits, EngineInfo
 from restartbench.engines.deepspeed.options import DeepSpeedOptions
 from restartbench.launchers import gpu_count
 
@@ -87,16 +87,20 @@ _DECOUPLED = ("as shipped, DeepSpeed's decoupled writer fails with ZeRO-1 in a P
               "is recorded as failed and nothing is committed.")
 _WRITER_OPTIONS = ("io_buffer_mb", "writer_data_parallel")
 """What DeepSpeed's writer block (``_writer_block``) is made of."""
+#: torch.save of CUDA tensors copies each into new pageable host memory (FastPersist's too, before its pinned buffer).
+_PAGEABLE = CostTraits(pageable_copy=True)
 _NOT_EMULATED = ("its writer is not emulated: --emulate goes through DeepSpeed's default engine's files only (--engine "
                  "torch), whose names and state dicts the others write too")
 
 ENGINES = (
     EngineInfo("torch", _DS, "TorchEngine", "DeepSpeed's default engine: torch.save of every file, synchronous",
                object_store=True, predictor=f"{_PREDICT}:TORCH", emulator=f"{_EMULATE}:TorchFiles",
+               cost=_PAGEABLE,
                converter="restartbench.engines.deepspeed.universal:UNIVERSAL"),
     EngineInfo("fastpersist", _DS, "FastPersistEngine", "DeepSpeed FastPersist writer: aligned buffers, libaio",
                ds_config=_writer_block(False), launch_env=_writer_env, system_check=_libaio_missing,
                options=_WRITER_OPTIONS, predictor=f"{_PREDICT}:FASTPERSIST", not_emulated=_NOT_EMULATED,
+               cost=_PAGEABLE,
                not_resharded="FastPersist's checkpoints do not convert with DeepSpeed's ds_to_universal.py as they "
                              "are: every data-parallel writer writes the model file, and the copies keep FastPersist's "
                              "suffix (mp_rank_00_model_states.pt-1.2), which the converter counts as model files "
