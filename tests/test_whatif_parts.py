@@ -159,9 +159,9 @@ def test_the_lazy_engine_on_cuda_blocks_for_its_fixed_costs_and_its_copy_is_slow
 
 
 def test_an_asynchronous_engine_without_a_side_stream_slows_training_by_sigma_of_its_background_time():
-    parts = checkpoint_parts("dcp-async", JOB, _fit(), LOCAL)  # pinned copy, in the stall
-    stall = PINNED_D2H + HOST
-    durable = PINNED_D2H + DURABLE_LOCAL
+    parts = checkpoint_parts("dcp-async", JOB, _fit(), LOCAL)  # its stager's pageable copy, in the stall
+    stall = PAGEABLE_D2H + HOST
+    durable = PAGEABLE_D2H + DURABLE_LOCAL
     assert parts["stall"]["s"] == pytest.approx(stall)
     assert parts["slowdown"]["s"] == pytest.approx(SIGMA_CITED * (durable - stall))
     assert parts["slowdown"]["bound"] == "interference with training" and parts["slowdown"]["assumed"] is True
