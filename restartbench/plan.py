@@ -36,7 +36,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -168,10 +168,16 @@ def predictor(engine: str) -> EnginePredictor:
         raise ValueError(f"unknown engine {engine!r}; the plan predicts {', '.join(PREDICTORS)}") from None
 
 
-def predict(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> CheckpointPlan:
-    """Every file of one checkpoint of ``cfg`` (its engine's files) with its writing rank, kind, payload and size."""
+def predict(cfg: RunConfig, step: int | None = None, scale: float = 1.0,
+            ranks: frozenset[int] | None = None) -> CheckpointPlan:
+    """Every file of one checkpoint of ``cfg`` (its engine's files) with its writing rank, kind, payload and size;
+    ``ranks``: of those ranks only (``ShardSetup.ranks``), refused for a collective engine, whose ranks' files come
+    from one global plan of them all."""
     engine = predictor(cfg.engine.engine)
-    setup = setup_for(cfg, step, scale)
+    if ranks is not None and engines.cost_traits(cfg.engine.engine).collective:
+        raise ValueError(f"engine {cfg.engine.engine!r} plans every rank's files together (a collective save): plan "
+                         "all of its ranks")
+    setup = replace(setup_for(cfg, step, scale), ranks=ranks)
     with tempfile.TemporaryDirectory(prefix="restartbench-plan-") as scratch, _deepspeed_quiet():
         files = engine.files(setup, scratch)
     return CheckpointPlan(preset=cfg.model.preset, layout=setup.layout.name, dtype=setup.dtype,

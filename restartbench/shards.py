@@ -205,6 +205,9 @@ class ShardSetup:
     """The checkpoint folder (absolute; ``checkpoint_folder``): DCP pickles its path into ``.metadata``."""
     nnodes: int = 1
     """Nodes of the run (torchrun numbers ranks node by node): FastPersist assigns its writers per machine."""
+    ranks: frozenset[int] | None = None
+    """The ranks whose files are planned (None: every rank), for an engine whose ranks plan their files alone (not
+    a collective's global plan): the what-if plans two replicas of each stage at 16,384 GPUs."""
 
 
 def meta_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -222,14 +225,14 @@ def cpu_resident(name: str) -> bool:
 
 def _ranks(setup: ShardSetup) -> Iterator[tuple[int, Any, list[tuple[int, OrderedDict]]]]:
     """(rank, DeepSpeed topology coordinates, its stage's layers as (pipeline index, fp32 state dict on meta)) for
-    every rank, in rank order."""
+    every rank (``setup.ranks`` only, where it names some), in rank order."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     layout = setup.layout
     topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
     parts = _stage_parts(setup.preset, layout)
     layers = _layers(setup.preset, layout.tp)
-    for rank in range(layout.world_size):
+    for rank in range(layout.world_size) if setup.ranks is None else sorted(setup.ranks):
         coord = topology.get_coord(rank)
         start, stop = parts[coord.pipe], parts[coord.pipe + 1]
         yield rank, coord, [(start + i, layers[start + i][1]) for i in range(stop - start)]

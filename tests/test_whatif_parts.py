@@ -16,6 +16,7 @@ from restartbench.whatif import tensors
 from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster, cluster_from_mapping
 from restartbench.whatif.fit import Fit, Limits
 from restartbench.whatif.predict import (
+    COLLECTIVE_PLAN_DP,
     RESTART_PARTS,
     Shape,
     WhatIfError,
@@ -30,6 +31,7 @@ from restartbench.whatif.predict import (
     mark_cited,
     part,
     plan_for,
+    planned_at,
     predict_engine,
     ranks_at,
     restart_parts,
@@ -582,6 +584,27 @@ def test_a_layout_of_one_replica_is_planned_at_two_so_the_other_replicas_write_t
     assert job.files_node == len(plan.files) and job.files_rank == len(plan.rank_files(0))
     assert job_for(shape, 1, per_node=8).bytes_rank == pytest.approx(plan_for("tiny", "tp1pp1dp1", "torch")
                                                                        .checkpoint_bytes, abs=PER_FILE_SLACK * 9)
+
+
+@pytest.mark.parametrize("engine", ["torch", "fastpersist", "lazy", "torchsnapshot"])
+def test_an_engine_whose_ranks_plan_alone_is_planned_at_the_layouts_own_dp_for_two_replicas_a_stage(engine):
+    """small tp2pp2dp4: ranks 0, 1, 2, 3 (stage 0's replicas 0 and 1) and 8 to 11 (stage 1's), each with the files
+    the whole plan gives it; the shape is the whole plan's."""
+    layout = Layout(2, 2, 4)
+    assert planned_at(layout, engine) == (layout, frozenset({0, 1, 2, 3, 8, 9, 10, 11}))
+    part = plan_for("small", layout.name, engine, ranks=planned_at(layout, engine)[1])
+    whole = plan_for("small", layout.name, engine)
+    assert part.files == [f for f in whole.files if f.rank in {0, 1, 2, 3, 8, 9, 10, 11}]
+    assert shapes_for("small", layout, [engine])[engine] == shape_of(whole, layout, get_preset("small").param_count())
+
+
+def test_a_collective_engine_is_planned_whole_at_most_at_its_plan_dp():
+    """DCP's global plan takes every rank: planned at dp 8 at most, a larger dp scaled from it; refused in part."""
+    assert planned_at(Layout(2, 1, 64), "dcp") == (Layout(2, 1, COLLECTIVE_PLAN_DP), None)
+    assert planned_at(Layout(2, 1, 4), "dcp-async") == (Layout(2, 1, 4), None)
+    assert planned_at(Layout(2, 1, 1), "dcp") == (Layout(2, 1, 2), None)
+    with pytest.raises(WhatIfError, match="plans every rank's files together"):
+        plan_for("tiny", "tp1pp1dp2", "dcp", ranks=frozenset({0}))
 
 
 def test_an_emulated_runs_plan_is_split_at_its_own_width():

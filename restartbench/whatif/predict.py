@@ -68,12 +68,14 @@ class Shape:
     leaves it out); it grows with the items (``tensors.index_items``), about 225 bytes each. Zeros: no such file."""
 
 
-def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0) -> CheckpointPlan:
+def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0,
+             ranks: frozenset[int] | None = None) -> CheckpointPlan:
+    """The checkpoint plan (``restartbench.plan.predict``) of one configuration, of ``ranks`` only where given."""
     cfg = RunConfig()
     cfg.model.preset, cfg.model.dtype, cfg.layout.layout, cfg.engine.engine = preset, dtype, layout, engine
     cfg.storage.checkpoint_dir = "/checkpoints"  # DCP pickles the folder's path: a fixed one, as docs/plan.md
     try:
-        return predict(cfg, scale=scale)
+        return predict(cfg, scale=scale, ranks=ranks)
     except LayoutError as error:
         raise WhatIfError(f"{preset} {layout}: {error}") from error
     except ValueError as error:
@@ -150,12 +152,34 @@ def ranks_at(shape: Shape, dp: int) -> tuple[list[RankCheckpoint], float]:
     return out, index
 
 
+#: The largest data-parallel size at which a collective engine's checkpoint is planned: its global plan takes every
+#: rank (DCP's, of 70B on 16,384 ranks, minutes), and its files at a larger dp scale from there (``ranks_at``: one
+#: file a rank whatever dp, and bytes that hold to the plan at that dp but for the index, tests/test_whatif_parts.py).
+COLLECTIVE_PLAN_DP = 8
+
+
+def planned_at(layout: Layout, engine: str) -> tuple[Layout, frozenset[int] | None]:
+    """The layout at which ``engine``'s checkpoint of ``layout`` is planned for a ``Shape``, and its ranks planned:
+    dp 2 where its dp is 1, so that a prediction at another dp (the scale sweep's) knows what a replica other than
+    rank 0 writes; a collective engine's every rank, at most at ``COLLECTIVE_PLAN_DP``; the others' data-parallel
+    ranks 0 and 1 of each stage and tp rank only, at the layout's own dp (its files there as the engine plans them:
+    torchsnapshot chunks and batches its tensors by their size, which the optimizer's share sets)."""
+    dp = max(2, layout.dp)
+    if cost_traits(engine).collective:
+        return Layout(layout.tp, layout.pp, min(dp, COLLECTIVE_PLAN_DP)), None
+    planned = Layout(layout.tp, layout.pp, dp)
+    return planned, frozenset(_rank(planned, stage, data, tp) for stage in range(layout.pp)
+                              for tp in range(layout.tp) for data in (0, 1))
+
+
 def shapes_for(preset: str, layout: Layout, engines: list[str], dtype: str = "bf16") -> dict[str, Shape]:
-    """Each engine's ``Shape`` of ``layout``, planned at dp 2 where its dp is 1: a prediction at another dp (the
-    scale sweep's) then knows what a replica other than rank 0 writes."""
-    planned = layout if layout.dp > 1 else Layout(layout.tp, layout.pp, 2)
+    """Each engine's ``Shape`` of ``layout``, from its plan at ``planned_at``."""
     params = get_preset(preset).param_count()
-    return {engine: shape_of(plan_for(preset, planned.name, engine, dtype), planned, params) for engine in engines}
+    shapes = {}
+    for engine in engines:
+        planned, ranks = planned_at(layout, engine)
+        shapes[engine] = shape_of(plan_for(preset, planned.name, engine, dtype, ranks=ranks), planned, params)
+    return shapes
 
 
 def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
