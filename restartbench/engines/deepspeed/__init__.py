@@ -121,6 +121,11 @@ ENGINES = (
                ds_config=lambda options: {"datastates_ckpt": {"host_cache_size": options.host_cache_gb}},
                system_check=_datastates_missing, skip_when_missing=True, options=("host_cache_gb",),
                predictor=f"{_PREDICT}:DATASTATES",
+               # its design (no run has completed yet: the what-if has no lines for it): copies on its own CUDA
+               # stream into its host cache while training goes on, the flush in the background, the optimizer step
+               # waiting for the copies (guard_optimizer_step); the cache is pinned at its configured size, not the
+               # rank's bytes
+               cost=CostTraits(asynchronous=True, side_stream=True),
                not_emulated=_NOT_EMULATED,
                not_resharded="its files hold DataStates' own format (a JSON header, raw tensor bytes, a pickle) "
                              "under DeepSpeed's names, which ds_to_universal.py cannot read (it torch.loads each "
