@@ -50,8 +50,9 @@ PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*"
 # The what-if's model: its terms and the fit of a calibration, then the prediction of a target cluster from them; the
 # I/O around them (calibrate's Slurm runs, the CLI, the plots) is left to the end-to-end tests.
 WHATIF_FIT_MODULES = tuple(f"restartbench/whatif/{name}.py" for name in ("terms", "fit", "tensors"))
-WHATIF_TESTS = tuple(f"tests/test_whatif{suffix}.py" for suffix in ("", "_calibrate", "_tensors", "_cpu_share",
-                                                                    "_gpu", "_validation", "_parts", "_fit_terms"))
+WHATIF_TESTS = (*(f"tests/test_whatif{suffix}.py" for suffix in ("", "_calibrate", "_tensors", "_cpu_share", "_gpu",
+                                                                 "_validation", "_parts", "_fit_terms")),
+                "tests/test_engine_cost_traits.py")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ TARGETS = (
     Target("run folder", ("restartbench/rundir.py",), ("tests/test_rundir.py", "tests/test_rundir_paths.py"), 0.9),
     Target("what-if fit", WHATIF_FIT_MODULES, WHATIF_TESTS, 0.9),
     Target("what-if prediction", ("restartbench/whatif/predict.py",), WHATIF_TESTS, 0.9),
+    # what the what-if reads of an engine beyond its files: its registry's traits, DCP's share-out of a stage module
+    Target("what-if engine traits", ("restartbench/engines/__init__.py", "restartbench/engines/dcp/predict.py"),
+           WHATIF_TESTS, 0.9, ("*cost_traits*", "*module_split*", "*dedup_owners*")),
 )
 
 ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why
