@@ -12,8 +12,8 @@ from restartbench.engines.dcp.predict import dedup_owners
 from restartbench.whatif import tensors
 from restartbench.whatif.cluster import cluster_from_mapping
 from restartbench.whatif.fit import Fit, Limits
-from restartbench.whatif.predict import checkpoint_parts
-from restartbench.whatif.terms import GB, Line
+from restartbench.whatif.predict import can_prefetch, checkpoint_parts
+from restartbench.whatif.terms import GB, Line, base_engine
 
 
 def _local() -> dict:
@@ -76,6 +76,11 @@ def test_who_writes_the_stage_module_follows_the_entry(torch_as):
 def test_an_emulated_run_has_its_engines_traits():
     assert engines.cost_traits("dcp-emulated") == engines.engine_info("dcp").cost
     assert engines.module_split("dcp-emulated") is dedup_owners and engines.module_split("torch") is None
+
+
+def test_an_emulated_run_is_predicted_as_its_engine():
+    assert base_engine("lazy-emulated") == "lazy" and base_engine("dcp-async") == "dcp-async"
+    assert can_prefetch("lazy-emulated") and not can_prefetch("torch-emulated")
 
 
 def test_a_module_is_written_by_every_replica_or_split_among_them_not_both():
