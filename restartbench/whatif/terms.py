@@ -280,14 +280,16 @@ def dist_init_s(line: Line, job: Job, cluster: Cluster, calibrated_ranks: int) -
 
 
 def engine_setup_s(line: Line, engine: str, job: Job, cluster: Cluster, prefetch: bool = False) -> float:
-    """The engine's set-up: ``c·a`` (fitted ``a``, ``c`` the CPU share factor) plus, on cuda for the lazy engine,
-    pinning its host buffer (``pin_s``); a prefetched restart pins it on the read's thread instead."""
+    """The engine's set-up: ``c·a`` (fitted ``a``, ``c`` the CPU share factor) plus, on cuda for an engine that pins
+    at set-up (the lazy engine), pinning its host buffer (``pin_s``); a prefetched restart pins it on the read's thread
+    instead."""
     return job_cpu_factor(job, cluster) * line() + (0.0 if prefetch else pin_s(engine, job, cluster))
 
 
 def pin_s(engine: str, job: Job, cluster: Cluster) -> float:
-    """The lazy engine's pinning of its host buffer on cuda (as large as the rank's optimizer state, about its
-    checkpoint bytes) at ``pin_GBps`` (the cluster's measured pinning rate, unscaled); 0 elsewhere."""
+    """The pinning of a host buffer at set-up on cuda, for an engine whose ``CostTraits`` say it pins one (the lazy
+    engine: as large as the rank's optimizer state, about its checkpoint bytes), at ``pin_GBps`` (the cluster's
+    measured pinning rate, unscaled); 0 elsewhere."""
     return job.bytes_rank / (cluster.pin_GBps * GB) if cluster.device == "cuda" and cost_traits(engine).pins_at_setup \
         else 0.0
 
