@@ -150,11 +150,14 @@ def test_latest_is_a_pointer_not_the_only_truth(tiny_dp2_run, tmp_path):
 
 
 def test_a_phase_past_its_timeout_is_killed_whole_and_the_run_marked_failed(tmp_path):
+    """Rank 1 hangs before iteration 3 (rank 0 waits for it in the collective, up to --collective-timeout-s's 600 s),
+    so the train phase cannot end before its 4 s: the test does not depend on how fast the machine runs a tiny phase
+    (on 2026-12-07 the 2-core machine ran the whole tiny run in 7 s, and a timeout of 4 s alone no longer fired)."""
     import psutil
 
     before = {p.pid for p in psutil.process_iter()}
     proc, run_dir = run_study(tmp_path / "logs", "tiny", "tp1pp1dp2", "--dtype", "fp32", "--phase-timeout-s", "4",
-                              "--baseline-mib", "0")
+                              "--baseline-mib", "0", env={"RESTARTBENCH_FAULT": "hang-before-iteration:step=3:rank=1"})
     assert proc.returncode == 1
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "failed" and "timed out after 4 s" in meta["error"]
