@@ -82,9 +82,11 @@ TARGETS = (
     Target("run folder", ("restartbench/rundir.py",), ("tests/test_rundir.py", "tests/test_rundir_paths.py"), 0.9),
     Target("what-if fit", WHATIF_FIT_MODULES, WHATIF_TESTS, 0.9),
     Target("what-if prediction", ("restartbench/whatif/predict.py",), WHATIF_TESTS, 0.9),
-    # what the what-if reads of an engine beyond its files: its registry's traits, DCP's share-out of a stage module
+    # what the what-if reads of an engine beyond its files: its registry's traits, DCP's share-out of a stage module,
+    # the name an emulated run is listed under and the engine it stands for
     Target("what-if engine traits", ("restartbench/engines/__init__.py", "restartbench/engines/dcp/predict.py"),
-           WHATIF_TESTS, 0.9, ("*cost_traits*", "*module_split*", "*dedup_owners*")),
+           WHATIF_TESTS, 0.9, ("*cost_traits*", "*module_split*", "*dedup_owners*", "*listed_as*", "*is_emulated*",
+                               "*base_engine*")),
 )
 
 ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why

@@ -35,7 +35,7 @@ def run_emulation(cfg: RunConfig) -> int:
         return 0
     launcher = study.check_launcher(cfg, plan)
     run_dir = study.prepare_run_dir(cfg, plan, rendered)
-    meta = study.run_metadata(cfg, plan) | {"engine": engine_label(cfg.engine.engine),
+    meta = study.run_metadata(cfg, plan) | {"engine": engines.listed_as(cfg.engine.engine, emulated=True),
                                             "emulation": emulation_metadata(cfg, plan)}
     rundir.write_json(run_dir / rundir.METADATA, meta)
     say(f"run folder {run_dir} (emulated checkpoint I/O, no training)")
@@ -54,7 +54,7 @@ def plan_emulation(cfg: RunConfig) -> rundir.RunPlan:
     probe.launch.memory_check, probe.layout.nproc_per_node, probe.layout.nnodes = False, None, 1
     if not probe.paths.run_dir:  # <logs>/<preset>/<layout>/<engine>-emulated/<time>: apart from real runs
         probe.paths.run_dir = str(rundir.new_run_folder(probe.paths.logs, probe.model.preset, _layout_name(probe),
-                                                        engine_label(cfg.engine.engine)))
+                                                        engines.listed_as(cfg.engine.engine, emulated=True)))
     plan = study.plan_run(probe)
     if plan.remote:
         raise StudyError("--emulate writes its files to a local folder; give --checkpoint-dir a path, not an "
@@ -112,12 +112,6 @@ def _check_engine(cfg: RunConfig) -> None:
         raise StudyError(refusal)
 
 
-def engine_label(engine: str) -> str:
-    """The engine an emulated run is listed under (metadata.json, run folder), so that no table mixes it with real
-    runs of the engine."""
-    return f"{engine}-emulated"
-
-
 def _layout_name(cfg: RunConfig) -> str:
     try:
         return validate_layout(cfg.layout.layout, get_preset(cfg.model.preset)).name
@@ -135,7 +129,7 @@ def _processes(world_size: int, per_process: int, nnodes: int) -> int:
 
 def render(cfg: RunConfig, plan: rundir.RunPlan) -> Rendered:
     """The study's scripts, with restartbench.emulate as the program of every process."""
-    return render_run(cfg, plan, label=engine_label(cfg.engine.engine), entry=ENTRY)
+    return render_run(cfg, plan, label=engines.listed_as(cfg.engine.engine, emulated=True), entry=ENTRY)
 
 
 def emulation_metadata(cfg: RunConfig, plan: rundir.RunPlan) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from restartbench.whatif import tensors
 from restartbench.whatif.cluster import cluster_from_mapping
 from restartbench.whatif.fit import Fit, Limits
 from restartbench.whatif.predict import can_prefetch, checkpoint_parts
-from restartbench.whatif.terms import GB, Line, base_engine
+from restartbench.whatif.terms import GB, Line
 
 
 def _local() -> dict:
@@ -79,8 +79,16 @@ def test_an_emulated_run_has_its_engines_traits():
 
 
 def test_an_emulated_run_is_predicted_as_its_engine():
-    assert base_engine("lazy-emulated") == "lazy" and base_engine("dcp-async") == "dcp-async"
+    assert engines.base_engine("lazy-emulated") == "lazy" and engines.base_engine("dcp-async") == "dcp-async"
     assert can_prefetch("lazy-emulated") and not can_prefetch("torch-emulated")
+
+
+def test_an_emulated_run_is_listed_apart_from_its_engine_and_back():
+    listed = engines.listed_as("dcp-async", emulated=True)
+    assert listed == "dcp-async-emulated" and engines.is_emulated(listed)
+    assert engines.base_engine(listed) == "dcp-async"
+    assert engines.listed_as("dcp-async", emulated=False) == "dcp-async"
+    assert not engines.is_emulated("dcp-async")
 
 
 def test_a_module_is_written_by_every_replica_or_split_among_them_not_both():

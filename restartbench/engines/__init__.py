@@ -123,7 +123,7 @@ def converter(name: str) -> Converter | None:
 def cost_traits(name: str) -> CostTraits:
     """How the engine's save and load spend their time beyond its files (``EngineInfo.cost``); an emulated run's
     name (``torch-emulated``) stands for its engine's."""
-    return engine_info(name.removesuffix("-emulated")).cost
+    return engine_info(base_engine(name)).cost
 
 
 def module_split(name: str) -> ModuleSplit | None:
@@ -196,6 +196,25 @@ class NotEmulatedError(ValueError):
 def emulated_engines() -> list[str]:
     """Engines ``--emulate`` can go through."""
     return [name for name, info in _REGISTRY.items() if info.emulator]
+
+
+EMULATED_SUFFIX = "-emulated"
+
+
+def listed_as(engine: str, emulated: bool) -> str:
+    """The name a run of ``engine`` is listed under (metadata.json, run folder, the fit's engines): an emulated run's
+    is ``<engine>-emulated``, so that no table mixes it with real runs of the engine."""
+    return engine + EMULATED_SUFFIX if emulated else engine
+
+
+def is_emulated(listed: str) -> bool:
+    """Whether a listed name (``listed_as``) is an emulated run's."""
+    return listed.endswith(EMULATED_SUFFIX)
+
+
+def base_engine(listed: str) -> str:
+    """The engine a listed name stands for: ``torch-emulated`` → ``torch``."""
+    return listed.removesuffix(EMULATED_SUFFIX)
 
 
 def emulator_class(name: str) -> Any:

@@ -582,10 +582,9 @@ def fit_runs(runs_folder: Path, cases: tuple[Case, ...], done: list[dict], optio
     except fitting.FitError as error:
         raise CalibrationError(f"the fit refused: {error}") from error
     problems = [f"{engine}: {why}" for engine, why in fit.unfitted.items()]
-    asked = {c.engine if c.scale is None else f"{c.engine}-emulated" for c in cases}
+    asked = {c.listed_engine for c in cases}
     problems += [f"{engine}: no complete run was fitted; runs that would fit it: "
-                 + ", ".join(c.label for c in cases if (c.engine if c.scale is None else f"{c.engine}-emulated")
-                             == engine)
+                 + ", ".join(c.label for c in cases if c.listed_engine == engine)
                  for engine in sorted(asked - set(fit.engines) - set(fit.unfitted))]
     if problems:
         raise CalibrationError("too few runs to fit the model, so nothing is written: " + "; ".join(problems))

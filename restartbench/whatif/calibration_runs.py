@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from restartbench.engines import listed_as
 from restartbench.layout import parse_layout
 
 #: Options of every real run: fp32 (much faster than bf16 on CPUs without bf16 units), two checkpoints (the second's
@@ -45,6 +46,11 @@ class Case:
     def key(self) -> tuple[str, str, str, bool]:
         """What tells configurations apart: preset, layout, engine, emulated."""
         return (self.preset, self.layout, self.engine, self.scale is not None)
+
+    @property
+    def listed_engine(self) -> str:
+        """The engine its run is listed under (``engines.listed_as``)."""
+        return listed_as(self.engine, emulated=self.scale is not None)
 
     @property
     def label(self) -> str:
@@ -91,7 +97,7 @@ def matches(meta: dict, config: dict, case: Case) -> bool:
     emulation = config.get("emulation") or {}
     scale = emulation.get("emulate_scale") if emulation.get("emulate") else None
     per_process = int(emulation.get("ranks_per_process") or 1) if emulation.get("emulate") else 1
-    return (meta.get("preset") == case.preset and meta.get("engine") in (case.engine, f"{case.engine}-emulated")
+    return (meta.get("preset") == case.preset and meta.get("engine") == case.listed_engine
             and scale == case.scale and per_process == case.ranks_per_process
             and (config.get("layout") or {}).get("layout") == case.layout
             and int((config.get("layout") or {}).get("nnodes") or 1) == case.nodes)

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
-from restartbench.engines import cost_traits
+from restartbench.engines import cost_traits, is_emulated
 from restartbench.events import Event, read_events
 from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
@@ -89,7 +89,7 @@ class Fit:
 
     def real_engines(self) -> list[str]:
         """The engines fitted on real runs (not their ``-emulated`` lines): those a prediction can be made for."""
-        return [name for name in self.engines if not name.endswith("-emulated")]
+        return [name for name in self.engines if not is_emulated(name)]
 
     def engine(self, name: str) -> dict[str, Line]:
         if name in self.unfitted:
@@ -274,7 +274,7 @@ def with_own_times(table: pd.DataFrame) -> pd.DataFrame:
         return table
     table = table.copy()
     table["durable_clock_s"] = table.get("durable_rank_max_s")
-    rows = (table["kind"] == "checkpoint") & table["engine"].astype(str).str.endswith("-emulated")
+    rows = (table["kind"] == "checkpoint") & table["engine"].astype(str).map(is_emulated)
     for run, engine in table.loc[rows, ["run", "engine"]].drop_duplicates().itertuples(index=False):
         own = emulated_own_times(Path(run), engine)
         for index in table.index[rows & (table["run"] == run)]:
@@ -364,7 +364,7 @@ def fit_table(table: pd.DataFrame, limits: Limits, per_process: dict[str, int] |
         raise FitError("the calibration has no complete runs; runs that would fit the model: real runs of tiny and "
                        "small tp1pp1dp2 per engine, and emulated big checkpoints (bench/whatif_validation.py)")
     checkpoints, restarts = run_rows(with_own_times(table), limits, per_process or {}, cores_per_node, scales)
-    real = [r for r in restarts if not r["engine"].endswith("-emulated")]
+    real = [r for r in restarts if not is_emulated(r["engine"])]
     result = Fit(limits, calibrated_ranks=max((int(r["ranks"]) for r in real), default=1),
                  runs=sorted(set(table["run_id"])), cores_per_node=cores_per_node, device=_devices(table))
     for engine in sorted({r["engine"] for r in checkpoints}):
@@ -405,7 +405,7 @@ def _engine_terms(engine: str, checkpoints: list[dict], restarts: list[dict]) ->
                               ("files", "at_limit", *per_tensor), "restart_ckpt_load_s")}
     if cost_traits(engine).asynchronous:
         terms["slowdown"] = _slowdown(engine, checkpoints)
-    if not engine.endswith("-emulated"):
+    if not is_emulated(engine):
         terms["engine setup"] = fit_constant(f"{engine} engine setup", per_core(restarts, "restart_engine_setup_s"),
                                              "restart_engine_setup_s")
     return terms

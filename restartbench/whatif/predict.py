@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from restartbench import goodput
 from restartbench.config import RunConfig
-from restartbench.engines import cost_traits, engine_info
+from restartbench.engines import base_engine, cost_traits, engine_info
 from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, predict
 from restartbench.presets import get_preset
@@ -369,7 +369,7 @@ def _prefetched(parts: dict[str, dict], line: Line, engine: str, job: Job, clust
 
 def can_prefetch(engine: str) -> bool:
     """Whether the engine reads a relaunch's checkpoint beside the start-up when asked (``EngineInfo.prefetcher``)."""
-    return engine_info(terms.base_engine(engine)).prefetcher is not None
+    return engine_info(base_engine(engine)).prefetcher is not None
 
 
 def _largest(parts: dict[str, dict]) -> str:

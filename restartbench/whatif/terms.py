@@ -306,10 +306,5 @@ def iteration_estimate_s(params: float, tokens: float, gpus: int, cluster: Clust
     return 6.0 * params * tokens / (gpus * cluster.gpu_peak_tflops * 1e12 * cluster.mfu)
 
 
-def base_engine(engine: str) -> str:
-    """``torch-emulated`` → ``torch``."""
-    return engine.removesuffix("-emulated")
-
-
 def relative_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else math.inf

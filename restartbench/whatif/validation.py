@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from restartbench.analysis.columns import RESTART_PART_COLUMNS
+from restartbench.engines import base_engine, listed_as
 from restartbench.layout import validate_layout
 from restartbench.presets import get_preset
 from restartbench.whatif import terms
@@ -57,6 +58,11 @@ class RunSpec:
     prefetch: bool = False
     """The restart read the checkpoint beside the start-up (the lazy engine's --lazy-prefetch)."""
 
+    @property
+    def listed_engine(self) -> str:
+        """The engine the run is listed under (``engines.listed_as``): the fit's name for it."""
+        return listed_as(self.engine, emulated=self.scale is not None)
+
 
 def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
     first = rows.iloc[0]
@@ -64,7 +70,7 @@ def spec_from_rows(rows: pd.DataFrame, config: dict[str, Any]) -> RunSpec:
     emulated = bool(emulation.get("emulate"))
     iteration = first.get("iteration_s")
     return RunSpec(str(first["run_id"]), str(first["preset"]), str(first["layout"]),
-                   terms.base_engine(str(first["engine"])), str(first["dtype"]),
+                   base_engine(str(first["engine"])), str(first["dtype"]),
                    float(emulation["emulate_scale"]) if emulated else None,
                    int(emulation.get("ranks_per_process") or 1) if emulated else 1,
                    float(iteration) if pd.notna(iteration) else None,
@@ -125,7 +131,7 @@ def predicted_parts(spec: RunSpec, fit: Fit, cluster: Cluster) -> dict[str, floa
     job = job_of(spec, cluster)
     one_node = replace(nodes_on_one_host(cluster, job.nodes),
                        gpus_per_node=max(cluster.gpus_per_node, -(-job.ranks // job.nodes)))
-    label = spec.engine if spec.scale is None else f"{spec.engine}-emulated"
+    label = spec.listed_engine
     checkpoint = checkpoint_parts(label, job, fit, one_node)
     out = {"stall": checkpoint["stall"]["s"], "durable": checkpoint["durable"]["s"],
            "whole cost": checkpoint["cost"]["s"]}
@@ -163,7 +169,7 @@ def beside_measured(table: pd.DataFrame, cluster: Cluster, fit: Fit) -> pd.DataF
         config = json.loads((Path(group.iloc[0]["run"]) / "config.json").read_text())
         spec = spec_from_rows(group, config)
         ident = {"run_id": run_id, "preset": spec.preset, "layout": spec.layout,
-                 "engine": spec.engine + ("-emulated" if spec.scale is not None else "")}
+                 "engine": spec.listed_engine}
         try:
             predicted = predicted_parts(spec, fit, cluster)
         except (FitError, WhatIfError, ValueError) as error:
