@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from restartbench.engines import cost_traits  # noqa: E402
 from restartbench.layout import Layout  # noqa: E402
+from restartbench.memo import forget_memoised  # noqa: E402
 from restartbench.presets import get_preset  # noqa: E402
 from restartbench.whatif.predict import plan_for, planned_at, shape_of  # noqa: E402
 
@@ -44,21 +45,11 @@ def timed(preset: str, layout: Layout, engine: str, ranks: frozenset[int] | None
     params = get_preset(preset).param_count()
     seconds, shape = [], None
     for _ in range(repeats):
-        cold_caches()
+        forget_memoised()  # neither way times the other's leftovers
         start = time.perf_counter()
         shape = shape_of(plan_for(preset, layout.name, engine, ranks=ranks), layout, params)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds), shape
-
-
-def cold_caches() -> None:
-    """Empty restartbench's memoised results (the stage tensors per preset and layout, the model's layers), so that
-    neither way times the other's leftovers."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("restartbench"):
-            for value in list(vars(module).values()):
-                if callable(getattr(value, "cache_clear", None)):
-                    value.cache_clear()
 
 
 def measure(preset: str, tp: int, pp: int, dps: list[int], engines: list[str], repeats: int) -> list[dict]:

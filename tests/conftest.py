@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from restartbench.memo import forget_memoised
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,11 +83,7 @@ def pytest_sessionstart(session):
     """A session forked from a process that ran tests before (mutmut runs each mutant so, bench/mutation.py) starts
     with that process's memoised results: emptied, so the code under test runs (the what-if's tensors per stage,
     cached per preset and layout, otherwise hid every mutant of the function they call). A fresh process has none."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("restartbench"):
-            for value in list(vars(module).values()):
-                if callable(getattr(value, "cache_clear", None)):
-                    value.cache_clear()
+    forget_memoised()
 
 
 def pytest_configure(config):
