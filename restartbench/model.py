@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -166,10 +166,23 @@ def draw_threads() -> int:
     return cpu_share()
 
 
-@cache
+_DRAW_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
 def _draw_pool(threads: int) -> ThreadPoolExecutor:
-    """The process's pool of ``threads`` drawing threads, made on first use and kept (idle between draws)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="restartbench-draw")
+    """The process's pool of ``threads`` drawing threads, made on first use and kept (idle between draws) until
+    ``release_draw_threads``."""
+    if threads not in _DRAW_POOLS:
+        _DRAW_POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="restartbench-draw")
+    return _DRAW_POOLS[threads]
+
+
+def release_draw_threads() -> None:
+    """End the drawing threads, once the model is built. They are not daemons: left alive, they would make a rank
+    end through the interpreter's teardown (``launchers.end_process``), where an engine's compiled code may be
+    deleted under its own threads (DataStates'), after the rank's records are written."""
+    while _DRAW_POOLS:
+        _DRAW_POOLS.popitem()[1].shutdown(wait=True)
 
 
 def normal(seed: int, layer: int, name: str, shape: tuple[int, ...], start: int = 0, stop: int | None = None, *,

@@ -108,11 +108,17 @@ def time_out_new_groups(timeout_s: int) -> str:
 
 
 def init_distributed(backend: str, timeout_s: int) -> None:
+    """The process group, connected before this returns (within the caller's dist-init span). Gloo connects in
+    ``init_process_group``; NCCL at its first collective (DeepSpeed gives no ``device_id`` for an eager connect at
+    world size 1), which would otherwise be whichever the phase makes first: ``deepspeed.initialize``'s in training,
+    the harness's checkpoint check in a restore. One barrier here makes it the dist init's in both."""
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        torch.distributed.barrier(device_ids=[local_rank])
 
 
 def runtime_info() -> dict[str, Any]:

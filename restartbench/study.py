@@ -429,7 +429,7 @@ def run_phase(run_dir: Path, phase: str, command: list[str], timeout_s: float,
     for pump in pumps:  # the logs whole before the error summary reads them
         pump.join()
     if exit_code != 0 and error is None:
-        error = _error_summary(run_dir, phase, exit_code)
+        error = error_summary(run_dir, phase, exit_code)
     if error:
         say(f"phase {phase}: FAILED: {error}")
     return {"exit_code": exit_code, "wall_s": time.time() - start, "start": start, "error": error}
@@ -459,21 +459,23 @@ def _kill_tree(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
-    """What ended the phase: a rank's crash (a signal, reported by Python's fault handler) first, since the other
-    ranks' errors follow from it (gloo's 'Connection closed by peer'); else the first rank error recorded in the
-    events; else the last lines of stderr."""
+def error_summary(run_dir: Path, phase: str, exit_code: int) -> str:
+    """What ended the phase. A rank's crash (a signal, reported by Python's fault handler) first where a rank crashed
+    without recording why, since the other ranks' errors follow from it (gloo's 'Connection closed by peer'); where
+    every rank had recorded its end or its error, the first error recorded, the crash after it (a compiled library's
+    abort once the error was raised: DataStates' host tier, NCCL's watchdog); else the last lines of stderr."""
     events = read_events(run_dir, phase)
     stderr = rundir.phase_log(run_dir, phase, "stderr").read_text()
     crash = crashes.crash_report(stderr)
-    if crash:
-        spoke = {r["rank"] for r in events if r["event"] in (Event.PHASE_ERROR, Event.PHASE_END)}
-        silent = sorted({r["rank"] for r in events if r["event"] == Event.PROCESS_START} - spoke)
+    spoke = {r["rank"] for r in events if r["event"] in (Event.PHASE_ERROR, Event.PHASE_END)}
+    silent = sorted({r["rank"] for r in events if r["event"] == Event.PROCESS_START} - spoke)
+    recorded = next((r for r in events if r["event"] == Event.PHASE_ERROR), None)
+    if crash and (silent or recorded is None):
         who = ranks_label(silent) if silent else "a rank"
         return f"{who} crashed: {crash} (exit code {exit_code}; every thread's frames are in {phase}.stderr.log)"
-    for record in events:
-        if record["event"] == Event.PHASE_ERROR:
-            return f"rank {record['rank']}: {record['error']} (exit code {exit_code})"
+    if recorded is not None:
+        then = f"; then a rank crashed: {crash} (its frames are in {phase}.stderr.log)" if crash else ""
+        return f"rank {recorded['rank']}: {recorded['error']}{then} (exit code {exit_code})"
     tail = stderr.strip().splitlines()[-5:]
     return f"exit code {exit_code}; last lines of {phase}.stderr.log:\n    " + "\n    ".join(tail)
 

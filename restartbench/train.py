@@ -137,11 +137,13 @@ class RankRun:
     def _build_model(self, runtime: Any) -> Any:
         with self.log.span(Event.STARTUP_MODEL_BUILD):
             from restartbench.layout import Layout
-            from restartbench.model import build_pipeline_module
+            from restartbench.model import build_pipeline_module, release_draw_threads
 
             layout = Layout(**self.plan.layout)
-            return build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
-                                         activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
+            module = build_pipeline_module(runtime.preset_for(self.cfg), layout, seed=self.cfg.train.seed,
+                                           activation_checkpoint_interval=self.cfg.model.activation_checkpoint_interval)
+            release_draw_threads()
+            return module
 
     def _initialize(self, module: Any) -> None:
         """deepspeed.initialize, its stages and collectives timed (restartbench.ds_init_timing)."""

@@ -4,7 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+from restartbench import rundir
 from restartbench.crashes import crash_report
+from restartbench.events import Event, EventLog
+from restartbench.study import error_summary
 
 CRASH_IN_A_FUNCTION = """\
 Fatal Python error: Segmentation fault
@@ -54,3 +57,31 @@ def test_a_real_fault_handler_report_reads_back():
     report = crash_report(proc.stderr)
     assert report.startswith("Segmentation fault in string_at (__init__.py:")
     assert "< write_tensor (<string>:4)" in report
+
+
+def _phase(run_dir, stderr: str, errors: dict[int, str | None]) -> None:
+    """A train phase's records: each rank started, then recorded its error (or, for None, nothing more); its
+    stderr log."""
+    for rank, error in errors.items():
+        log = EventLog(run_dir, "train", rank)
+        log.emit(Event.PROCESS_START, start=0.0, duration_s=0.1)
+        if error is not None:
+            log.emit(Event.PHASE_ERROR, error=error)
+    rundir.phase_log(run_dir, "train", "stderr").parent.mkdir(parents=True, exist_ok=True)
+    rundir.phase_log(run_dir, "train", "stderr").write_text(stderr)
+
+
+def test_a_rank_that_crashed_without_a_word_is_named_first(tmp_path):
+    """The others' errors follow from its death (gloo's 'Connection closed by peer')."""
+    _phase(tmp_path, CRASH_IN_A_FUNCTION, {0: "RuntimeError: Connection closed by peer", 1: None})
+    assert error_summary(tmp_path, "train", 1).startswith("rank 1 crashed: Segmentation fault in string_at")
+
+
+def test_an_error_recorded_before_a_crash_is_the_phases_error_with_the_crash_after_it(tmp_path):
+    """A compiled library that aborts once the rank's error was raised (DataStates' host tier writing into a removed
+    folder, NCCL's watchdog) does not hide the error the rank recorded."""
+    aborted = CRASH_IN_A_FUNCTION.replace("Segmentation fault", "Aborted")
+    _phase(tmp_path, aborted, {0: "DataStatesConfigError: the host cache is too small"})
+    summary = error_summary(tmp_path, "train", 1)
+    assert summary.startswith("rank 0: DataStatesConfigError: the host cache is too small; then a rank crashed: "
+                              "Aborted in string_at"), summary

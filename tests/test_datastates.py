@@ -249,6 +249,7 @@ class _HostTierLike:
 
     def shutdown(self):
         """The handle's shutdown, which ``CkptEngine.__del__`` calls."""
+        self.shut_down = True
 
     def _write(self):
         while True:
@@ -405,6 +406,22 @@ def test_what_datastates_was_handed_is_kept_alive_until_its_writes_are_waited_fo
     assert torch.equal(engine.load(path)["optimizer_state_dict"]["state"][0]["step"], step)
     assert engine.handoff.handed == []  # let go once written
     engine.close()
+
+
+def test_datastates_objects_end_when_the_adapter_is_dropped_not_in_a_later_collection(vendored_datastates):
+    """DataStates' ``__del__``s (``Checkpointing``'s, and ``CkptEngine``'s, which shuts its compiled engine down) run
+    as the adapter is dropped: no reference cycle leaves them to a garbage collection at some later time, or to the
+    interpreter's teardown, where the compiled engine's tiers would be deleted under their running threads."""
+    engine = adapter.CheckpointEngine(_ds_config({"host_cache_size": 0.01}), 0)
+    inner = weakref.ref(engine.inner)
+    engine.close()
+    gc.disable()
+    try:
+        del engine
+        assert inner() is None
+        assert getattr(vendored_datastates.hosts[0], "shut_down", False)
+    finally:
+        gc.enable()
 
 
 def _deepspeed_engine_over(datastates, calls):

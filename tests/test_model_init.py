@@ -2,6 +2,8 @@
 (``model.normal``) gives the same bits whatever the thread count, and a tensor-parallel rank's weight is exactly
 its slice of the tp 1 weight, also where a rank's rows begin or end inside a chunk (then drawn whole and cut)."""
 
+import threading
+
 import pytest
 import torch
 
@@ -27,6 +29,22 @@ def test_draw_is_the_same_bits_for_any_thread_count(monkeypatch):
     assert not torch.equal(one, normal(5, 3, "k", shape, threads=1))  # another name, other values
     assert not torch.equal(one[:1000], one[1000:2000])  # every chunk its own generator
     assert one.std().item() == pytest.approx(model.INIT_STD, rel=0.05)
+
+
+def test_the_drawing_threads_end_once_released_and_a_later_draw_makes_them_again(monkeypatch):
+    """A rank's drawing threads (not daemons) end once its model is built (``train`` calls ``release_draw_threads``),
+    so that the rank can end without the interpreter's teardown; a later draw makes a pool again, with the same bits."""
+    monkeypatch.setattr(model, "DRAW_CHUNK", 1000)
+
+    def drawing() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("restartbench-draw") and t.is_alive()]
+
+    first = normal(5, 3, "q", (37, 250), threads=3)
+    assert drawing()
+    model.release_draw_threads()
+    assert drawing() == []
+    assert torch.equal(first, normal(5, 3, "q", (37, 250), threads=3))
+    model.release_draw_threads()
 
 
 @pytest.mark.parametrize("dim", [0, 1])

@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import os
 import threading
 import time
@@ -197,10 +196,12 @@ DRAIN_BYTES = 4096
 
 class FutureKeeper:
     """A thread pool that keeps the Future of every job submitted to it, so that its jobs can be waited for and their
-    errors seen. Everything else (``shutdown``, which ``Checkpointing.__del__`` calls) is the pool's own."""
+    errors seen; ``around`` (optional) runs each job as ``around(fn, *args)``. Everything else (``shutdown``, which
+    ``Checkpointing.__del__`` calls) is the pool's own."""
 
-    def __init__(self, pool: concurrent.futures.Executor):
+    def __init__(self, pool: concurrent.futures.Executor, around: Any = None):
         self.pool = pool
+        self.around = around
         self._lock = threading.Lock()
         self._futures: list[tuple[str, concurrent.futures.Future]] = []
 
@@ -208,7 +209,8 @@ class FutureKeeper:
         return getattr(self.pool, name)
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        future = self.pool.submit(fn, *args, **kwargs)
+        future = (self.pool.submit(fn, *args, **kwargs) if self.around is None
+                  else self.pool.submit(self.around, fn, *args, **kwargs))
         label = str(args[1]) if len(args) > 1 else getattr(fn, "__name__", repr(fn))  # save_background(state, path)
         with self._lock:
             self._futures.append((label, future))
@@ -273,13 +275,17 @@ class HandOverAfterOpen:
             del self.handed[:count]
 
     @classmethod
-    def install(cls, checkpointing: Any) -> HandOverAfterOpen:
-        """Put one in ``checkpointing`` (a ``datastates.llm.Checkpointing``): its ``ckpt_engine``, and its
-        ``save_background``, which its ``save`` queues on the pool (line 112), run through ``run``."""
+    def install(cls, checkpointing: Any) -> tuple[HandOverAfterOpen, FutureKeeper]:
+        """Put one in ``checkpointing`` (a ``datastates.llm.Checkpointing``) as its ``ckpt_engine``, and a
+        ``FutureKeeper`` as its pool, which runs the ``save_background`` jobs its ``save`` queues (line 112) through
+        ``run``. Nothing of it refers back to ``checkpointing``: no reference cycle keeps DataStates' objects (whose
+        ``__del__`` shuts its compiled engine down) alive past the adapter, for the garbage collector to end at some
+        later time or in the interpreter's teardown."""
         handoff = cls(checkpointing.ckpt_engine)
         checkpointing.ckpt_engine = handoff
-        checkpointing.save_background = functools.partial(handoff.run, checkpointing.save_background)
-        return handoff
+        jobs = FutureKeeper(checkpointing.executor, around=handoff.run)
+        checkpointing.executor = jobs
+        return handoff, jobs
 
 
 class CheckpointEngine:
@@ -294,9 +300,7 @@ class CheckpointEngine:
         self.cache_bytes = host_cache_bytes(deepspeed_config)
         self.rank = int(rank)
         self.inner = Checkpointing(deepspeed_config, rank)
-        self.handoff = HandOverAfterOpen.install(self.inner)
-        self.jobs = FutureKeeper(self.inner.executor)
-        self.inner.executor = self.jobs
+        self.handoff, self.jobs = HandOverAfterOpen.install(self.inner)
         self.last_path: str | None = None
 
     def save(self, state_dict: Any, path: str) -> Any:
