@@ -11,8 +11,9 @@ it out moves.
 
 Per item count N: a real ``dcp.save`` of N one-element tensors (keys as DeepSpeed's) in this process, then
 ``read_metadata`` timed ``repeats`` times, the median kept: with Python's garbage collector on, as in a load, and off
-(the share of the time that is collections). A bare process holds few objects: a training process holds many more,
-and each full collection visits them all, so this is a floor. The what-if's largest index is printed beside it (70B
+(the share of the time that is collections). Each full collection visits every object the process tracks: this
+process has imported torch and DeepSpeed, as a rank has (the count is recorded); a rank also holds its model, engine
+and optimizer, so its collections take at least this long. The what-if's largest index is printed beside it (70B
 tp8pp8 at 16,384 GPUs: dp 256). Nothing is written but the results and a scratch folder, removed.
 """
 
@@ -31,6 +32,7 @@ from results_io import ROOT, add_output_arguments, attempt_stem, heading, run_me
 
 sys.path.insert(0, str(ROOT))
 
+import deepspeed  # noqa: E402, F401 - its objects, which a rank holds and every full collection visits
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint import FileSystemReader  # noqa: E402
@@ -83,9 +85,11 @@ def markdown(result: dict) -> str:
     nearest = min(rows, key=lambda r: abs(r["items"] - largest["items"]))
     lines = [*heading("DCP's index read at a load", result["meta"]),
              f"`FileSystemReader.read_metadata()` of a real `dcp.save`'s `.metadata` (N one-element tensors), the "
-             f"median of {result['repeats']} reads in a bare process: what every rank of a DCP load does before it "
-             "reads a tensor. GC on = as a load runs; GC off = without Python's collections (their share). A training "
-             "process holds far more objects, which each full collection visits: these are floors.", "",
+             f"median of {result['repeats']} reads in a process that has imported torch and DeepSpeed, as a rank has "
+             f"({result['tracked_objects']:,} objects tracked by the garbage collector): what every rank of a DCP load "
+             "does before it reads a tensor. GC on = as a load runs; GC off = without Python's collections (their "
+             "share). A rank also holds its model, engine and optimizer, which each full collection visits too: "
+             "these are floors.", "",
              "| items | .metadata MB | read s (GC on) | µs per item | MB/s | read s (GC off) |",
              "|---|---|---|---|---|---|",
              *[f"| {r['items']:,} | {r['metadata_bytes'] / 1e6:.2f} | {r['read_s']:.3f} | {r['us_per_item']:.1f} | "
@@ -111,7 +115,8 @@ def main(argv: list[str]) -> None:
             rows.append(measure_one(items, Path(scratch), options.repeats))
             print(f"{items} items: {rows[-1]['read_s']:.3f} s ({rows[-1]['us_per_item']:.1f} µs per item)",
                   flush=True)
-    result = {"meta": meta, "repeats": options.repeats, "rows": rows, "largest": largest_index()}
+    result = {"meta": meta, "repeats": options.repeats, "rows": rows, "largest": largest_index(),
+              "tracked_objects": len(gc.get_objects())}
     write_results(options.out, result, markdown, attempt_stem(options.out, meta))
 
 
