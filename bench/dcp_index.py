@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, attempt_stem, heading, run_meta, write_results
+from results_io import ROOT, add_output_arguments, attempt_stem, heading, positive_ints, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -103,7 +103,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--items", default="1000,10000,90000",
+    parser.add_argument("--items", type=positive_ints, default="1000,10000,90000",
                         help="index sizes, comma-separated (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
     add_output_arguments(parser)
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> None:
     meta = run_meta("dcp-index", argv, options.machine)
     with tempfile.TemporaryDirectory(prefix="restartbench-dcp-index-") as scratch:
         rows = []
-        for items in (int(n) for n in options.items.split(",")):
+        for items in options.items:
             rows.append(measure_one(items, Path(scratch), options.repeats))
             print(f"{items} items: {rows[-1]['read_s']:.3f} s ({rows[-1]['us_per_item']:.1f} µs per item)",
                   flush=True)

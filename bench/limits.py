@@ -41,7 +41,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from results_io import ROOT, add_output_arguments, machine_line, run_meta, write_json_or_results
+from results_io import ROOT, add_output_arguments, machine_line, positive_ints, run_meta, write_json_or_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="fio (or dd) jobs at once: the ranks per node (default 2)")
     parser.add_argument("--mib-per-job", type=int, default=256, help="each job's file: a rank's share (MiB)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+    parser.add_argument("--sizes", type=positive_ints, default=[],
                         help="also the size experiment at these MiB per job (comma-separated)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here only (no results file)")
     parser.add_argument("--render", type=Path, default=None, help="write the Markdown of this result JSON again")

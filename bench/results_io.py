@@ -26,6 +26,17 @@ RESULTS = ROOT / "bench" / "results"
 GiB = 2**30
 
 
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers above 0 (``1000,10000``), refused in words otherwise."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers above 0, comma-separated, such as 4,32")
+    return values
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the result files (default: %(default)s)")
     parser.add_argument("--machine", default=None, help="name in the result file (default: GPU model or cpuN)")

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 
-from results_io import ROOT, add_output_arguments, attempt_stem, heading, run_meta, write_results
+from results_io import ROOT, add_output_arguments, attempt_stem, heading, positive_ints, run_meta, write_results
 
 sys.path.insert(0, str(ROOT))
 
@@ -101,13 +101,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--preset", default="70B")
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--pp", type=int, default=8)
-    parser.add_argument("--dps", default="4,32", help="data-parallel sizes, comma-separated (default %(default)s)")
+    parser.add_argument("--dps", type=positive_ints, default="4,32",
+                        help="data-parallel sizes, comma-separated (default %(default)s)")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeats", type=int, default=1)
     add_output_arguments(parser)
     options = parser.parse_args(argv)
     meta = run_meta("whatif-speed", argv, options.machine)
-    rows = measure(options.preset, options.tp, options.pp, [int(d) for d in options.dps.split(",")],
+    rows = measure(options.preset, options.tp, options.pp, options.dps,
                    options.engines.split(","), options.repeats)
     result = {"meta": meta, "preset": options.preset, "repeats": options.repeats, "rows": rows}
     write_results(options.out, result, markdown, attempt_stem(options.out, meta))
