@@ -135,6 +135,15 @@ def setup_for(cfg: RunConfig, step: int | None = None, scale: float = 1.0) -> Sh
                       folder=checkpoint_folder(cfg, base.name, layout.name), nnodes=cfg.layout.nnodes)
 
 
+def config_named(preset: str, layout: str, engine: str = "torch", dtype: str = "bf16") -> RunConfig:
+    """The run configuration of ``preset`` at ``layout`` through ``engine``, its checkpoints in ``/checkpoints``: a
+    fixed folder, since DCP pickles its path (docs/plan.md). What the what-if plans and measures a layout by."""
+    cfg = RunConfig()
+    cfg.model.preset, cfg.model.dtype, cfg.layout.layout, cfg.engine.engine = preset, dtype, layout, engine
+    cfg.storage.checkpoint_dir = "/checkpoints"
+    return cfg
+
+
 def checkpoint_folder(cfg: RunConfig, preset: str, layout: str) -> str:
     """Where a run of ``cfg`` puts its checkpoints, as ``study.plan_run`` resolves it: ``--checkpoint-dir``, else
     ``<run folder>/checkpoints``; a run folder not made yet is ``<logs>/<preset>/<layout>/<engine>/<time>`` with

@@ -13,7 +13,7 @@ from restartbench.whatif import calibrate as cal
 from restartbench.whatif import calibration_runs as runs
 from restartbench.whatif import cli
 from restartbench.whatif.cluster import load_cluster
-from restartbench.whatif.fit import read_fit
+from restartbench.whatif.fit import Fit, Limits, read_fit
 
 
 def _options(tmp_path: Path, **changes) -> cal.Options:
@@ -30,9 +30,10 @@ def _listing(root: Path) -> list[str]:
 def test_the_steps_probe_then_run_real_then_emulated_then_fit_then_write(tmp_path):
     steps = cal.plan_steps(_options(tmp_path), gpu_skip="no GPU here")
     kinds = [s.kind for s in steps]
-    assert kinds == ["probe"] * 3 + ["run"] * (len(steps) - 5) + ["fit", "write"]
+    assert kinds == ["probe"] * 4 + ["run"] * (len(steps) - 6) + ["fit", "write"]
     assert steps[0].name.startswith("storage limits (2 writers") and steps[1].name == "host copy"
     assert steps[2].name == "d2h" and steps[2].skip == "no GPU here" and steps[2].expected_s == 0
+    assert steps[3].name == "collective planner" and not steps[3].skip  # dcp is among the default engines
     runs = [s.case for s in steps if s.kind == "run"]
     real = [c for c in runs if c.scale is None]
     emulated = [c for c in runs if c.scale is not None]
@@ -48,6 +49,7 @@ def test_the_steps_probe_then_run_real_then_emulated_then_fit_then_write(tmp_pat
 def test_the_d2h_probe_runs_where_a_gpu_is_visible_and_engines_pick_the_runs(tmp_path):
     steps = cal.plan_steps(_options(tmp_path, engines=("lazy",)), gpu_skip="")
     assert steps[2].name == "d2h" and not steps[2].skip and steps[2].expected_s > 0
+    assert steps[3].name == "collective planner" and "no collective engine" in steps[3].skip
     assert {s.case.engine for s in steps if s.case} == {"lazy"}
     assert cal.probe_jobs(tuple(s.case for s in steps if s.case)) == 2
 
@@ -255,6 +257,21 @@ def test_too_few_runs_for_a_term_refuse_naming_the_term_and_the_runs_that_would_
                                                    r"files, bytes; runs that would fit it:.*different bytes"):
         cal.calibrate(options, steps)
     assert not options.out.exists() and not options.fit_path.exists() and not options.record_path.exists()
+
+
+@pytest.mark.parametrize(("engines", "per_item"), [(("dcp",), 4e-5), (("torch",), None)])
+def test_the_fit_file_takes_the_coordinators_rate_from_its_probe_where_it_ran(tmp_path, monkeypatch, engines,
+                                                                             per_item):
+    """Probes and fit stubbed: the collective planner's seconds per item go into the fit file; without a collective
+    engine the probe is skipped and the fit has none."""
+    options = _options(tmp_path, engines=engines)
+    steps = [s for s in cal.plan_steps(options, gpu_skip="cpu") if s.kind != "run"]
+    planner = {"per_item_s": 4e-5}
+    monkeypatch.setattr(cal, "run_probe", lambda step, options, jobs: planner if step.name == "collective planner"
+                        else STORAGE if step.name.startswith("storage") else COPY)
+    monkeypatch.setattr(cal, "fit_runs", lambda *a, **k: {"fit": Fit(Limits(0.5, 1.0, "s"), 2), "runs": []})
+    cal.calibrate(options, steps)
+    assert read_fit(options.fit_path).collective_plan_s_per_item == per_item
 
 
 # -- a real calibration ----------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_the_slurm_plan_adds_the_shared_probe_and_2_node_runs_beside_the_1_node_
     assert shared.kind == "probe" and shared.name.startswith("shared storage (2 nodes at once and one alone, 1 "
                                                              "writer(s) per node")
     assert shared.via == "srun --nodes 2 --ntasks-per-node 1" and shared.expected_s == cal.EXPECTED_S["shared storage"]
-    assert steps.index(shared) == 3 and steps[0].name.startswith("storage limits (2 writers")  # 1-node probe as before
+    assert steps.index(shared) == 4 and steps[0].name.startswith("storage limits (2 writers")  # after the 1-node probes
     cases = [s.case for s in runs]
     assert cases == [cal.Case("tiny", "tp1pp1dp2", "torch", nodes=2),
                      *(cal.Case("3B", "tp1pp1dp2", engine, cal.EMULATED_SCALES[-1], nodes=2)

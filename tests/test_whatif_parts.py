@@ -170,6 +170,35 @@ def test_an_asynchronous_engine_without_a_side_stream_slows_training_by_sigma_of
     assert parts["slowdown"]["bound"] == "interference with training" and parts["slowdown"]["assumed"] is True
 
 
+#: A collective save's coordinator: 1e6 items planned at 50 µs an item (the CPU share factor is 1).
+PLANNING = 50.0
+
+
+@pytest.mark.parametrize("engine", ["dcp", "dcp-async", "torch"])
+def test_a_collective_engines_coordinator_is_in_its_durable_time_and_a_synchronous_ones_stall(engine):
+    fit = replace(_fit(engines={name: _lines() for name in ("dcp", "dcp-async", "torch")}),
+                  collective_plan_s_per_item=PLANNING / 1e6)
+    parts = checkpoint_parts(engine, replace(JOB, items_planned=1e6), fit, LOCAL)
+    stall = PAGEABLE_D2H + HOST + (PLANNING if engine == "dcp" else 0.0)
+    durable = PAGEABLE_D2H + DURABLE_LOCAL + (PLANNING if engine != "torch" else 0.0)
+    assert parts["stall"]["s"] == pytest.approx(stall) and parts["durable"]["s"] == pytest.approx(durable)
+    # measured, as the copy out is: the spread is the lines' alone
+    assert _range(parts["stall"]) == pytest.approx((stall - 0.2 * HOST, stall + 0.3 * HOST))
+    assert _range(parts["durable"]) == pytest.approx((durable - 0.1 * DURABLE_LOCAL, durable + 0.5 * DURABLE_LOCAL))
+    planned = "the coordinator's planning (one process's CPU)"
+    assert (parts["stall"]["bound"] == planned) is (engine == "dcp")
+    assert (parts["durable"]["bound"] == planned) is (engine != "torch")
+    if engine == "dcp-async":  # planned on its save's thread, beside training
+        assert parts["slowdown"]["s"] == pytest.approx(SIGMA_CITED * (durable - stall))
+
+
+def test_a_fit_without_the_coordinators_rate_leaves_it_out():
+    fit = _fit(engines={"dcp": _lines()})
+    assert fit.collective_plan_s_per_item is None
+    parts = checkpoint_parts("dcp", replace(JOB, items_planned=1e6), fit, LOCAL)
+    assert parts["stall"]["s"] == pytest.approx(PAGEABLE_D2H + HOST)
+
+
 def test_on_cpu_the_slowdown_is_the_calibrations_sigma_with_its_spread():
     cpu = _cluster(storage="local", device="cpu")
     parts = checkpoint_parts("lazy", JOB, _fit(device="cpu"), cpu)

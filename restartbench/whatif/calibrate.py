@@ -9,7 +9,9 @@ A short, fixed set of steps (``plan_steps``), each printed with how long it took
 1. probes: the storage limits of the run folder's file system at the checkpoint's concurrency
    (``restartbench.whatif.limits.storage_limits``: fio and threaded buffered I/O, best method, min/median/max over
    the repeats), the host copy (``limits.host_copy_MBps``), and, where torch sees a CUDA device, its pinned and
-   pageable device-to-host copies and the cost of pinning (``limits.d2h_probe``; on a CPU machine skipped, with why);
+   pageable device-to-host copies and the cost of pinning (``limits.d2h_probe``; on a CPU machine skipped, with why),
+   and the seconds a collective engine's coordinator spends per item planned at a save (``limits.
+   collective_plan_probe``: DCP's, on every rank's plans of 70B tp8pp8dp8; skipped without dcp or dcp-async);
 2. real runs (``CALIBRATION`` by ``calibration_cases``): tiny and small on tp1pp1dp2 through each engine, tiny on
    tp1pp1dp4 (a second world size: distributed init's slope in ranks); each a whole study run (train, checkpoint,
    end, relaunch, restore, resume) through ``restartbench.cli``, as ``config-n-run.py`` runs it;
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from restartbench.engines import cost_traits
 from restartbench.layout import LayoutError
 from restartbench.progress import say
 from restartbench.whatif import cluster as clusters
@@ -85,7 +88,8 @@ CLUSTER_EXAMPLE = Path(__file__).resolve().parents[2] / "clusters" / "h100-pfs.y
 #: calibration (2026-11-26, two slurmd on this host, load 16 falling to 7): the shared probe 13 s; the 2-node tiny run
 #: 156 s and 2-node emulated 3B 136 s, each about 0.9 times its 1-node neighbour run minutes before it (179 s, 149 s)
 #: as the load fell, so taken as the 1-node figure plus a few seconds of sbatch and polling.
-EXPECTED_S = {"storage limits": 60.0, "host copy": 2.0, "d2h": 2.0, "fit": 15.0, "write": 1.0,
+EXPECTED_S = {"storage limits": 60.0, "host copy": 2.0, "d2h": 2.0, "collective planner": 10.0, "fit": 15.0,
+              "write": 1.0,
               "shared storage": 13.0,
               ("tiny", "tp1pp1dp2"): 32.0, ("small", "tp1pp1dp2"): 90.0, ("tiny", "tp1pp1dp4"): 60.0,
               (EMULATED_PRESET, EMULATED_LAYOUT): 35.0,
@@ -214,7 +218,8 @@ def plan_steps(options: Options, gpu_skip: str | None = None) -> list[Step]:
     steps = [Step(f"storage limits ({probe_jobs(one_node)} writers x {PROBE_MIB} MiB, {PROBE_REPEATS} repeats)",
                   "probe", EXPECTED_S["storage limits"]),
              Step("host copy", "probe", EXPECTED_S["host copy"]),
-             Step("d2h", "probe", EXPECTED_S["d2h"] if not gpu_skip else 0.0, skip=gpu_skip)]
+             Step("d2h", "probe", EXPECTED_S["d2h"] if not gpu_skip else 0.0, skip=gpu_skip),
+             _planner_step(options.engines)]
     multi = tuple(case for case in cases if case.nodes > 1)
     if multi:
         steps.append(Step(f"shared storage ({SLURM_NODES} nodes at once and one alone, {probe_jobs(multi)} writer(s) "
@@ -227,6 +232,15 @@ def plan_steps(options: Options, gpu_skip: str | None = None) -> list[Step]:
                    else "")
               for case in cases]
     return [*steps, Step("fit", "fit", EXPECTED_S["fit"]), Step("write", "write", EXPECTED_S["write"])]
+
+
+def _planner_step(engines: tuple[str, ...]) -> Step:
+    """The probe of a collective engine's coordinator (``limits.collective_plan_probe``), skipped where no engine
+    calibrated is collective (nothing would use it)."""
+    if any(cost_traits(engine).collective for engine in engines):
+        return Step("collective planner", "probe", EXPECTED_S["collective planner"])
+    return Step("collective planner", "probe", 0.0, skip="no collective engine (dcp, dcp-async) among the engines "
+                                                         "calibrated: none predicted needs its coordinator's rate")
 
 
 def _emulated_engines() -> tuple[str, ...]:
@@ -498,7 +512,9 @@ class _Calibration:
         shared = _find(self.figures, "shared storage", required=False)
         entry |= fit_runs(self.runs_folder, self.cases, self.record["steps"], self.options,
                           one_host=bool(shared and shared["one_host"]))
-        self.figures["fit"] = entry.pop("fit")
+        planner = _find(self.figures, "collective planner", required=False)
+        per_item = planner["per_item_s"] if planner else None
+        self.figures["fit"] = dataclasses.replace(entry.pop("fit"), collective_plan_s_per_item=per_item)
         return f"{len(entry['runs'])} runs fitted"
 
     def conclude(self, step: Step, entry: dict[str, Any]) -> str:
@@ -536,6 +552,8 @@ def run_probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
         return probes.storage_limits(options.logs / "probe", jobs=jobs, size_mib=PROBE_MIB, repeats=PROBE_REPEATS)
     if step.name == "host copy":
         return probes.host_copy_MBps(HOST_COPY_BYTES, jobs=jobs)
+    if step.name == "collective planner":
+        return probes.collective_plan_probe()
     if step.name == "d2h":
         try:
             return probes.d2h_probe(D2H_BYTES, D2H_REPEATS)

@@ -86,6 +86,11 @@ class Fit:
     without it was written before 2026-11-27 by bench/whatif_validation.py on the CPU machine, the only calibration
     until then: ``cpu``. A prediction for a cluster of another device says its figures rest on this one's
     (``restartbench.whatif.predict.device_note``)."""
+    collective_plan_s_per_item: float | None = None
+    """Seconds a collective engine's coordinator (DCP's rank 0) spends at each save per item every rank planned:
+    gathering the plans, deduplicating them, building and pickling the index (``restartbench.engines.dcp.coordinator``,
+    the calibration's ``collective planner`` probe). None: not measured (a fit file written before 2026-12-08, or a
+    calibration without a collective engine): the prediction leaves the coordinator out, and says so."""
 
     def real_engines(self) -> list[str]:
         """The engines fitted on real runs (not their ``-emulated`` lines): those a prediction can be made for."""
@@ -469,6 +474,7 @@ def _maybe_line(term: str, rows: list[dict], regressors: tuple[str, ...], target
 def to_json(fit: Fit) -> dict[str, Any]:
     return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
             "unfitted": fit.unfitted, "cores_per_node": fit.cores_per_node, "device": fit.device,
+            "collective_plan_s_per_item": fit.collective_plan_s_per_item,
             "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
             "startup": {t: asdict(line) for t, line in fit.startup.items()}}
 
@@ -480,7 +486,7 @@ def from_json(data: dict[str, Any]) -> Fit:
     return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
                {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
                {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}),
-               data.get("cores_per_node"), data.get("device", "cpu"))
+               data.get("cores_per_node"), data.get("device", "cpu"), data.get("collective_plan_s_per_item"))
 
 
 def write_fit(fit: Fit, path: Path) -> None:

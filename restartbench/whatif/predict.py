@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from restartbench import goodput
-from restartbench.config import RunConfig
 from restartbench.engines import base_engine, cost_traits, engine_info
 from restartbench.layout import Layout, LayoutError, validate_layout
-from restartbench.plan import CheckpointPlan, predict
+from restartbench.plan import CheckpointPlan, config_named, predict
 from restartbench.presets import get_preset
 from restartbench.whatif import tensors, terms
 from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster
@@ -71,11 +70,8 @@ class Shape:
 def plan_for(preset: str, layout: str, engine: str, dtype: str = "bf16", scale: float = 1.0,
              ranks: frozenset[int] | None = None) -> CheckpointPlan:
     """The checkpoint plan (``restartbench.plan.predict``) of one configuration, of ``ranks`` only where given."""
-    cfg = RunConfig()
-    cfg.model.preset, cfg.model.dtype, cfg.layout.layout, cfg.engine.engine = preset, dtype, layout, engine
-    cfg.storage.checkpoint_dir = "/checkpoints"  # DCP pickles the folder's path: a fixed one, as docs/plan.md
     try:
-        return predict(cfg, scale=scale, ranks=ranks)
+        return predict(config_named(preset, layout, engine, dtype), scale=scale, ranks=ranks)
     except LayoutError as error:
         raise WhatIfError(f"{preset} {layout}: {error}") from error
     except ValueError as error:
@@ -202,7 +198,8 @@ def job_for(shape: Shape, dp: int, per_node: int, per_process: int = 1) -> Job:
     return Job(ranks=len(ranks), nodes=nodes, concurrency=concurrency, bytes_rank=ranks[busiest].bytes,
                files_rank=ranks[busiest].files, bytes_node=node_bytes[node], files_node=node_files[node],
                params_rank=shape.params / (layout.tp * layout.pp), sequential=per_process, tensors_rank=held,
-               tensors_written=written, bytes_held=max(rank.own + rank.module for rank in ranks) + index)
+               tensors_written=written, items_planned=tensors.planned_items(shape.tensors, dp, shape.engine),
+               bytes_held=max(rank.own + rank.module for rank in ranks) + index)
 
 
 def check_fits(preset: str, layout: str, cluster: Cluster) -> Layout:
@@ -286,18 +283,21 @@ def checkpoint_parts(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[
 def _checkpoint_figures(engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[str, dict[str, Any]]:
     lines = fit.engine(engine)
     d2h = terms.d2h_s(engine, job, cluster)
-    stall = terms.stall_s(lines["stall"], engine, job, cluster)
-    written = terms.durable_s(lines["durable"], engine, job, cluster)
+    planning = terms.coordinator_s(fit.collective_plan_s_per_item, engine, job, cluster)
+    planning_waited = 0.0 if cost_traits(engine).asynchronous else planning
+    stall = terms.stall_s(lines["stall"], engine, job, cluster) + planning_waited
+    written = terms.durable_s(lines["durable"], engine, job, cluster) + planning
     durable = max(stall, written)
     fraction, sigma_line = _slowdown_fraction(engine, lines, cluster)
     beside = terms.side_stream(engine, cluster)
     slowdown = terms.slowdown_s(fraction, engine, stall, durable, copies=d2h if beside else 0.0)
     limit = terms.node_write_limit(cluster, job.nodes)
     in_stall = 0.0 if beside else d2h
-    stall_bound = "D2H" if in_stall > stall - in_stall else "host CPU (the engine's blocking path)"
+    stall_bound = _stall_bound(stall, in_stall, planning_waited)
     slowdown_bound = "D2H beside training (side stream)" if beside else "interference with training"
-    parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=in_stall),
-             "durable": part(durable, lines["durable"], limit.resource, fixed=d2h),
+    parts = {"stall": part(stall, lines["stall"], stall_bound, fixed=in_stall + planning_waited),
+             "durable": part(durable, lines["durable"], limit.resource if planning < written - planning
+                             else COORDINATOR, fixed=d2h + planning),
              "slowdown": part(slowdown, sigma_line, slowdown_bound, fixed=d2h if beside else 0.0)}
     if written < stall:  # durable no sooner than the save returns: the stall's figure, range and bound
         parts["durable"] = {**parts["stall"], "bound": f"{stall_bound}, durable as the save returns"}
@@ -305,6 +305,16 @@ def _checkpoint_figures(engine: str, job: Job, fit: Fit, cluster: Cluster) -> di
     parts["cost"] = {"s": stall + slowdown, **spread,
                      "bound": stall_bound if stall >= slowdown else slowdown_bound, **UNMARKED}
     return parts
+
+
+COORDINATOR = "the coordinator's planning (one process's CPU)"
+
+
+def _stall_bound(stall: float, d2h: float, planning: float) -> str:
+    """What bounds a stall of ``stall`` s, of which ``d2h`` the copy out of the GPU and ``planning`` a collective
+    engine's coordinator: the largest of those two and the engine's host-side path."""
+    shares = {"host CPU (the engine's blocking path)": stall - d2h - planning, "D2H": d2h, COORDINATOR: planning}
+    return max(shares, key=shares.__getitem__)
 
 
 def _slowdown_fraction(engine: str, lines: dict[str, Line], cluster: Cluster) -> tuple[float, Line | None]:

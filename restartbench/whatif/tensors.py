@@ -37,11 +37,10 @@ from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from restartbench.config import RunConfig
 from restartbench.engines import cost_traits, harness_state, module_split
 from restartbench.engines.dcp.predict import tensor_saved_size
 from restartbench.layout import Layout
-from restartbench.plan import setup_for
+from restartbench.plan import config_named, setup_for
 from restartbench.shards import training_states
 
 #: (pipeline stage, tensor-parallel rank) → (module tensors, optimizer tensors) of one rank there.
@@ -100,10 +99,7 @@ def _first_replicas(preset: str, layout: str, dtype: str,
                     scale: float) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
     """((stage, tp rank), its tensors by the harness state's keys) of data-parallel rank 0 at each stage and tp rank,
     on meta tensors."""
-    cfg = RunConfig()
-    cfg.model.preset, cfg.model.dtype, cfg.layout.layout = preset, dtype, layout
-    cfg.storage.checkpoint_dir = "/checkpoints"  # the folder's path changes no tensor
-    setup = setup_for(cfg, scale=scale)
+    setup = setup_for(config_named(preset, layout, dtype=dtype), scale=scale)
     tp, pp, dp = setup.layout.tp, setup.layout.pp, setup.layout.dp
     first = {(stage * dp) * tp + t for stage in range(pp) for t in range(tp)}  # DeepSpeed's axes: pipe, data, model
     for _, coord, state in training_states(setup, first):
@@ -172,6 +168,15 @@ def index_items(counts: StageTensors, dp: int) -> int:
     """The items DCP's ``.metadata`` indexes at data-parallel ``dp``: each stage module's tensors once (the replicas
     share them) and every rank's optimizer tensors and its own object (the harness state's skeleton)."""
     return sum(module + dp * (optimizer + 1) for module, optimizer in counts.values())
+
+
+def planned_items(counts: StageTensors, dp: int, engine: str) -> int:
+    """The items every rank plans at data-parallel ``dp`` in a collective engine's save, which its coordinator gathers
+    and deduplicates (DCP: ``restartbench.engines.dcp.coordinator``): each rank's module and optimizer tensors and
+    its own object. 0 for an engine whose ranks save alone, and without counts."""
+    if not counts or not cost_traits(engine).collective:
+        return 0
+    return sum(dp * (module + optimizer + 1) for module, optimizer in counts.values())
 
 
 def busiest(counts: StageTensors, module: StageModule, layout: Layout, engine: str) -> tuple[int, int]:

@@ -34,6 +34,12 @@ Checkpoint:
   iterations they overlap, and the first optimizer step after them waits for what is left (an upper bound where
   the iteration's compute hides them: on one H100 at 1B, 1.0-1.2× the D2H at iterations of 0.18-0.20 s, 0.26× at
   0.38 s; bench/results/*-h100-gpu-engines-1B-lazy*.json).
+- ``coordinator``: a ``collective`` engine's save (DCP) has its coordinator gather every rank's plan, deduplicate them
+  and build the index alone while the other ranks wait: ``c·u·items_planned``, ``u`` the calibration machine's
+  seconds per item planned (its ``collective planner`` probe, ``restartbench.engines.dcp.coordinator``). It grows with
+  the ranks: 48,832 items at 70B tp8pp8dp8, 1.56 million at dp 256 (16,384 GPUs). In the stall of a synchronous
+  engine, and in the durable time of both (an asynchronous engine plans on its save's thread). The fitted lines hold
+  the calibration runs' own coordinator (a few hundred items: milliseconds).
 - whole cost = stall + slowdown.
 
 CPU share (``cpu_share_factor``): the stall's host-side line and the start-up parts named in ``CPU_BOUND`` are CPU
@@ -114,6 +120,9 @@ class Job:
     tensors_written: float = 0.0
     """The most tensors a rank writes at a save (``restartbench.whatif.tensors``: DCP spreads the replicas' module
     tensors over them)."""
+    items_planned: float = 0.0
+    """The items every rank plans at a save of a collective engine (``restartbench.whatif.tensors.planned_items``),
+    which its coordinator gathers and deduplicates alone; 0 for the others."""
     bytes_held: float | None = None
     """The most checkpoint bytes a rank reads into place at a load, where they are not ``bytes_rank``: a DCP rank
     holds its whole stage module, which its replicas wrote in shares, and reads the whole ``.metadata``."""
@@ -213,6 +222,15 @@ def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
     return d2h_s(engine, job, cluster) + job_cpu_factor(job, cluster) * line(files=job.files_rank,
                                                                              bytes=job.bytes_rank,
                                                                              tensors=job.tensors_written)
+
+
+def coordinator_s(per_item_s: float | None, engine: str, job: Job, cluster: Cluster) -> float:
+    """A collective engine's coordinator at a save: ``c·u·items_planned``, ``u`` the calibration's seconds per item
+    planned (``Fit.collective_plan_s_per_item``; 0 where it has none), ``c`` the CPU share factor (rank 0's process
+    among the node's). 0 for an engine whose ranks save alone."""
+    if not cost_traits(engine).collective or per_item_s is None:
+        return 0.0
+    return job_cpu_factor(job, cluster) * per_item_s * job.items_planned
 
 
 def side_stream(engine: str, cluster: Cluster) -> bool:
