@@ -40,10 +40,11 @@ from restartbench.engines.dcp import engine as dcp_engine
 from restartbench.layout import Layout
 from restartbench.shards import ShardSetup, training_states
 
-PROBE = ("70B", "tp8pp8dp8", "bf16")
-"""What a calibration measures: 70B tp8pp8dp8, 512 ranks planning 48,832 items, about 10 s on the study's 2-CPU
-machine (most of it the plans on meta tensors); seconds per item held within 10 % from there to dp 256 (1.56 million
-items) there (``bench/results/*-dcp-coordinator.md``)."""
+PROBE = ("70B", "tp8pp8dp32", "bf16")
+"""What a calibration measures: 70B tp8pp8dp32, 2,048 ranks planning 195,328 items, about 15 s on the study's 2-CPU
+machine. There the seconds per item fell as the items grew, most of them Python's garbage collections: 55 µs at dp 8,
+48 µs at dp 32, 44 µs at dp 256 (1.56 million items; ``bench/results/2026-12-08-cpu2-dcp-coordinator.md``), so the
+rate at dp 32 overstates 16,384 GPUs by about a tenth."""
 
 
 def local_plans(setup: ShardSetup) -> dict[tuple[int, int, int], Any]:
