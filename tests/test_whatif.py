@@ -14,7 +14,7 @@ from whatif_cases import H100, JOB, h100_cluster, h100_raw
 from restartbench.layout import Layout
 from restartbench.whatif import cli, terms
 from restartbench.whatif.cluster import ClusterError, cluster_from_mapping, load_cluster
-from restartbench.whatif.fit import FitError, Limits, fit_line, fit_table, from_json, to_json, write_fit
+from restartbench.whatif.fit import Fit, FitError, Limits, fit_line, fit_table, from_json, to_json, write_fit
 from restartbench.whatif.predict import (
     Shape,
     WhatIfError,
@@ -23,6 +23,7 @@ from restartbench.whatif.predict import (
     checkpoint_parts,
     device_note,
     job_for,
+    left_out,
     predict_engine,
     whatif,
 )
@@ -232,6 +233,13 @@ def test_the_job_places_ranks_on_nodes_and_scales_the_optimizer_share_with_dp():
     assert (wider.bytes_node, wider.files_node, wider.params_rank) == (180, 7, 500)
 
 
+def test_a_prediction_of_dcp_from_a_fit_without_the_coordinators_rate_says_it_is_left_out():
+    fit = Fit(LIMITS, calibrated_ranks=2)
+    assert "coordinator" in left_out(["torch", "dcp"], fit)[0] and "--calibrate" in left_out(["dcp-async"], fit)[0]
+    assert left_out(["torch", "lazy"], fit) == []
+    assert left_out(["dcp", "dcp-async"], replace(fit, collective_plan_s_per_item=4e-5)) == []
+
+
 def _fit_file(tmp_path: Path) -> Path:
     fit = fit_table(pd.concat([_synthetic(e) for e in ("torch", "lazy")]).assign(
         run_id=lambda f: f["engine"] + f["run_id"]), LIMITS)
@@ -258,6 +266,7 @@ def test_the_command_prints_json_and_refuses_bad_input_writing_nothing(tmp_path,
     assert 0 < torch["goodput"]["goodput_pct"] < 100 and torch["bytes_per_node"] >= torch["bytes_per_rank"]
     assert {row["gpus"] for row in result["scale"]} == {2**k for k in range(3, 15)}
     assert any(row["assumed"] for row in result["scale"]) and "shared_write_GBps" in result["assumed"]
+    assert result["left_out"] == [] and "left out: x" in cli.render_text({**result, "left_out": ["x"]})
     assert not any(e["prefetched"] for e in result["engines"])
     assert cli.main(["tiny", "tp2pp2dp2", "--cluster", str(cluster_file), "--engines", "torch,lazy", "--json",
                      "--prefetch"]) == 0

@@ -180,6 +180,7 @@ def render_text(result: dict[str, Any]) -> str:
     if result["assumed"]:
         lines += ["assumed (cited, not measured here):"]
         lines += [f"  {name}: {source}" for name, source in result["assumed"].items()]
+    lines += [f"left out: {what}" for what in result["left_out"]]
     lines += ["", "goodput against scale (the layout's tp and pp, dp grown):"]
     lines += [f"  {row['gpus']:>6} GPUs {row['layout']:<14} {row['engine']:<10} goodput {row['goodput_pct']:.2f} % "
               f"[{row['goodput_pct_low']:.2f}–{row['goodput_pct_high']:.2f}]{' (assumed)' if row['assumed'] else ''}"

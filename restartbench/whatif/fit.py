@@ -90,7 +90,8 @@ class Fit:
     """Seconds a collective engine's coordinator (DCP's rank 0) spends at each save per item every rank planned:
     gathering the plans, deduplicating them, building and pickling the index (``restartbench.engines.dcp.coordinator``,
     the calibration's ``collective planner`` probe). None: not measured (a fit file written before 2026-12-08, or a
-    calibration without a collective engine): the prediction leaves the coordinator out, and says so."""
+    calibration without a collective engine): the prediction leaves the coordinator out, and says so
+    (``restartbench.whatif.predict.left_out``)."""
 
     def real_engines(self) -> list[str]:
         """The engines fitted on real runs (not their ``-emulated`` lines): those a prediction can be made for."""

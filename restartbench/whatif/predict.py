@@ -481,7 +481,7 @@ def whatif(preset: str, layout: str, engines: list[str], cluster: Cluster, fit: 
     return {"preset": preset, "layout": resolved.name, "cluster": cluster.name, "cluster_file": cluster.path,
             "device": cluster.device, "storage": cluster.storage, "dtype": dtype,
             "iteration_s": iteration, "iteration_basis": how, "failures_per_gpu_hour": failures_per_gpu_hour,
-            "assumed": assumed_fields(cluster, fit), "engines": results,
+            "assumed": assumed_fields(cluster, fit), "left_out": left_out(engines, fit), "engines": results,
             "scale": scale_sweep(preset, resolved, shapes, cluster, fit, failures_per_gpu_hour, iteration_s,
                                  prefetch)}
 
@@ -512,6 +512,15 @@ def scale_sweep(preset: str, layout: Layout, shapes: dict[str, Shape], cluster: 
 
 def _iteration(preset: str, layout: Layout, given: float | None) -> Iteration:
     return lambda on: iteration_s_for(preset, layout, on, given)[0]
+
+
+def left_out(engines: list[str], fit: Fit) -> list[str]:
+    """What the prediction of ``engines`` leaves out for want of a measurement in ``fit``."""
+    if fit.collective_plan_s_per_item is None and any(cost_traits(engine).collective for engine in engines):
+        return ["a collective engine's coordinator at each save (dcp's stall, its durable time and dcp-async's): the "
+                "fit has no 'collective planner' probe; calibrate again with dcp among --engines "
+                "(python -m restartbench.whatif --calibrate)"]
+    return []
 
 
 def assumed_fields(cluster: Cluster, fit: Fit | None = None) -> dict[str, str]:

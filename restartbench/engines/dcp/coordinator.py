@@ -12,7 +12,7 @@ save pays it: in ``dcp``'s stall, in ``dcp-async``'s background save (its planni
 state on meta tensors, as ``restartbench.engines.dcp.predict`` plans them) of data-parallel ranks 0 and 1 of every
 stage and tensor rank; the other replicas' plans are rank 1's with its own namespace renamed (a replica's plan
 differs from another's only there: ZeRO-1's partitions are equal), which gives DCP's own global plan of every rank's
-own plans, item by item (``tests/test_bench_dcp_coordinator.py``). Timed in the calling process, with Python's
+own plans, item by item (``tests/test_dcp_coordinator.py``). Timed in the calling process, with Python's
 garbage collector as it is:
 
 - gather: unpickling every rank's plan (``gather_object`` sends each pickled);
