@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What DCP's coordinator (rank 0) does alone at each save, as the data-parallel size grows.
+"""What DCP's coordinator (rank 0) does alone at each save and each load, as the data-parallel size grows.
 
     python bench/dcp_coordinator.py [--preset 70B] [--layout tp8pp8] [--dps 8,32,256]
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import pickle
 import resource
 import sys
 
@@ -24,20 +25,31 @@ sys.path.insert(0, str(ROOT))
 
 import deepspeed  # noqa: E402, F401 - its objects, which a rank holds and every full collection visits
 
-from restartbench.engines.dcp.coordinator import coordinator, gathered, local_plans  # noqa: E402
+from restartbench.engines.dcp.coordinator import (  # noqa: E402
+    coordinator,
+    gathered,
+    load_coordinator,
+    local_load_plans,
+    local_plans,
+)
 from restartbench.layout import Layout, parse_layout  # noqa: E402
 from restartbench.plan import config_named, setup_for  # noqa: E402
 
 
 def measure(preset: str, layout: Layout, dtype: str) -> dict:
-    blobs = gathered(local_plans(setup_for(config_named(preset, layout.name, "dcp", dtype))), layout)
+    setup = setup_for(config_named(preset, layout.name, "dcp", dtype))
+    blobs = gathered(local_plans(setup), layout)
     gc.collect()
     row = {"layout": layout.name, "gpus": layout.world_size, **coordinator(blobs),
            "tracked_objects": len(gc.get_objects())}
+    loads = gathered(local_load_plans(setup, pickle.loads(row.pop("index"))), layout)
+    gc.collect()
+    row |= load_coordinator(loads)
     gc.collect()
     gc.disable()
     try:
         row["coordinator_s_gc_off"] = coordinator(blobs)["coordinator_s"]
+        row["load_coordinator_s_gc_off"] = load_coordinator(loads)["load_coordinator_s"]
     finally:
         gc.enable()
     row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
@@ -63,7 +75,16 @@ def markdown(result: dict) -> str:
                f"{r['metadata_bytes'] / 1e6:.1f} | {r['gather_s']:.2f} | {r['global_plan_s']:.2f} | "
                f"{r['scatter_s']:.2f} | {r['finish_s']:.2f} | {r['coordinator_s']:.2f} | "
                f"{r['per_item_s'] * 1e6:.1f} | {r['coordinator_s_gc_off']:.2f} | {r['index_read_s']:.2f} | "
-               f"{r['peak_rss_gb']:.1f} |" for r in rows]]
+               f"{r['peak_rss_gb']:.1f} |" for r in rows], "",
+             "At a load of that checkpoint (`dcp.load`): the coordinator gathers every rank's load plan (a read item "
+             "per tensor the rank holds), makes the global plan and scatters the plans back, while the others wait. "
+             "In the restart's checkpoint load.", "",
+             "| layout | GPUs | items planned | gather s | global plan s | scatter s | coordinator s | µs per item | "
+             "GC off s |",
+             "|---|---|---|---|---|---|---|---|---|",
+             *[f"| {r['layout']} | {r['gpus']:,} | {r['load_items']:,} | {r['load_gather_s']:.2f} | "
+               f"{r['load_global_plan_s']:.2f} | {r['load_scatter_s']:.2f} | {r['load_coordinator_s']:.2f} | "
+               f"{r['load_per_item_s'] * 1e6:.1f} | {r['load_coordinator_s_gc_off']:.2f} |" for r in rows]]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ coordinator DCP's own global plan of every rank's own plans, item by item, and t
 import pickle
 
 import pytest
+from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from restartbench.engines import harness_state
@@ -27,6 +28,24 @@ def every_rank_planned(preset: str, layout: Layout) -> list[bytes]:
         planner.set_up_planner(state_dict=flat, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
         plans.append(pickle.dumps(planner.create_local_plan()))
     return plans
+
+
+def every_rank_load_planned(preset: str, layout: Layout, metadata) -> list[list[tuple]]:
+    """Every rank's own local load plan of ``metadata``'s checkpoint, in rank order: each item's (destination,
+    storage) keys and offsets."""
+    setup = setup_for(config_named(preset, layout.name, "dcp"))
+    plans = []
+    for _, coord, state in training_states(setup):
+        live = dcp_engine.flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data)
+        template = dcp_engine.load_template(metadata, live, coord.pipe, coord.model, coord.data)
+        plans.append(read_items(create_default_local_load_plan(template, metadata, True)))
+    return plans
+
+
+def read_items(plan) -> list[tuple]:
+    """Its items as (destination key, storage key, lengths), in key order: a replica's plan follows the index's
+    order, in which its own keys stand elsewhere than rank 1's (the order costs the coordinator nothing)."""
+    return sorted(((item.dest_index, item.storage_index, tuple(item.lengths)) for item in plan.items), key=str)
 
 
 def global_plan(blobs: list[bytes]) -> tuple[list[list[str]], int]:
@@ -64,3 +83,17 @@ def test_the_what_if_counts_the_items_the_coordinator_gathers_at_any_dp():
     assert job_for(shape, dp=8, per_node=8).items_planned == at_8["local_items"] == 2 * planned_items(
         shape.tensors, 4, "dcp")
     assert planned_items(shape.tensors, 8, "torch") == 0 and planned_items({}, 8, "dcp") == 0
+
+
+def test_load_plans_made_from_rank_1_are_every_ranks_own():
+    layout = Layout(2, 2, 4)
+    setup = setup_for(config_named("tiny", layout.name, "dcp"))
+    planner = dcp_engine.save_planner()
+    planner.set_up_planner(state_dict={}, is_coordinator=True)
+    _, metadata = planner.create_global_plan([pickle.loads(blob) for blob in
+                                              coordinator.gathered(coordinator.local_plans(setup), layout)])
+    made = coordinator.gathered(coordinator.local_load_plans(setup, metadata), layout)
+    assert [read_items(pickle.loads(blob)) for blob in made] == every_rank_load_planned("tiny", layout, metadata)
+    row = coordinator.load_coordinator(made)
+    assert row["load_items"] == planned_items(shapes_for("tiny", layout, ["dcp"])["dcp"].tensors, 4, "dcp")
+    assert row["load_per_item_s"] == pytest.approx(row["load_coordinator_s"] / row["load_items"])

@@ -237,7 +237,9 @@ def test_a_prediction_of_dcp_from_a_fit_without_the_coordinators_rate_says_it_is
     fit = Fit(LIMITS, calibrated_ranks=2)
     assert "coordinator" in left_out(["torch", "dcp"], fit)[0] and "--calibrate" in left_out(["dcp-async"], fit)[0]
     assert left_out(["torch", "lazy"], fit) == []
-    assert left_out(["dcp", "dcp-async"], replace(fit, collective_plan_s_per_item=4e-5)) == []
+    assert left_out(["dcp"], replace(fit, collective_plan_s_per_item=4e-5)) != []  # the load's still missing
+    measured = replace(fit, collective_plan_s_per_item=4e-5, collective_load_plan_s_per_item=1e-5)
+    assert left_out(["dcp", "dcp-async"], measured) == []
 
 
 def _fit_file(tmp_path: Path) -> Path:

@@ -259,19 +259,20 @@ def test_too_few_runs_for_a_term_refuse_naming_the_term_and_the_runs_that_would_
     assert not options.out.exists() and not options.fit_path.exists() and not options.record_path.exists()
 
 
-@pytest.mark.parametrize(("engines", "per_item"), [(("dcp",), 4e-5), (("torch",), None)])
+@pytest.mark.parametrize(("engines", "per_item"), [(("dcp",), (4e-5, 1e-5)), (("torch",), (None, None))])
 def test_the_fit_file_takes_the_coordinators_rate_from_its_probe_where_it_ran(tmp_path, monkeypatch, engines,
                                                                              per_item):
-    """Probes and fit stubbed: the collective planner's seconds per item go into the fit file; without a collective
-    engine the probe is skipped and the fit has none."""
+    """Probes and fit stubbed: the collective planner's seconds per item at a save and at a load go into the fit
+    file; without a collective engine the probe is skipped and the fit has neither."""
     options = _options(tmp_path, engines=engines)
     steps = [s for s in cal.plan_steps(options, gpu_skip="cpu") if s.kind != "run"]
-    planner = {"per_item_s": 4e-5}
+    planner = {"per_item_s": 4e-5, "load_per_item_s": 1e-5}
     monkeypatch.setattr(cal, "run_probe", lambda step, options, jobs: planner if step.name == "collective planner"
                         else STORAGE if step.name.startswith("storage") else COPY)
     monkeypatch.setattr(cal, "fit_runs", lambda *a, **k: {"fit": Fit(Limits(0.5, 1.0, "s"), 2), "runs": []})
     cal.calibrate(options, steps)
-    assert read_fit(options.fit_path).collective_plan_s_per_item == per_item
+    fit = read_fit(options.fit_path)
+    assert (fit.collective_plan_s_per_item, fit.collective_load_plan_s_per_item) == per_item
 
 
 # -- a real calibration ----------------------------------------------------------------------------------------

@@ -192,6 +192,17 @@ def test_a_collective_engines_coordinator_is_in_its_durable_time_and_a_synchrono
         assert parts["slowdown"]["s"] == pytest.approx(SIGMA_CITED * (durable - stall))
 
 
+@pytest.mark.parametrize(("engine", "planning"), [("dcp", 20.0), ("dcp-async", 20.0), ("torch", 0.0)])
+def test_a_collective_engines_load_waits_for_its_coordinator(engine, planning):
+    fit = replace(_fit(engines={name: _lines() for name in ("dcp", "dcp-async", "torch")}),
+                  collective_load_plan_s_per_item=20.0 / 1e6)
+    without = restart_parts(engine, JOB, fit, LOCAL, iteration_s=1.0)["ckpt load"]
+    load = restart_parts(engine, replace(JOB, items_planned=1e6), fit, LOCAL, iteration_s=1.0)["ckpt load"]
+    assert load["s"] == pytest.approx(without["s"] + planning)
+    assert _range(load) == pytest.approx((without["low_s"] + planning, without["high_s"] + planning))
+    assert load["bound"] == ("the coordinator's planning (one process's CPU)" if planning else without["bound"])
+
+
 def test_a_fit_without_the_coordinators_rate_leaves_it_out():
     fit = _fit(engines={"dcp": _lines()})
     assert fit.collective_plan_s_per_item is None

@@ -10,7 +10,7 @@ A short, fixed set of steps (``plan_steps``), each printed with how long it took
    (``restartbench.whatif.limits.storage_limits``: fio and threaded buffered I/O, best method, min/median/max over
    the repeats), the host copy (``limits.host_copy_MBps``), and, where torch sees a CUDA device, its pinned and
    pageable device-to-host copies and the cost of pinning (``limits.d2h_probe``; on a CPU machine skipped, with why),
-   and the seconds a collective engine's coordinator spends per item planned at a save (``limits.
+   and the seconds a collective engine's coordinator spends per item planned at a save and at a load (``limits.
    collective_plan_probe``: DCP's, on every rank's plans of 70B tp8pp8dp32; skipped without dcp or dcp-async);
 2. real runs (``CALIBRATION`` by ``calibration_cases``): tiny and small on tp1pp1dp2 through each engine, tiny on
    tp1pp1dp4 (a second world size: distributed init's slope in ranks); each a whole study run (train, checkpoint,
@@ -512,9 +512,10 @@ class _Calibration:
         shared = _find(self.figures, "shared storage", required=False)
         entry |= fit_runs(self.runs_folder, self.cases, self.record["steps"], self.options,
                           one_host=bool(shared and shared["one_host"]))
-        planner = _find(self.figures, "collective planner", required=False)
-        per_item = planner["per_item_s"] if planner else None
-        self.figures["fit"] = dataclasses.replace(entry.pop("fit"), collective_plan_s_per_item=per_item)
+        planner = _find(self.figures, "collective planner", required=False) or {}
+        self.figures["fit"] = dataclasses.replace(entry.pop("fit"),
+                                                  collective_plan_s_per_item=planner.get("per_item_s"),
+                                                  collective_load_plan_s_per_item=planner.get("load_per_item_s"))
         return f"{len(entry['runs'])} runs fitted"
 
     def conclude(self, step: Step, entry: dict[str, Any]) -> str:

@@ -92,6 +92,9 @@ class Fit:
     the calibration's ``collective planner`` probe). None: not measured (a fit file written before 2026-12-08, or a
     calibration without a collective engine): the prediction leaves the coordinator out, and says so
     (``restartbench.whatif.predict.left_out``)."""
+    collective_load_plan_s_per_item: float | None = None
+    """The same at a load (``dcp.load``): the coordinator gathers every rank's load plan and scatters it back, seconds
+    per item planned (a rank plans a read of each tensor it holds). None as above."""
 
     def real_engines(self) -> list[str]:
         """The engines fitted on real runs (not their ``-emulated`` lines): those a prediction can be made for."""
@@ -476,6 +479,7 @@ def to_json(fit: Fit) -> dict[str, Any]:
     return {"limits": asdict(fit.limits), "calibrated_ranks": fit.calibrated_ranks, "runs": fit.runs,
             "unfitted": fit.unfitted, "cores_per_node": fit.cores_per_node, "device": fit.device,
             "collective_plan_s_per_item": fit.collective_plan_s_per_item,
+            "collective_load_plan_s_per_item": fit.collective_load_plan_s_per_item,
             "engines": {e: {t: asdict(line) for t, line in terms.items()} for e, terms in fit.engines.items()},
             "startup": {t: asdict(line) for t, line in fit.startup.items()}}
 
@@ -487,7 +491,8 @@ def from_json(data: dict[str, Any]) -> Fit:
     return Fit(Limits(**data["limits"]), data["calibrated_ranks"],
                {e: {t: line(v) for t, v in terms.items()} for e, terms in data["engines"].items()},
                {t: line(v) for t, v in data["startup"].items()}, data["runs"], data.get("unfitted", {}),
-               data.get("cores_per_node"), data.get("device", "cpu"), data.get("collective_plan_s_per_item"))
+               data.get("cores_per_node"), data.get("device", "cpu"), data.get("collective_plan_s_per_item"),
+               data.get("collective_load_plan_s_per_item"))
 
 
 def write_fit(fit: Fit, path: Path) -> None:

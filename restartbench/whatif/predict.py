@@ -340,7 +340,6 @@ def _restart_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteratio
     prefetch = prefetch and can_prefetch(engine)
     s, lines = fit.startup, fit.engine(engine)
     dist = terms.dist_init_s(s["dist init"], job, cluster, fit.calibrated_ranks)
-    read = terms.node_read_limit(cluster, job.nodes)
     setup_line = lines.get("engine setup") or Line(0.0)
     first = s["1st iter ratio"].intercept * iteration_s
     parts = {
@@ -353,7 +352,7 @@ def _restart_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteratio
                         "start-up (host CPU)"),
         "engine setup": part(terms.engine_setup_s(setup_line, engine, job, cluster, prefetch), setup_line,
                              "pinning" if terms.pin_s(engine, job, cluster) and not prefetch else "start-up"),
-        "ckpt load": part(terms.load_s(lines["load"], job, cluster), lines["load"], read.resource),
+        "ckpt load": _load_part(lines["load"], engine, job, fit, cluster),
         "1st iter": part(first, s["1st iter ratio"], "compute"),
         "gaps": part(terms.startup_s(s["gaps"], job, cluster), s["gaps"], "start-up"),
     }
@@ -362,6 +361,15 @@ def _restart_figures(engine: str, job: Job, fit: Fit, cluster: Cluster, iteratio
     parts["total"] = {"s": sum(p["s"] for p in parts.values()), "low_s": sum(p["low_s"] for p in parts.values()),
                       "high_s": sum(p["high_s"] for p in parts.values()), "bound": _largest(parts), **UNMARKED}
     return parts
+
+
+def _load_part(line: Line, engine: str, job: Job, fit: Fit, cluster: Cluster) -> dict[str, Any]:
+    """The checkpoint load: the load line and a collective engine's coordinator (measured: no spread), bound by the
+    node's read limit or by the coordinator where it is the larger share."""
+    planning = terms.coordinator_s(fit.collective_load_plan_s_per_item, engine, job, cluster)
+    read = terms.load_s(line, job, cluster)
+    bound = COORDINATOR if planning > read else terms.node_read_limit(cluster, job.nodes).resource
+    return part(read + planning, line, bound, fixed=planning)
 
 
 def _prefetched(parts: dict[str, dict], line: Line, engine: str, job: Job, cluster: Cluster) -> dict[str, Any]:
@@ -516,10 +524,11 @@ def _iteration(preset: str, layout: Layout, given: float | None) -> Iteration:
 
 def left_out(engines: list[str], fit: Fit) -> list[str]:
     """What the prediction of ``engines`` leaves out for want of a measurement in ``fit``."""
-    if fit.collective_plan_s_per_item is None and any(cost_traits(engine).collective for engine in engines):
-        return ["a collective engine's coordinator at each save (dcp's stall, its durable time and dcp-async's): the "
-                "fit has no 'collective planner' probe; calibrate again with dcp among --engines "
-                "(python -m restartbench.whatif --calibrate)"]
+    measured = fit.collective_plan_s_per_item is not None and fit.collective_load_plan_s_per_item is not None
+    if not measured and any(cost_traits(engine).collective for engine in engines):
+        return ["a collective engine's coordinator at each save and load (dcp's stall, the durable time and the "
+                "checkpoint load of dcp and dcp-async): the fit has no 'collective planner' probe; calibrate again "
+                "with dcp among --engines (python -m restartbench.whatif --calibrate)"]
     return []
 
 

@@ -39,7 +39,8 @@ Checkpoint:
   seconds per item planned (its ``collective planner`` probe, ``restartbench.engines.dcp.coordinator``). It grows with
   the ranks: 48,832 items at 70B tp8pp8dp8, 1.56 million at dp 256 (16,384 GPUs). In the stall of a synchronous
   engine, and in the durable time of both (an asynchronous engine plans on its save's thread). The fitted lines hold
-  the calibration runs' own coordinator (a few hundred items: milliseconds).
+  the calibration runs' own coordinator (a few hundred items: milliseconds). A load's coordinator (``dcp.load``
+  gathers every rank's read plan and scatters it back) adds ``c·u_load·items_planned`` to the checkpoint load.
 - whole cost = stall + slowdown.
 
 CPU share (``cpu_share_factor``): the stall's host-side line and the start-up parts named in ``CPU_BOUND`` are CPU
@@ -225,9 +226,10 @@ def stall_s(line: Line, engine: str, job: Job, cluster: Cluster) -> float:
 
 
 def coordinator_s(per_item_s: float | None, engine: str, job: Job, cluster: Cluster) -> float:
-    """A collective engine's coordinator at a save: ``c·u·items_planned``, ``u`` the calibration's seconds per item
-    planned (``Fit.collective_plan_s_per_item``; 0 where it has none), ``c`` the CPU share factor (rank 0's process
-    among the node's). 0 for an engine whose ranks save alone."""
+    """A collective engine's coordinator at a save or a load: ``c·u·items_planned``, ``u`` the calibration's seconds
+    per item planned (``Fit.collective_plan_s_per_item`` or ``collective_load_plan_s_per_item``; 0 where it has
+    none), ``c`` the CPU share factor (rank 0's process among the node's). 0 for an engine whose ranks save and load
+    alone."""
     if not cost_traits(engine).collective or per_item_s is None:
         return 0.0
     return job_cpu_factor(job, cluster) * per_item_s * job.items_planned

@@ -1,4 +1,4 @@
-"""What DCP's coordinator (rank 0) does alone at each save, timed on this machine's CPU.
+"""What DCP's coordinator (rank 0) does alone at each save and each load, timed on this machine's CPU.
 
 ``dcp.save`` is collective: every rank plans its items, the coordinator gathers the plans, deduplicates them (each
 stage-module tensor the data-parallel replicas share is written by one of them) and builds the checkpoint's
@@ -20,9 +20,15 @@ garbage collector as it is:
 - scatter: pickling every rank's global plan;
 - finish: unpickling every rank's write results (one per item it writes), then pickling the Metadata with them.
 
+A ``dcp.load`` is collective too: every rank reads ``.metadata`` and plans what it reads (a ReadItem per tensor it
+holds), and the coordinator gathers the plans, makes the global plan (DCP's default keeps each rank's) and scatters
+them back while the others wait. ``load_coordinator`` times those three steps on every rank's load plans of the
+checkpoint just planned (``local_load_plans``, replicas made from rank 1's as for the save): the restart's part of it.
+
 Not timed: the collectives' transfers (the network's), and each rank's own planning (the what-if's per-tensor term).
-The what-if takes its seconds per item planned (``per_item_s``) from a calibration (``PROBE``) and multiplies them by
-the items every rank plans at the target's size (``restartbench.whatif.tensors.planned_items``).
+The what-if takes the seconds per item planned (``per_item_s``, ``load_per_item_s``) from a calibration (``PROBE``) and
+multiplies them by the items every rank plans at the target's size (``restartbench.whatif.tensors.planned_items``:
+a rank reads back what it holds, so a load plans as many).
 
 torch and DeepSpeed are imported inside the functions: importing this module is cheap.
 """
@@ -68,13 +74,37 @@ def replica_ranks(layout: Layout) -> set[int]:
             for pipe in range(layout.pp) for model in range(layout.tp) for data in (0, 1)}
 
 
+def local_load_plans(setup: ShardSetup, metadata: Any) -> dict[tuple[int, int, int], Any]:
+    """{(pipe, model, data): the rank's local LoadPlan} of the checkpoint ``metadata`` indexes, for data-parallel ranks
+    0 and 1 of each stage and tp rank, each loading into its own state (``dcp_engine.load_template``). Planned as the
+    study's unflattened ``DefaultLoadPlanner`` plans (``create_default_local_load_plan``, strict), without its
+    ``set_up_planner``, which would make each meta tensor a real one on the default device."""
+    from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+
+    plans = {}
+    for _, coord, state in training_states(setup, ranks=replica_ranks(setup.layout)):
+        live = dcp_engine.flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data)
+        template = dcp_engine.load_template(metadata, live, coord.pipe, coord.model, coord.data)
+        plans[coord.pipe, coord.model, coord.data] = create_default_local_load_plan(template, metadata, True)
+    return plans
+
+
 def renamed(plan: Any, pipe: int, model: int, data: int) -> Any:
-    """Data-parallel rank 1's plan as replica ``data``'s: its own namespace's items renamed."""
+    """Data-parallel rank 1's plan (a save's or a load's) as replica ``data``'s: its own namespace's items renamed."""
+    from torch.distributed.checkpoint.planner import ReadItem
+
     _, own = dcp_engine.namespaces(pipe, model, 1)
     _, theirs = dcp_engine.namespaces(pipe, model, data)
-    items = [replace(item, index=replace(item.index, fqn=theirs + item.index.fqn.removeprefix(own)))
-             if item.index.fqn.startswith(own + "/") else item for item in plan.items]
-    return replace(plan, items=items)
+
+    def index(of: Any) -> Any:
+        return replace(of, fqn=theirs + of.fqn.removeprefix(own)) if of.fqn.startswith(own + "/") else of
+
+    def item(of: Any) -> Any:
+        if isinstance(of, ReadItem):
+            return replace(of, dest_index=index(of.dest_index), storage_index=index(of.storage_index))
+        return replace(of, index=index(of.index))
+
+    return replace(plan, items=[item(of) for of in plan.items])
 
 
 def gathered(plans: dict[tuple[int, int, int], Any], layout: Layout) -> list[bytes]:
@@ -114,7 +144,8 @@ def timed(step: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def coordinator(blobs: list[bytes]) -> dict[str, Any]:
-    """The coordinator's steps on the gathered plans, each timed, and what they handled."""
+    """The coordinator's steps at a save on the gathered plans, each timed, and what they handled; ``index`` is the
+    pickled ``.metadata``."""
     planner = dcp_engine.save_planner()
     planner.set_up_planner(state_dict={}, is_coordinator=True)
     local, gather_s = timed(lambda: [pickle.loads(blob) for blob in blobs])
@@ -134,10 +165,26 @@ def coordinator(blobs: list[bytes]) -> dict[str, Any]:
             "index_items": len(metadata.state_dict_metadata), "gathered_bytes": sum(map(len, blobs)),
             "scattered_bytes": sum(map(len, scattered)), "metadata_bytes": len(index), "gather_s": gather_s,
             "global_plan_s": global_s, "scatter_s": scatter_s, "finish_s": finish_s, "coordinator_s": total,
-            "per_item_s": total / planned, "index_read_s": read_s}
+            "per_item_s": total / planned, "index_read_s": read_s, "index": index}
+
+
+def load_coordinator(blobs: list[bytes]) -> dict[str, Any]:
+    """The coordinator's steps at a load on the gathered load plans, each timed: unpickling every rank's plan, the
+    global plan (DCP's default load planner and FileSystemReader keep each rank's), pickling every rank's plan back."""
+    planner = dcp_engine.load_planner()
+    local, gather_s = timed(lambda: [pickle.loads(blob) for blob in blobs])
+    plans, global_s = timed(lambda: planner.create_global_plan(local))
+    _, scatter_s = timed(lambda: [pickle.dumps(plan) for plan in plans])
+    planned = sum(len(plan.items) for plan in local)
+    total = gather_s + global_s + scatter_s
+    return {"load_items": planned, "load_gather_s": gather_s, "load_global_plan_s": global_s,
+            "load_scatter_s": scatter_s, "load_coordinator_s": total, "load_per_item_s": total / planned}
 
 
 def measure(setup: ShardSetup) -> dict[str, Any]:
-    """``coordinator`` on every rank's plans of the checkpoint ``setup`` describes."""
-    return {"preset": setup.preset.name, "layout": setup.layout.name, "gpus": setup.layout.world_size,
-            **coordinator(gathered(local_plans(setup), setup.layout))}
+    """``coordinator`` on every rank's plans of the checkpoint ``setup`` describes, then ``load_coordinator`` on
+    every rank's plans to load that checkpoint back (without the pickled index)."""
+    saved = coordinator(gathered(local_plans(setup), setup.layout))
+    metadata = pickle.loads(saved.pop("index"))
+    return {"preset": setup.preset.name, "layout": setup.layout.name, "gpus": setup.layout.world_size, **saved,
+            **load_coordinator(gathered(local_load_plans(setup, metadata), setup.layout))}
