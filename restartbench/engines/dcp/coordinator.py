@@ -47,10 +47,10 @@ from restartbench.layout import Layout
 from restartbench.shards import ShardSetup, training_states
 
 PROBE = ("70B", "tp8pp8dp32", "bf16")
-"""What a calibration measures: 70B tp8pp8dp32, 2,048 ranks planning 195,328 items, about 15 s on the study's 2-CPU
-machine. There the seconds per item fell as the items grew, most of them Python's garbage collections: 55 µs at dp 8,
-48 µs at dp 32, 44 µs at dp 256 (1.56 million items; ``bench/results/2026-12-08-cpu2-dcp-coordinator.md``), so the
-rate at dp 32 overstates 16,384 GPUs by about a tenth."""
+"""What a calibration measures: 70B tp8pp8dp32, 2,048 ranks planning 195,328 items, about 25 s on the study's 2-CPU
+machine. There the seconds per item fell a little as the items grew, most of them the gather's unpickling and
+Python's garbage collections: at a save 46 µs at dp 8, 43 µs at dp 32, 42 µs at dp 256 (1.56 million items), at a
+load 34, 29 and 29 µs (``bench/results/2026-12-08-cpu2-dcp-coordinator.md``)."""
 
 
 def local_plans(setup: ShardSetup) -> dict[tuple[int, int, int], Any]:
