@@ -52,7 +52,7 @@ PLAN_SIZE_FUNCTIONS = ("*CheckpointPlan*", "*zero_partition*", "*payload_bytes*"
 WHATIF_FIT_MODULES = tuple(f"restartbench/whatif/{name}.py" for name in ("terms", "fit", "tensors"))
 WHATIF_TESTS = (*(f"tests/test_whatif{suffix}.py" for suffix in ("", "_calibrate", "_tensors", "_cpu_share", "_gpu",
                                                                  "_validation", "_parts", "_fit_terms")),
-                "tests/test_engine_cost_traits.py")
+                "tests/test_engine_cost_traits.py", "tests/test_dcp_coordinator.py")
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,12 @@ def test_the_job_places_ranks_on_nodes_and_scales_the_optimizer_share_with_dp():
 
 def test_a_prediction_of_dcp_from_a_fit_without_the_coordinators_rate_says_it_is_left_out():
     fit = Fit(LIMITS, calibrated_ranks=2)
-    assert "coordinator" in left_out(["torch", "dcp"], fit)[0] and "--calibrate" in left_out(["dcp-async"], fit)[0]
+    said = left_out(["torch", "dcp"], fit)
+    assert len(said) == 1 and said == left_out(["dcp-async"], fit)
+    assert said[0].startswith("a collective engine's coordinator at each save and load")
+    assert "the durable time and the checkpoint load of dcp and dcp-async" in said[0]
+    assert "'collective planner' probe; calibrate again with dcp among --engines" in said[0]
+    assert said[0].endswith("(python -m restartbench.whatif --calibrate)")
     assert left_out(["torch", "lazy"], fit) == []
     assert left_out(["dcp"], replace(fit, collective_plan_s_per_item=4e-5)) != []  # the load's still missing
     measured = replace(fit, collective_plan_s_per_item=4e-5, collective_load_plan_s_per_item=1e-5)
