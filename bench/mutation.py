@@ -87,6 +87,16 @@ TARGETS = (
     Target("what-if engine traits", ("restartbench/engines/__init__.py", "restartbench/engines/dcp/predict.py"),
            WHATIF_TESTS, 0.9, ("*cost_traits*", "*module_split*", "*dedup_owners*", "*listed_as*", "*is_emulated*",
                                "*base_engine*")),
+    # the lazy engine's file format, and the pure pieces of its load into another layout (which elements each file
+    # holds, merged into read runs and batches; the saved files' headers checked); the rest of the reshard runs only
+    # under torchrun, where its multi-rank round trips prove it exact and mutmut sees no coverage
+    Target("lazy format and reshard",
+           ("restartbench/engines/lazy/format.py", "restartbench/engines/lazy/reshard.py"),
+           ("tests/test_engine_lazy_units.py", "tests/test_engine_lazy.py", "tests/test_engine_lazy_reshard.py"), 0.9,
+           ("restartbench.engines.lazy.format.*", *(f"restartbench.engines.lazy.reshard.{name}*" for name in (
+               "x_layout_name", "x_model_file", "x_optim_file", "x_saved_sizes", "x_saved_slices", "x_slice_runs",
+               "x_merge_runs", "x_partition_pieces", "x_batches", "x_piece_runs", "xǁSavedFilesǁ_check",
+               "xǁSavedFilesǁheader")))),
 )
 
 ACCEPTED_DIR = ROOT / "bench" / "mutation_accepted"  # <target slug>.yaml: survivors judged equivalent, and why
