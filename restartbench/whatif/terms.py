@@ -123,7 +123,7 @@ class Job:
     tensors over them)."""
     items_planned: float = 0.0
     """The items every rank plans at a save of a collective engine (``restartbench.whatif.tensors.planned_items``),
-    which its coordinator gathers and deduplicates alone; 0 for the others."""
+    which its coordinator gathers and deduplicates alone, and as many at a load (a read of each); 0 for the others."""
     bytes_held: float | None = None
     """The most checkpoint bytes a rank reads into place at a load, where they are not ``bytes_rank``: a DCP rank
     holds its whole stage module, which its replicas wrote in shares, and reads the whole ``.metadata``."""
