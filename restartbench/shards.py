@@ -417,6 +417,14 @@ class TrainingState:
         self.global_samples = setup.step * micro * accum * setup.layout.dp
 
 
+def two_replicas(layout: Layout) -> frozenset[int]:
+    """Data-parallel ranks 0 and 1 of each pipeline stage and tensor rank (DeepSpeed's axes: pipe, data, model): what
+    is planned of a layout where the other replicas are as rank 1 (a per-rank engine's files in the what-if, DCP's
+    plans in its coordinator's measurement)."""
+    return frozenset((pipe * layout.dp + data) * layout.tp + model
+                     for pipe in range(layout.pp) for model in range(layout.tp) for data in (0, 1))
+
+
 def training_states(setup: ShardSetup, ranks: set[int] | None = None) -> Iterator[tuple[int, Any, TrainingState]]:
     """(rank, coordinates, training state on meta tensors) of every rank, or of ``ranks`` only."""
     dtype = model_dtype(setup)

@@ -21,13 +21,8 @@ def every_rank_planned(preset: str, layout: Layout) -> list[bytes]:
     """Every rank's own local plan, pickled, in rank order (what a real gather receives)."""
     setup = setup_for(config_named(preset, layout.name, "dcp"))
     writer = FileSystemWriter(f"{setup.folder}/{setup.tag}")
-    plans = []
-    for rank, coord, state in training_states(setup):
-        planner = dcp_engine.save_planner()
-        flat = dcp_engine.flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data)
-        planner.set_up_planner(state_dict=flat, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
-        plans.append(pickle.dumps(planner.create_local_plan()))
-    return plans
+    return [pickle.dumps(dcp_engine.rank_save_planner(state, coord, writer.storage_meta(), rank == 0)
+                         .create_local_plan()) for rank, coord, state in training_states(setup)]
 
 
 def every_rank_load_planned(preset: str, layout: Layout, metadata) -> list[list[tuple]]:

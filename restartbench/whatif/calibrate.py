@@ -10,8 +10,9 @@ A short, fixed set of steps (``plan_steps``), each printed with how long it took
    (``restartbench.whatif.limits.storage_limits``: fio and threaded buffered I/O, best method, min/median/max over
    the repeats), the host copy (``limits.host_copy_MBps``), and, where torch sees a CUDA device, its pinned and
    pageable device-to-host copies and the cost of pinning (``limits.d2h_probe``; on a CPU machine skipped, with why),
-   and the seconds a collective engine's coordinator spends per item planned at a save and at a load (``limits.
-   collective_plan_probe``: DCP's, on every rank's plans of 70B tp8pp8dp32; skipped without dcp or dcp-async);
+   and the seconds a collective engine's coordinator spends per item planned at a save and at a load
+   (``restartbench.engines.dcp.coordinator``: DCP's, on every rank's plans of 70B tp8pp8dp32; skipped without dcp or
+   dcp-async);
 2. real runs (``CALIBRATION`` by ``calibration_cases``): tiny and small on tp1pp1dp2 through each engine, tiny on
    tp1pp1dp4 (a second world size: distributed init's slope in ranks); each a whole study run (train, checkpoint,
    end, relaunch, restore, resume) through ``restartbench.cli``, as ``config-n-run.py`` runs it;
@@ -56,7 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.engines import cost_traits
+from restartbench.engines.dcp import coordinator
 from restartbench.layout import LayoutError
+from restartbench.plan import config_named, setup_for
 from restartbench.progress import say
 from restartbench.whatif import cluster as clusters
 from restartbench.whatif import fit as fitting
@@ -235,7 +238,7 @@ def plan_steps(options: Options, gpu_skip: str | None = None) -> list[Step]:
 
 
 def _planner_step(engines: tuple[str, ...]) -> Step:
-    """The probe of a collective engine's coordinator (``limits.collective_plan_probe``), skipped where no engine
+    """The probe of a collective engine's coordinator (``coordinator.PROBE``), skipped where no engine
     calibrated is collective (nothing would use it)."""
     if any(cost_traits(engine).collective for engine in engines):
         return Step("collective planner", "probe", EXPECTED_S["collective planner"])
@@ -553,8 +556,9 @@ def run_probe(step: Step, options: Options, jobs: int) -> dict[str, Any]:
         return probes.storage_limits(options.logs / "probe", jobs=jobs, size_mib=PROBE_MIB, repeats=PROBE_REPEATS)
     if step.name == "host copy":
         return probes.host_copy_MBps(HOST_COPY_BYTES, jobs=jobs)
-    if step.name == "collective planner":
-        return probes.collective_plan_probe()
+    if step.name == "collective planner":  # DCP's coordinator on this machine's CPU: per item planned
+        preset, layout, dtype = coordinator.PROBE
+        return coordinator.measure(setup_for(config_named(preset, layout, "dcp", dtype)))
     if step.name == "d2h":
         try:
             return probes.d2h_probe(D2H_BYTES, D2H_REPEATS)

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from restartbench.baseline import BaselineError, evict, measure
-from restartbench.engines.dcp import coordinator
-from restartbench.plan import config_named, setup_for
 
 MB = 1e6
 MiB = 2**20
@@ -178,13 +176,6 @@ REPORT = "WHATIF-SHARED-PROBE "
 #: The task srun starts on each node (``node_task_main``).
 TASK_PROGRAM = ("import sys; from restartbench.whatif.limits import node_task_main; "
                 "sys.exit(node_task_main(sys.argv[1:]))")
-
-
-def collective_plan_probe() -> dict[str, Any]:
-    """What a collective engine's coordinator spends per item planned at a save on this machine's CPU (DCP's,
-    ``restartbench.engines.dcp.coordinator.PROBE``): its steps' seconds and ``per_item_s``."""
-    preset, layout, dtype = coordinator.PROBE
-    return coordinator.measure(setup_for(config_named(preset, layout, "dcp", dtype)))
 
 
 def boot_id() -> str:

@@ -20,6 +20,7 @@ from restartbench.engines import base_engine, cost_traits, engine_info
 from restartbench.layout import Layout, LayoutError, validate_layout
 from restartbench.plan import CheckpointPlan, config_named, predict
 from restartbench.presets import get_preset
+from restartbench.shards import two_replicas
 from restartbench.whatif import tensors, terms
 from restartbench.whatif.cluster import NUMBER_FIELDS, Cluster
 from restartbench.whatif.fit import Fit
@@ -164,8 +165,7 @@ def planned_at(layout: Layout, engine: str) -> tuple[Layout, frozenset[int] | No
     if cost_traits(engine).collective:
         return Layout(layout.tp, layout.pp, min(dp, COLLECTIVE_PLAN_DP)), None
     planned = Layout(layout.tp, layout.pp, dp)
-    return planned, frozenset(_rank(planned, stage, data, tp) for stage in range(layout.pp)
-                              for tp in range(layout.tp) for data in (0, 1))
+    return planned, two_replicas(planned)
 
 
 def shapes_for(preset: str, layout: Layout, engines: list[str], dtype: str = "bf16") -> dict[str, Shape]:

@@ -29,8 +29,6 @@ Not timed: the collectives' transfers (the network's), and each rank's own plann
 The what-if takes the seconds per item planned (``per_item_s``, ``load_per_item_s``) from a calibration (``PROBE``) and
 multiplies them by the items every rank plans at the target's size (``restartbench.whatif.tensors.planned_items``:
 a rank reads back what it holds, so a load plans as many).
-
-torch and DeepSpeed are imported inside the functions: importing this module is cheap.
 """
 
 from __future__ import annotations
@@ -41,10 +39,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.planner import ReadItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
 from restartbench.engines import harness_state
 from restartbench.engines.dcp import engine as dcp_engine
 from restartbench.layout import Layout
-from restartbench.shards import ShardSetup, training_states
+from restartbench.shards import ShardSetup, training_states, two_replicas
 
 PROBE = ("70B", "tp8pp8dp32", "bf16")
 """What a calibration measures: 70B tp8pp8dp32, 2,048 ranks planning 195,328 items, about 25 s on the study's 2-CPU
@@ -56,22 +59,10 @@ load 34, 29 and 29 µs (``bench/results/2026-12-08-cpu2-dcp-coordinator.md``).""
 def local_plans(setup: ShardSetup) -> dict[tuple[int, int, int], Any]:
     """{(pipe, model, data): the rank's local SavePlan} for data-parallel ranks 0 and 1 of each stage and tp rank of
     the checkpoint ``setup`` describes (``restartbench.plan.setup_for``)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
     writer = FileSystemWriter(f"{setup.folder}/{setup.tag}")
-    plans = {}
-    for rank, coord, state in training_states(setup, ranks=replica_ranks(setup.layout)):
-        planner = dcp_engine.save_planner()
-        flat = dcp_engine.flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data)
-        planner.set_up_planner(state_dict=flat, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
-        plans[coord.pipe, coord.model, coord.data] = planner.create_local_plan()
-    return plans
-
-
-def replica_ranks(layout: Layout) -> set[int]:
-    """Data-parallel ranks 0 and 1 of each stage and tp rank (DeepSpeed's axes: pipe, data, model)."""
-    return {(pipe * layout.dp + data) * layout.tp + model
-            for pipe in range(layout.pp) for model in range(layout.tp) for data in (0, 1)}
+    return {(coord.pipe, coord.model, coord.data):
+            dcp_engine.rank_save_planner(state, coord, writer.storage_meta(), rank == 0).create_local_plan()
+            for rank, coord, state in training_states(setup, ranks=two_replicas(setup.layout))}
 
 
 def local_load_plans(setup: ShardSetup, metadata: Any) -> dict[tuple[int, int, int], Any]:
@@ -79,10 +70,8 @@ def local_load_plans(setup: ShardSetup, metadata: Any) -> dict[tuple[int, int, i
     0 and 1 of each stage and tp rank, each loading into its own state (``dcp_engine.load_template``). Planned as the
     study's unflattened ``DefaultLoadPlanner`` plans (``create_default_local_load_plan``, strict), without its
     ``set_up_planner``, which would make each meta tensor a real one on the default device."""
-    from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
-
     plans = {}
-    for _, coord, state in training_states(setup, ranks=replica_ranks(setup.layout)):
+    for _, coord, state in training_states(setup, ranks=two_replicas(setup.layout)):
         live = dcp_engine.flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data)
         template = dcp_engine.load_template(metadata, live, coord.pipe, coord.model, coord.data)
         plans[coord.pipe, coord.model, coord.data] = create_default_local_load_plan(template, metadata, True)
@@ -91,8 +80,6 @@ def local_load_plans(setup: ShardSetup, metadata: Any) -> dict[tuple[int, int, i
 
 def renamed(plan: Any, pipe: int, model: int, data: int) -> Any:
     """Data-parallel rank 1's plan (a save's or a load's) as replica ``data``'s: its own namespace's items renamed."""
-    from torch.distributed.checkpoint.planner import ReadItem
-
     _, own = dcp_engine.namespaces(pipe, model, 1)
     _, theirs = dcp_engine.namespaces(pipe, model, data)
 
@@ -121,10 +108,6 @@ def gathered(plans: dict[tuple[int, int, int], Any], layout: Layout) -> list[byt
 def written(plans: list[Any]) -> list[bytes]:
     """Each rank's WriteResults pickled, one per item it writes (FileSystemWriter's one file per rank; the lengths
     are the tensors' bytes, 1 KiB for an object: what the index pickles is their number, not their values)."""
-    from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
-    from torch.distributed.checkpoint.planner import WriteItemType
-    from torch.distributed.checkpoint.storage import WriteResult
-
     out = []
     for rank, plan in enumerate(plans):
         name, offset, results = f"__{rank}_0{DEFAULT_SUFFIX}", 0, []

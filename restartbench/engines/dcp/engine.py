@@ -74,6 +74,16 @@ def save_planner() -> DefaultSavePlanner:
     return DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
 
 
+def rank_save_planner(state: Any, coord: Any, storage_meta: Any, is_coordinator: bool) -> DefaultSavePlanner:
+    """``save_planner`` set up on one rank's training state (on meta tensors, ``restartbench.shards``) as its flat
+    dict at its DeepSpeed coordinates, as ``dcp.save`` sets it up on each rank: what the plan and the coordinator's
+    measurement plan each rank with."""
+    planner = save_planner()
+    planner.set_up_planner(state_dict=flat_state(harness_state.capture(state), coord.pipe, coord.model, coord.data),
+                           storage_meta=storage_meta, is_coordinator=is_coordinator)
+    return planner
+
+
 def load_planner() -> DefaultLoadPlanner:
     """Unflattened, the planner loads objects into (a shallow copy of) the template itself, which
     ``dcp.load`` copies back: the skeleton lands in the template."""

@@ -47,18 +47,11 @@ def dcp_files(setup: ShardSetup, scratch: str, smallest_first: bool = False) -> 
     rank 0 pickles the Metadata, offsets and the folder's path included."""
     from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter
 
-    from restartbench.engines import harness_state
     from restartbench.engines.dcp import engine as dcp_engine
 
-
     writer = FileSystemWriter(os.path.join(setup.folder, setup.tag))  # never writes: gives .metadata its path and id
-    planners = []
-    for rank, coord, state in training_states(setup):
-        planner = dcp_engine.save_planner()
-        planner.set_up_planner(state_dict=dcp_engine.flat_state(harness_state.capture(state), coord.pipe,
-                                                                 coord.model, coord.data),
-                               storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
-        planners.append(planner)
+    planners = [dcp_engine.rank_save_planner(state, coord, writer.storage_meta(), rank == 0)
+                for rank, coord, state in training_states(setup)]
     local = [_sent(planner.create_local_plan()) for planner in planners]  # gathered on the coordinator
     plans, metadata = planners[0].create_global_plan(local)
     plans = [planner.finish_plan(_sent(plan)) for planner, plan in zip(planners, writer.prepare_global_plan(plans))]
